@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install the Debian packages Apiary needs to build, test and fuzz.
+# Idempotent: it runs apt-get only when something is missing.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git
+  clang llvm libclang-rt-14-dev clang-format
+  libuv1-dev            # event loop, TCP, timers, thread wake-ups
+  libsodium-dev         # Ed25519, X25519, ChaCha20-Poly1305, BLAKE2b, SHA-256
+  libprotobuf-c-dev protobuf-c-compiler  # wire messages
+  liblpsolve55-dev      # linear program for bandwidth-aware load balancing
+  libopenblas-dev       # sgemm for the model kit
+  libcmocka-dev         # unit tests
+  iproute2              # network namespaces for shaped-link tests
+)
+if [ -n "${APIARY_EXTRA_PKGS:-}" ]; then
+  # shellcheck disable=SC2206
+  PKGS+=(${APIARY_EXTRA_PKGS})
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "deps: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Smoke test of the CLI surface: help, version, error exits.
+set -u
+cli=$1
+fail=0
+check() { # expected-exit description command...
+  local want=$1 what=$2; shift 2
+  "$@" >/tmp/apiary-cli-smoke.$$ 2>&1
+  local got=$?
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $what: exit $got, want $want"; cat /tmp/apiary-cli-smoke.$$; fail=1
+  else
+    echo "ok: $what"
+  fi
+}
+check 0 "--help" "$cli" --help
+check 0 "--version" "$cli" --version
+check 2 "no arguments" "$cli"
+check 2 "unknown command" "$cli" no-such-command
+check 0 "bench --help" "$cli" bench --help
+check 2 "unknown bench" "$cli" bench no-such-bench
+"$cli" --version | grep -q '^apiary [0-9]' || { echo "FAIL: version text"; fail=1; }
+rm -f /tmp/apiary-cli-smoke.$$
+exit $fail

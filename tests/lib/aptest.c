@@ -1,0 +1,48 @@
+#include "aptest.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *ap_test_shared_path(const char *rel)
+{
+    static char buf[4096];
+    const char *dir = getenv("APIARY_SHARED");
+    snprintf(buf, sizeof buf, "%s/%s", dir ? dir : "../shared", rel);
+    return buf;
+}
+
+char *ap_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (p && fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    if (p) {
+        p[n] = 0;
+        if (len) *len = (size_t)n;
+    }
+    return p;
+}
+
+uint64_t ap_test_seed(uint64_t dflt)
+{
+    const char *e = getenv("APIARY_TEST_SEED");
+    return e ? strtoull(e, NULL, 0) : dflt;
+}
+
+int ap_test_sanitized(void)
+{
+#ifdef APIARY_SANITIZED
+    return 1;
+#else
+    return getenv("APIARY_SANITIZED") != NULL;
+#endif
+}

@@ -1,0 +1,29 @@
+/* Shared helpers for Apiary's cmocka tests. */
+#ifndef AP_TEST_H
+#define AP_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "apiary/error.h"
+
+/* Asserts an AP_E* result is 0, printing the error name otherwise. */
+#define assert_ok(expr)                                                                            \
+    do {                                                                                           \
+        int ap__rc = (expr);                                                                       \
+        if (ap__rc != 0) fail_msg("%s = %d (%s)", #expr, ap__rc, ap_err_name(ap__rc));            \
+    } while (0)
+
+/* Path of a file in ../shared (test vectors etc.); NULL-safe static buffer. */
+const char *ap_test_shared_path(const char *rel);
+/* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL. */
+char *ap_test_read_file(const char *path, size_t *len);
+/* Seed for randomised tests: APIARY_TEST_SEED or the given default. */
+uint64_t ap_test_seed(uint64_t dflt);
+/* True when running under sanitizers (sizes may be scaled down). */
+int ap_test_sanitized(void);
+
+#endif
