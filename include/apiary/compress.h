@@ -28,14 +28,19 @@
  *   FP16       round-to-nearest-even to IEEE half. Finite |x| > 65504 and
  *              +-Inf are clamped to +-65504; NaN stays NaN. For
  *              |x| >= 2^-14: |y-x| <= 2^-11 |x|; below: |y-x| <= 2^-25.
- *   BF16       round-to-nearest-even to bfloat16: |y-x| <= 2^-8 |x|; Inf and
+ *   BF16       round-to-nearest-even to bfloat16: |y-x| <= 2^-8 |x| (2^-134
+ *              below 2^-126, where bfloat16 is subnormal); Inf and
  *              NaN preserved; finite values that would round to Inf are
  *              clamped to the largest finite bfloat16.
  *   MEANSTD16  z = (x-mean)/std sent as FP16: |y-x| <= 2^-11 |x-mean| +
  *              2^-25 std + 2^-22 (|x|+|mean|) (rounding of the float ops).
+ *              A chunk whose std is below ~2^-126 (1/std overflows) is sent
+ *              as its mean alone (std field 0): |y-x| = |x-mean|.
  *   UNIFORM8   256 uniform bins over [mean-6 std, mean+6 std], each decoded
  *              to the mean of a sample of its members (clamped to the bin):
- *              |y-x| <= w + dist(x, range), w = 12 std / 256.
+ *              |y-x| <= w + dist(x, range), w = 12 std / 256. If 1/w
+ *              overflows (std below ~2^-122), every element goes to bin 0,
+ *              decoded as the sample mean: |y-x| <= max - min.
  *   QUANTILE8  256 bins between the chunk's min and max with boundaries at
  *              quantiles of a strided sample (<= 4096 elements); decoded to
  *              the sample mean of the bin (clamped to the bin): |y-x| <=
@@ -76,13 +81,13 @@ typedef enum ap_codec_id {
     AP_CODEC__COUNT = 9
 } ap_codec_id_t;
 
-#define AP_COMPRESS_MAGIC 0xA5
-#define AP_COMPRESS_VERSION 1
-#define AP_COMPRESS_HDR_LEN 24
-#define AP_COMPRESS_MAX_COUNT (1u << 28)   /* elements per chunk */
+#define AP_COMPRESS_MAGIC         0xA5
+#define AP_COMPRESS_VERSION       1
+#define AP_COMPRESS_HDR_LEN       24
+#define AP_COMPRESS_MAX_COUNT     (1u << 28) /* elements per chunk */
 #define AP_COMPRESS_CHUNK_DEFAULT (1u << 20) /* elements per chunk for tensors */
-#define AP_COMPRESS_BLOCK 4096              /* BLOCKWISE8 block size */
-#define AP_COMPRESS_Q8_SAMPLE 4096          /* QUANTILE8 sample size */
+#define AP_COMPRESS_BLOCK         4096       /* BLOCKWISE8 block size */
+#define AP_COMPRESS_Q8_SAMPLE     4096       /* QUANTILE8 sample size */
 
 /* What to encode with. k / fraction only matter for TOPK and RANDK: k > 0 is
  * the count per chunk (clamped to the chunk's count); else fraction in (0,1]

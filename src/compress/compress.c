@@ -28,7 +28,10 @@ const ap__kernels_t *ap__kernels(void)
     pthread_once(&g_kern_once, kern_init);
     return atomic_load(&g_force_scalar) ? &ap__kernels_scalar : g_best;
 }
-void ap__compress_force_scalar(bool scalar) { atomic_store(&g_force_scalar, scalar ? 1 : 0); }
+void ap__compress_force_scalar(bool scalar)
+{
+    atomic_store(&g_force_scalar, scalar ? 1 : 0);
+}
 
 /* ---- names ------------------------------------------------------------------ */
 
@@ -51,7 +54,10 @@ int ap_codec_parse(const char *name, ap_codec_id_t *out)
     return AP_EINVAL;
 }
 
-bool ap_codec_is_biased(ap_codec_id_t id) { return id != AP_CODEC_NONE && id != AP_CODEC_RANDK; }
+bool ap_codec_is_biased(ap_codec_id_t id)
+{
+    return id != AP_CODEC_NONE && id != AP_CODEC_RANDK;
+}
 
 /* ---- sizes ------------------------------------------------------------------ */
 
@@ -76,12 +82,20 @@ static bool payload_size(ap_codec_id_t id, uint64_t count, uint64_t param, uint6
 {
     if (count > AP_COMPRESS_MAX_COUNT) return false;
     switch (id) {
-    case AP_CODEC_NONE: *out = 4 * count; return param == 0;
+    case AP_CODEC_NONE:
+        *out = 4 * count;
+        return param == 0;
     case AP_CODEC_FP16:
-    case AP_CODEC_BF16: *out = 2 * count; return param == 0;
-    case AP_CODEC_MEANSTD16: *out = 8 + 2 * count; return param == 0;
+    case AP_CODEC_BF16:
+        *out = 2 * count;
+        return param == 0;
+    case AP_CODEC_MEANSTD16:
+        *out = 8 + 2 * count;
+        return param == 0;
     case AP_CODEC_UNIFORM8:
-    case AP_CODEC_QUANTILE8: *out = 1024 + count; return param == 0;
+    case AP_CODEC_QUANTILE8:
+        *out = 1024 + count;
+        return param == 0;
     case AP_CODEC_BLOCKWISE8:
         if (param < 1 || param > (1u << 20)) return false;
         *out = 4 * ((count + param - 1) / param) + count;
@@ -94,17 +108,21 @@ static bool payload_size(ap_codec_id_t id, uint64_t count, uint64_t param, uint6
         if (param > count) return false;
         *out = 8 + 4 * param;
         return true;
-    default: return false;
+    default:
+        return false;
     }
 }
 
 static uint32_t cfg_param(const ap_codec_cfg_t *cfg, size_t count)
 {
     switch (cfg->id) {
-    case AP_CODEC_BLOCKWISE8: return AP_COMPRESS_BLOCK;
+    case AP_CODEC_BLOCKWISE8:
+        return AP_COMPRESS_BLOCK;
     case AP_CODEC_TOPK:
-    case AP_CODEC_RANDK: return ap_compress_k(cfg, count);
-    default: return 0;
+    case AP_CODEC_RANDK:
+        return ap_compress_k(cfg, count);
+    default:
+        return 0;
     }
 }
 
@@ -118,9 +136,18 @@ size_t ap_compress_size(const ap_codec_cfg_t *cfg, size_t count)
 
 /* ---- header -------------------------------------------------------------------- */
 
-static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static void put_f32(uint8_t *p, float v)
+{
+    memcpy(p, &v, 4);
+}
 static uint32_t get_u32(const uint8_t *p)
 {
     uint32_t v;
@@ -249,8 +276,7 @@ static uint64_t chunk_seed(uint64_t seed, uint64_t offset)
 
 /* ---- per-codec encoders ------------------------------------------------------------- */
 
-static void stats_combine(const double s[8], const double q[8], size_t n, double *mean,
-                          double *std)
+static void stats_combine(const double s[8], const double q[8], size_t n, double *mean, double *std)
 {
     double a = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     double b = ((q[0] + q[4]) + (q[1] + q[5])) + ((q[2] + q[6]) + (q[3] + q[7]));
@@ -478,8 +504,7 @@ static int enc_randk(const float *src, size_t n, uint32_t k, uint64_t seed, uint
 static int encode_with(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
                        size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
 {
-    if (!cfg || (!src && count) || !out || (unsigned)cfg->id >= AP_CODEC__COUNT)
-        return AP_EINVAL;
+    if (!cfg || (!src && count) || !out || (unsigned)cfg->id >= AP_CODEC__COUNT) return AP_EINVAL;
     if (count > AP_COMPRESS_MAX_COUNT) return AP_EINVAL;
     size_t total = ap_compress_size(cfg, count);
     if (!total) return AP_EINVAL;
@@ -488,16 +513,35 @@ static int encode_with(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const 
     uint8_t *p = out + AP_COMPRESS_HDR_LEN;
     int rc = 0;
     switch (cfg->id) {
-    case AP_CODEC_NONE: memcpy(p, src, 4 * count); break;
-    case AP_CODEC_FP16: K->f16_enc(src, count, p); break;
-    case AP_CODEC_BF16: K->bf16_enc(src, count, p); break;
-    case AP_CODEC_MEANSTD16: rc = enc_meanstd(K, src, count, p); break;
-    case AP_CODEC_UNIFORM8: rc = enc_uniform8(K, src, count, p); break;
-    case AP_CODEC_QUANTILE8: rc = enc_quantile8(K, src, count, p); break;
-    case AP_CODEC_BLOCKWISE8: rc = enc_blockwise8(K, src, count, p); break;
-    case AP_CODEC_TOPK: rc = enc_topk(src, count, param, p); break;
-    case AP_CODEC_RANDK: rc = enc_randk(src, count, param, chunk_seed(cfg->seed, offset), p); break;
-    default: return AP_EINVAL;
+    case AP_CODEC_NONE:
+        memcpy(p, src, 4 * count);
+        break;
+    case AP_CODEC_FP16:
+        K->f16_enc(src, count, p);
+        break;
+    case AP_CODEC_BF16:
+        K->bf16_enc(src, count, p);
+        break;
+    case AP_CODEC_MEANSTD16:
+        rc = enc_meanstd(K, src, count, p);
+        break;
+    case AP_CODEC_UNIFORM8:
+        rc = enc_uniform8(K, src, count, p);
+        break;
+    case AP_CODEC_QUANTILE8:
+        rc = enc_quantile8(K, src, count, p);
+        break;
+    case AP_CODEC_BLOCKWISE8:
+        rc = enc_blockwise8(K, src, count, p);
+        break;
+    case AP_CODEC_TOPK:
+        rc = enc_topk(src, count, param, p);
+        break;
+    case AP_CODEC_RANDK:
+        rc = enc_randk(src, count, param, chunk_seed(cfg->seed, offset), p);
+        break;
+    default:
+        return AP_EINVAL;
     }
     if (rc) return rc;
     write_hdr(out, cfg->id, (uint32_t)count, offset, (uint32_t)(total - AP_COMPRESS_HDR_LEN),
@@ -543,8 +587,12 @@ static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_cou
         else
             for (size_t i = 0; i < n; i++) d[i] += m.alpha * get_f32(p + 4 * i);
         break;
-    case AP_CODEC_FP16: K->f16_dec(p, n, d, m); break;
-    case AP_CODEC_BF16: K->bf16_dec(p, n, d, m); break;
+    case AP_CODEC_FP16:
+        K->f16_dec(p, n, d, m);
+        break;
+    case AP_CODEC_BF16:
+        K->bf16_dec(p, n, d, m);
+        break;
     case AP_CODEC_MEANSTD16: {
         float mean = get_f32(p), std = get_f32(p + 4);
         if (!all_finite(p, 2) || std < 0) return AP_ECORRUPT;
@@ -609,7 +657,8 @@ static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_cou
         }
         break;
     }
-    default: return AP_ENOTSUP;
+    default:
+        return AP_ENOTSUP;
     }
     if (hdr_out) *hdr_out = h;
     return 0;
@@ -621,19 +670,17 @@ int ap_compress_decode(const uint8_t *in, size_t len, float *dst, size_t dst_cou
     return decode_impl(in, len, dst, dst_count, hdr, (ap__dmode_t){.add = false, .alpha = 1});
 }
 
-int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha, float *dst,
-                           size_t dst_count, ap_compress_hdr_t *hdr)
+int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha, float *dst, size_t dst_count,
+                           ap_compress_hdr_t *hdr)
 {
     return decode_impl(in, len, dst, dst_count, hdr, (ap__dmode_t){.add = true, .alpha = alpha});
 }
 
 /* Internal: encode with an explicit kernel set (tests compare fast vs scalar). */
 int ap__compress_encode_k(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
-                          size_t count, uint64_t offset, uint8_t *out, size_t cap,
-                          size_t *out_len);
+                          size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len);
 int ap__compress_encode_k(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
-                          size_t count, uint64_t offset, uint8_t *out, size_t cap,
-                          size_t *out_len)
+                          size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
 {
     return encode_with(K, cfg, src, count, offset, out, cap, out_len);
 }
@@ -679,14 +726,20 @@ static void enc_range(void *arg, size_t b, size_t e)
     }
 }
 
-int ap_compress_encode_tensor(const ap_codec_cfg_t *cfg, const float *src, size_t n,
-                              size_t chunk, uint8_t *out, size_t cap, size_t *lens)
+int ap_compress_encode_tensor(const ap_codec_cfg_t *cfg, const float *src, size_t n, size_t chunk,
+                              uint8_t *out, size_t cap, size_t *lens)
 {
     if (chunk == 0) chunk = AP_COMPRESS_CHUNK_DEFAULT;
     if (chunk > AP_COMPRESS_MAX_COUNT || !cfg || !lens) return AP_EINVAL;
     size_t nc = ap_compress_nchunks(n, chunk);
-    tensor_job_t j = {.cfg = cfg, .src = src, .n = n, .chunk = chunk, .out = out, .cap = cap,
-                      .lens = lens, .slot = ap_compress_size(cfg, chunk)};
+    tensor_job_t j = {.cfg = cfg,
+                      .src = src,
+                      .n = n,
+                      .chunk = chunk,
+                      .out = out,
+                      .cap = cap,
+                      .lens = lens,
+                      .slot = ap_compress_size(cfg, chunk)};
     if (!j.slot) return AP_EINVAL;
     if (nc && (nc - 1) * j.slot + ap_compress_size(cfg, n - (nc - 1) * chunk) > cap)
         return AP_EMSGSIZE;
@@ -747,11 +800,13 @@ void ap_compress_ef_reset(ap_compress_ef_t *ef)
     if (ef) memset(ef->e, 0, ef->n * sizeof(float));
 }
 
-const float *ap_compress_ef_residual(const ap_compress_ef_t *ef) { return ef ? ef->e : NULL; }
+const float *ap_compress_ef_residual(const ap_compress_ef_t *ef)
+{
+    return ef ? ef->e : NULL;
+}
 
 int ap_compress_ef_encode(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg, const float *src,
-                          size_t count, uint64_t offset, uint8_t *out, size_t cap,
-                          size_t *out_len)
+                          size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
 {
     if (!ef || !cfg || (!src && count)) return AP_EINVAL;
     if (offset > ef->n || count > ef->n - offset) return AP_ERANGE;

@@ -34,8 +34,7 @@ typedef struct ap__kernels {
     void (*bf16_dec)(const uint8_t *in, size_t n, float *dst, ap__dmode_t m);
     /* h = f16(clamp((x - mean) * inv)); y = mean + std * h */
     void (*ms_enc)(const float *src, size_t n, float mean, float inv, uint8_t *out);
-    void (*ms_dec)(const uint8_t *in, size_t n, float mean, float std, float *dst,
-                   ap__dmode_t m);
+    void (*ms_dec)(const uint8_t *in, size_t n, float mean, float std, float *dst, ap__dmode_t m);
     /* 8 double lanes (lane = i mod 8) of sum and sum of squares; returns
      * false if any element is NaN or Inf. */
     bool (*stats)(const float *src, size_t n, double sum[8], double sq[8]);

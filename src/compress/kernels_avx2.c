@@ -12,7 +12,10 @@
 
 #define AVX __attribute__((target("avx2,f16c")))
 
-static inline void store(float *d, float y, ap__dmode_t m) { *d = m.add ? *d + m.alpha * y : y; }
+static inline void store(float *d, float y, ap__dmode_t m)
+{
+    *d = m.add ? *d + m.alpha * y : y;
+}
 
 AVX static inline void vstore(float *d, __m256 y, ap__dmode_t m)
 {
@@ -42,8 +45,8 @@ AVX static void f16_dec(const uint8_t *in, size_t n, float *dst, ap__dmode_t m)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        vstore(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))),
-               m);
+        vstore(dst + i,
+               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))), m);
     ap__kernels_scalar.f16_dec(in + 2 * i, n - i, dst + i, m);
 }
 
@@ -61,8 +64,8 @@ AVX static inline __m256i bf16_lanes(__m256 v)
     __m256i hinf = _mm256_cmpeq_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)),
                                       _mm256_set1_epi32(0x7f80));
     __m256i isinf = _mm256_cmpeq_epi32(ax, inf);
-    h = _mm256_sub_epi32(h, _mm256_and_si256(_mm256_andnot_si256(isinf, hinf),
-                                             _mm256_set1_epi32(1)));
+    h = _mm256_sub_epi32(h,
+                         _mm256_and_si256(_mm256_andnot_si256(isinf, hinf), _mm256_set1_epi32(1)));
     /* NaN: quiet, truncated */
     __m256i isnan = _mm256_cmpgt_epi32(ax, inf);
     __m256i qn = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
@@ -87,7 +90,8 @@ AVX static void bf16_dec(const uint8_t *in, size_t n, float *dst, ap__dmode_t m)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i)));
+        __m256i w =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i)));
         vstore(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), m);
     }
     ap__kernels_scalar.bf16_dec(in + 2 * i, n - i, dst + i, m);
@@ -125,8 +129,8 @@ AVX static bool stats(const float *src, size_t n, double sum[8], double sq[8])
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(x, absmask),
-                                              _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+        bad = _mm256_or_ps(
+            bad, _mm256_cmp_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
         __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
         __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
         s0 = _mm256_add_pd(s0, lo);
@@ -176,7 +180,8 @@ AVX static void lut_dec(const uint8_t *codes, size_t n, const float table[256], 
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(codes + i)));
+        __m256i c =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(codes + i)));
         vstore(dst + i, _mm256_i32gather_ps(table, c, 4), m);
     }
     ap__kernels_scalar.lut_dec(codes + i, n - i, table, dst + i, m);
@@ -189,8 +194,8 @@ AVX static bool minmax(const float *src, size_t n, float *mn, float *mx)
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(x, absmask),
-                                              _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+        bad = _mm256_or_ps(
+            bad, _mm256_cmp_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
         a = _mm256_min_ps(a, x);
         b = _mm256_max_ps(b, x);
     }
@@ -244,7 +249,8 @@ AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_
         }
         __m256 cur = _mm256_i32gather_ps(bb, g, 4);
         __m256 nx = _mm256_i32gather_ps(bb, _mm256_add_epi32(g, one), 4);
-        __m256 okv = _mm256_and_ps(_mm256_cmp_ps(cur, x, _CMP_LE_OQ), _mm256_cmp_ps(x, nx, _CMP_LT_OQ));
+        __m256 okv =
+            _mm256_and_ps(_mm256_cmp_ps(cur, x, _CMP_LE_OQ), _mm256_cmp_ps(x, nx, _CMP_LT_OQ));
         int ok = _mm256_movemask_ps(okv);
         store_codes8(codes + i, g);
         if (ok != 0xff)
@@ -302,8 +308,8 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
         g = _mm256_sub_epi32(g, up);
         __m256 cur = _mm256_i32gather_ps(P, g, 4);
         __m256 nx = _mm256_i32gather_ps(P, _mm256_add_epi32(g, one), 4);
-        int ok = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ),
-                                                  _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
+        int ok = _mm256_movemask_ps(
+            _mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ), _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
         __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 24),
                                         _mm256_set1_epi32(0x80));
         store_codes8(codes + i, _mm256_or_si256(g, sign));
@@ -340,5 +346,8 @@ const ap__kernels_t *ap__kernels_avx2(void)
 }
 
 #else
-const ap__kernels_t *ap__kernels_avx2(void) { return NULL; }
+const ap__kernels_t *ap__kernels_avx2(void)
+{
+    return NULL;
+}
 #endif

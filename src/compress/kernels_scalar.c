@@ -61,16 +61,25 @@ uint16_t ap__f32_to_bf16(float f)
     return h;
 }
 
-float ap__bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+float ap__bf16_to_f32(uint16_t h)
+{
+    return u2f((uint32_t)h << 16);
+}
 
-static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void put16(uint8_t *p, uint16_t v)
+{
+    memcpy(p, &v, 2);
+}
 static inline uint16_t get16(const uint8_t *p)
 {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
 }
-static inline void store(float *d, float y, ap__dmode_t m) { *d = m.add ? *d + m.alpha * y : y; }
+static inline void store(float *d, float y, ap__dmode_t m)
+{
+    *d = m.add ? *d + m.alpha * y : y;
+}
 
 static void f16_enc(const float *src, size_t n, uint8_t *out)
 {
@@ -92,8 +101,7 @@ static void ms_enc(const float *src, size_t n, float mean, float inv, uint8_t *o
 {
     for (size_t i = 0; i < n; i++) put16(out + 2 * i, ap__f32_to_f16((src[i] - mean) * inv));
 }
-static void ms_dec(const uint8_t *in, size_t n, float mean, float std, float *dst,
-                   ap__dmode_t m)
+static void ms_dec(const uint8_t *in, size_t n, float mean, float std, float *dst, ap__dmode_t m)
 {
     for (size_t i = 0; i < n; i++) {
         float h = ap__f16_to_f32(get16(in + 2 * i));
