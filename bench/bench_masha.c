@@ -64,7 +64,7 @@ typedef struct best_run {
 
 /* Runs at gamma; updates best if it converged with fewer floats. */
 static void try_gamma(const ap_masha_problem_t *p, const method_def_t *m, double gamma,
-                      uint64_t seed, best_run_t *best)
+                      uint64_t seed, best_run_t *best, bool quick)
 {
     size_t d = ap_masha_dim(p);
     ap_masha_opts_t o = {.method = m->method,
@@ -91,11 +91,13 @@ static best_run_t tune(const ap_masha_problem_t *p, const method_def_t *m, bool 
 {
     best_run_t best = {0};
     double coarse = quick ? 1.6 : 1.35;
-    for (double g = 0.01; g < 4; g *= coarse) try_gamma(p, m, g, seed, &best);
+    /* from large steps down: large ones diverge fast, and the first that
+     * converges caps the iterations of the smaller ones */
+    for (double g = 4; g > 0.01; g /= coarse) try_gamma(p, m, g, seed, &best, quick);
     if (best.ok && !quick) {
         double g0 = best.gamma;
         for (double f = 1 / coarse; f < coarse; f *= 1.07)
-            if (fabs(f - 1) > 1e-9) try_gamma(p, m, g0 * f, seed, &best);
+            if (fabs(f - 1) > 1e-9) try_gamma(p, m, g0 * f, seed, &best, quick);
     }
     return best;
 }

@@ -65,8 +65,13 @@ void ap__compress_force_scalar(bool scalar);
 /* Shared helpers used by both kernel sets. */
 uint8_t ap__q8_code_ref(const float bb[257], float x);
 /* Blockwise codebook: magnitudes m[0..127] = (j/127)^2, probe table P[0..128]
- * with P[0] = -inf, P[t] = (m[t-1]+m[t])/2, P[128] = +inf; code magnitude
- * index = largest j with P[j] < u. */
+ * with P[0] = -inf, P[t] ~ (m[t-1]+m[t])/2, P[128] = +inf; code magnitude
+ * index = largest j with P[j] < u. P[t] is defined by this float expression
+ * so that SIMD code can compute it without a table. */
+static inline float ap__bw_probe_at(int t)
+{
+    return (float)(2 * t * t - 2 * t + 1) * (1.0f / 32258.0f);
+}
 const float *ap__bw_mag(void);
 const float *ap__bw_probe(void);
 uint8_t ap__bw_code_ref(float x, float inv, float amax, bool use_div);

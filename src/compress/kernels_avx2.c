@@ -8,14 +8,10 @@
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define AVX __attribute__((target("avx2,f16c")))
-
-static inline void store(float *d, float y, ap__dmode_t m)
-{
-    *d = m.add ? *d + m.alpha * y : y;
-}
 
 AVX static inline void vstore(float *d, __m256 y, ap__dmode_t m)
 {
@@ -213,51 +209,33 @@ AVX static bool minmax(const float *src, size_t n, float *mn, float *mx)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
-/* Quantile codes: guess from a uniform grid over [bb[1], bb[255]], refine
- * twice upwards, verify bb[g] <= x < bb[g+1]; lanes that fail fall back to
- * the reference binary search. */
-#define Q8_GRID 2048
-AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
+/* Quantile codes: a uint8 guess from a uniform grid over [bb[1], bb[255]],
+ * one step up, then a check bb[g] <= x < bb[g+1]; misses fall back to the
+ * reference binary search, so results are identical. Scalar loads: table
+ * gathers are slow on CPUs with the GDS microcode mitigation. */
+#define Q8_GRID 4096
+static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
 {
     float b1 = bb[1], b255 = bb[255];
     double span = (double)b255 - b1;
     float ginv = span > 0 ? (float)(Q8_GRID / span) : 0.0f;
-    if (!(ginv > 0) || isinf(ginv)) {
+    if (!(ginv > 0) || isinf(ginv) || n < 4 * Q8_GRID) {
         ap__kernels_scalar.q8_codes(src, n, bb, codes);
         return;
     }
-    int32_t lut[Q8_GRID];
-    for (int j = 0; j < Q8_GRID; j++) {
-        float edge = (float)(b1 + (double)j / ginv);
-        uint8_t c = ap__q8_code_ref(bb, edge);
-        lut[j] = c > 0 ? c - 1 : 0; /* stay at or below the true code */
+    uint8_t lut[Q8_GRID];
+    for (int j = 0; j < Q8_GRID; j++) lut[j] = ap__q8_code_ref(bb, (float)(b1 + (double)j / ginv));
+    for (size_t i = 0; i < n; i++) {
+        float x = src[i];
+        float t = floorf((x - b1) * ginv);
+        t = t < 0.0f ? 0.0f : t;
+        t = t > (float)(Q8_GRID - 1) ? (float)(Q8_GRID - 1) : t;
+        unsigned g = lut[(int)t];
+        g += (g < 255) & (bb[g + 1] <= x);
+        g += (g < 255) & (bb[g + 1] <= x);
+        if (!(bb[g] <= x && x < bb[g + 1])) g = ap__q8_code_ref(bb, x);
+        codes[i] = (uint8_t)g;
     }
-    const __m256 vb1 = _mm256_set1_ps(b1), vg = _mm256_set1_ps(ginv);
-    const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps((float)(Q8_GRID - 1));
-    const __m256i one = _mm256_set1_epi32(1), c255 = _mm256_set1_epi32(255);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(src + i);
-        __m256 t = _mm256_floor_ps(_mm256_mul_ps(_mm256_sub_ps(x, vb1), vg));
-        t = _mm256_min_ps(_mm256_max_ps(t, z), top);
-        __m256i g = _mm256_i32gather_epi32(lut, _mm256_cvttps_epi32(t), 4);
-        for (int r = 0; r < 3; r++) { /* g += (g < 255 && bb[g+1] <= x) */
-            __m256 nx = _mm256_i32gather_ps(bb, _mm256_add_epi32(g, one), 4);
-            __m256i up = _mm256_castps_si256(_mm256_cmp_ps(nx, x, _CMP_LE_OQ));
-            up = _mm256_and_si256(up, _mm256_cmpgt_epi32(c255, g));
-            g = _mm256_sub_epi32(g, up);
-        }
-        __m256 cur = _mm256_i32gather_ps(bb, g, 4);
-        __m256 nx = _mm256_i32gather_ps(bb, _mm256_add_epi32(g, one), 4);
-        __m256 okv =
-            _mm256_and_ps(_mm256_cmp_ps(cur, x, _CMP_LE_OQ), _mm256_cmp_ps(x, nx, _CMP_LT_OQ));
-        int ok = _mm256_movemask_ps(okv);
-        store_codes8(codes + i, g);
-        if (ok != 0xff)
-            for (int j = 0; j < 8; j++)
-                if (!(ok >> j & 1)) codes[i + (size_t)j] = ap__q8_code_ref(bb, src[i + (size_t)j]);
-    }
-    ap__kernels_scalar.q8_codes(src + i, n - i, bb, codes + i);
 }
 
 AVX static bool absmax(const float *src, size_t n, float *amax)
@@ -278,6 +256,23 @@ AVX static bool absmax(const float *src, size_t n, float *amax)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
+/* P(t) of kernels.h for t in 1..127; -inf below, +inf above */
+AVX static inline __m256 bw_probe_v(__m256i t)
+{
+    __m256 tf = _mm256_cvtepi32_ps(t);
+    __m256 num = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(tf, tf)),
+                                             _mm256_add_ps(tf, tf)),
+                               _mm256_set1_ps(1.0f));
+    __m256 p = _mm256_mul_ps(num, _mm256_set1_ps(1.0f / 32258.0f));
+    __m256 lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(1), t));
+    __m256 hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(t, _mm256_set1_epi32(127)));
+    p = _mm256_blendv_ps(p, _mm256_set1_ps(-INFINITY), lo);
+    return _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY), hi);
+}
+
+/* Blockwise codes without table lookups: guess round(127 sqrt(u)), correct
+ * by one with the probe values computed arithmetically, verify; misses use
+ * the reference. */
 AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
 {
     float inv = amax > 0 ? 1.0f / amax : 0.0f;
@@ -285,7 +280,6 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
         ap__kernels_scalar.bw_codes(src, n, amax, codes);
         return;
     }
-    const float *P = ap__bw_probe();
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 vi = _mm256_set1_ps(inv), k127 = _mm256_set1_ps(127.0f),
                  half = _mm256_set1_ps(0.5f);
@@ -295,21 +289,15 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
         __m256 u = _mm256_mul_ps(_mm256_and_ps(x, absmask), vi);
-        __m256 gf = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(u), k127), half);
-        __m256i g = _mm256_cvttps_epi32(gf);
+        __m256i g = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(u), k127), half));
         g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
-        /* correct by one either way: down if P[g] >= u, up if P[g+1] < u */
-        __m256 pg = _mm256_i32gather_ps(P, g, 4);
-        __m256i dn = _mm256_castps_si256(_mm256_cmp_ps(pg, u, _CMP_NLT_UQ));
-        g = _mm256_add_epi32(g, dn); /* dn is -1 where true */
-        g = _mm256_max_epi32(g, zero);
-        __m256 pn = _mm256_i32gather_ps(P, _mm256_add_epi32(g, one), 4);
-        __m256i up = _mm256_castps_si256(_mm256_cmp_ps(pn, u, _CMP_LT_OQ));
-        g = _mm256_sub_epi32(g, up);
-        __m256 cur = _mm256_i32gather_ps(P, g, 4);
-        __m256 nx = _mm256_i32gather_ps(P, _mm256_add_epi32(g, one), 4);
-        int ok = _mm256_movemask_ps(
-            _mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ), _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
+        __m256i dn = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(g), u, _CMP_NLT_UQ));
+        __m256i up = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(_mm256_add_epi32(g, one)), u, _CMP_LT_OQ));
+        g = _mm256_sub_epi32(_mm256_add_epi32(g, dn), up); /* masks are -1 */
+        g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
+        __m256 cur = bw_probe_v(g), nx = bw_probe_v(_mm256_add_epi32(g, one));
+        int ok = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ),
+                                                  _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
         __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 24),
                                         _mm256_set1_epi32(0x80));
         store_codes8(codes + i, _mm256_or_si256(g, sign));
@@ -340,9 +328,12 @@ static const ap__kernels_t avx2_kernels = {
 
 const ap__kernels_t *ap__kernels_avx2(void)
 {
+    /* avx2 via the compiler (it also checks that the OS saves YMM state);
+     * F16C from CPUID.1:ECX bit 29 (older clang lacks "f16c" here). */
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return &avx2_kernels;
-    return NULL;
+    unsigned a, b, c, d;
+    if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d)) return NULL;
+    return (c & (1u << 29)) ? &avx2_kernels : NULL;
 }
 
 #else

@@ -156,9 +156,8 @@ static bool minmax(const float *src, size_t n, float *mn, float *mx)
 
 uint8_t ap__q8_code_ref(const float bb[257], float x)
 {
-    unsigned c = 0;
-    for (unsigned s = 128; s; s >>= 1)
-        if (bb[c + s] <= x) c += s;
+    unsigned c = 0; /* branchless: the comparisons are unpredictable */
+    for (unsigned s = 128; s; s >>= 1) c += s & (0u - (unsigned)(bb[c + s] <= x));
     return (uint8_t)c;
 }
 
@@ -187,7 +186,7 @@ static void bw_init(void)
 {
     for (int j = 0; j < 128; j++) bw_mag[j] = (float)((double)j * j / (127.0 * 127.0));
     bw_probe[0] = -INFINITY;
-    for (int t = 1; t < 128; t++) bw_probe[t] = (float)(((double)bw_mag[t - 1] + bw_mag[t]) / 2);
+    for (int t = 1; t < 128; t++) bw_probe[t] = ap__bw_probe_at(t);
     bw_probe[128] = INFINITY;
 }
 const float *ap__bw_mag(void)
@@ -207,8 +206,7 @@ uint8_t ap__bw_code_ref(float x, float inv, float amax, bool use_div)
     float ax = fabsf(x);
     float u = use_div ? ax / amax : ax * inv;
     unsigned c = 0;
-    for (unsigned s = 64; s; s >>= 1)
-        if (P[c + s] < u) c += s;
+    for (unsigned s = 64; s; s >>= 1) c += s & (0u - (unsigned)(P[c + s] < u));
     return (uint8_t)((signbit(x) ? 0x80u : 0u) | c);
 }
 

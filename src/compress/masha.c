@@ -377,6 +377,13 @@ void ap__masha_worker_counts(const ap__masha_worker_t *w, ap_masha_result_t *r)
     r->converged = r->rel_dist2 <= w->o.target;
 }
 
+/* Stop on the target, on max_iters, or on divergence (distance grew 1e8x). */
+static bool should_stop(const ap__masha_worker_t *w)
+{
+    double r = ap_masha_rel_dist2(w->p, w->z);
+    return r <= w->o.target || w->iter >= w->o.max_iters || !(r < 1e8);
+}
+
 int ap__masha_worker_on_reply(ap__masha_worker_t *w, const uint8_t *rep, size_t len,
                               bool *iter_done)
 {
@@ -405,8 +412,7 @@ int ap__masha_worker_on_reply(ap__masha_worker_t *w, const uint8_t *rep, size_t 
         for (size_t i = 0; i < d; i++) w->z[i] = w->zh[i] - sc * w->g[i];
         w->iter++;
         *iter_done = true;
-        if (ap_masha_rel_dist2(w->p, w->z) <= w->o.target || w->iter >= w->o.max_iters ||
-            !isfinite(w->z[0])) {
+        if (should_stop(w)) {
             w->stopped = true;
             return 0;
         }
@@ -425,8 +431,7 @@ int ap__masha_worker_on_reply(ap__masha_worker_t *w, const uint8_t *rep, size_t 
         for (size_t i = 0; i < d; i++) w->z[i] -= w->o.gamma * w->g[i];
         w->iter++;
         *iter_done = true;
-        if (ap_masha_rel_dist2(w->p, w->z) <= w->o.target || w->iter >= w->o.max_iters ||
-            !isfinite(w->z[0])) {
+        if (should_stop(w)) {
             w->stopped = true;
             return 0;
         }
