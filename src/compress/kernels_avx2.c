@@ -209,32 +209,61 @@ AVX static bool minmax(const float *src, size_t n, float *mn, float *mx)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
-/* Quantile codes: a uint8 guess from a uniform grid over [bb[1], bb[255]],
- * one step up, then a check bb[g] <= x < bb[g+1]; misses fall back to the
- * reference binary search, so results are identical. Scalar loads: table
- * gathers are slow on CPUs with the GDS microcode mitigation. */
-#define Q8_GRID 4096
-static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
+/* Quantile codes without table gathers (slow on CPUs with the GDS
+ * microcode mitigation): AVX2 computes each element's cell of a uniform grid
+ * over [bb[1], bb[255]]; a per-cell entry {lo, mid, hi, g} with g = code at
+ * the cell's left edge gives code = g + (x >= mid), valid when lo <= x < hi
+ * (one 16-byte load per element). Other elements (cells holding two or more
+ * boundaries, rounding at cell edges) take the reference binary search, so
+ * the result is identical to the scalar kernel. */
+#define Q8_GRID 2048
+typedef struct q8_cell {
+    float lo, mid, hi;
+    uint32_t g;
+} q8_cell_t;
+
+AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
 {
     float b1 = bb[1], b255 = bb[255];
     double span = (double)b255 - b1;
     float ginv = span > 0 ? (float)(Q8_GRID / span) : 0.0f;
-    if (!(ginv > 0) || isinf(ginv) || n < 4 * Q8_GRID) {
+    if (!(ginv > 0) || isinf(ginv) || n < 8 * Q8_GRID) {
         ap__kernels_scalar.q8_codes(src, n, bb, codes);
         return;
     }
-    uint8_t lut[Q8_GRID];
-    for (int j = 0; j < Q8_GRID; j++) lut[j] = ap__q8_code_ref(bb, (float)(b1 + (double)j / ginv));
-    for (size_t i = 0; i < n; i++) {
-        float x = src[i];
-        float t = floorf((x - b1) * ginv);
-        t = t < 0.0f ? 0.0f : t;
-        t = t > (float)(Q8_GRID - 1) ? (float)(Q8_GRID - 1) : t;
-        unsigned g = lut[(int)t];
-        g += (g < 255) & (bb[g + 1] <= x);
-        g += (g < 255) & (bb[g + 1] <= x);
-        if (!(bb[g] <= x && x < bb[g + 1])) g = ap__q8_code_ref(bb, x);
-        codes[i] = (uint8_t)g;
+    static __thread q8_cell_t tab[Q8_GRID];
+    for (int j = 0; j < Q8_GRID; j++) {
+        unsigned g = ap__q8_code_ref(bb, (float)(b1 + (double)j / ginv));
+        tab[j].g = g;
+        tab[j].lo = bb[g];
+        tab[j].mid = bb[g + 1];
+        tab[j].hi = g < 255 ? bb[g + 2] : INFINITY;
+    }
+    const __m256 vb1 = _mm256_set1_ps(b1), vg = _mm256_set1_ps(ginv);
+    const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps((float)(Q8_GRID - 1));
+    int32_t cell[256];
+    size_t i = 0;
+    while (i < n) {
+        size_t m = n - i < 256 ? n - i : 256, j = 0;
+        for (; j + 8 <= m; j += 8) {
+            __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(src + i + j), vb1), vg);
+            t = _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(t), z), top);
+            _mm256_storeu_si256((__m256i *)(void *)(cell + j), _mm256_cvttps_epi32(t));
+        }
+        for (; j < m; j++) {
+            float t = floorf((src[i + j] - b1) * ginv);
+            t = t < 0.0f ? 0.0f : t;
+            t = t > (float)(Q8_GRID - 1) ? (float)(Q8_GRID - 1) : t;
+            cell[j] = (int32_t)t;
+        }
+        for (j = 0; j < m; j++) {
+            float x = src[i + j];
+            const q8_cell_t *e = &tab[cell[j]];
+            unsigned c = e->g + (x >= e->mid);
+            if (!(x >= e->lo && x < e->hi)) c = ap__q8_code_ref(bb, x);
+            codes[i + j] = (uint8_t)c;
+        }
+        i += m;
     }
 }
 
@@ -260,9 +289,10 @@ AVX static bool absmax(const float *src, size_t n, float *amax)
 AVX static inline __m256 bw_probe_v(__m256i t)
 {
     __m256 tf = _mm256_cvtepi32_ps(t);
-    __m256 num = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(tf, tf)),
-                                             _mm256_add_ps(tf, tf)),
-                               _mm256_set1_ps(1.0f));
+    __m256 num =
+        _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(tf, tf)),
+                                    _mm256_add_ps(tf, tf)),
+                      _mm256_set1_ps(1.0f));
     __m256 p = _mm256_mul_ps(num, _mm256_set1_ps(1.0f / 32258.0f));
     __m256 lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(1), t));
     __m256 hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(t, _mm256_set1_epi32(127)));
@@ -289,15 +319,17 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
         __m256 u = _mm256_mul_ps(_mm256_and_ps(x, absmask), vi);
-        __m256i g = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(u), k127), half));
+        __m256i g =
+            _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(u), k127), half));
         g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
         __m256i dn = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(g), u, _CMP_NLT_UQ));
-        __m256i up = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(_mm256_add_epi32(g, one)), u, _CMP_LT_OQ));
+        __m256i up =
+            _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(_mm256_add_epi32(g, one)), u, _CMP_LT_OQ));
         g = _mm256_sub_epi32(_mm256_add_epi32(g, dn), up); /* masks are -1 */
         g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
         __m256 cur = bw_probe_v(g), nx = bw_probe_v(_mm256_add_epi32(g, one));
-        int ok = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ),
-                                                  _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
+        int ok = _mm256_movemask_ps(
+            _mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ), _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
         __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 24),
                                         _mm256_set1_epi32(0x80));
         store_codes8(codes + i, _mm256_or_si256(g, sign));

@@ -69,7 +69,7 @@ static void fill(float *x, size_t n, int kind)
 
 static const size_t N = 10007;
 static const float *cached;
-    /* quantile plan cache for codec_bound */ /* not a multiple of 8 or of the block */
+/* quantile plan cache for codec_bound */ /* not a multiple of 8 or of the block */
 
 static double codec_bound(ap_codec_id_t id, const float *x, size_t n, size_t i, const uint8_t *enc)
 {
@@ -222,6 +222,25 @@ static void test_fast_matches_scalar_many(void **state)
             assert_int_equal(l1, l2);
             if (memcmp(a, b, l1))
                 fail_msg("codec %s n=%zu: fast != scalar", ap_codec_name((ap_codec_id_t)id), n);
+            free(a);
+            free(b);
+        }
+        free(x);
+    }
+    /* large chunks (grid/LUT fast paths engage above ~16K elements) */
+    for (int kind = 0; kind < IN__COUNT; kind++) {
+        size_t n = 70001;
+        float *x = malloc(n * 4);
+        fill(x, n, kind);
+        for (int id = 1; id <= AP_CODEC_BLOCKWISE8; id++) {
+            ap_codec_cfg_t cfg = {.id = (ap_codec_id_t)id};
+            size_t cap = ap_compress_size(&cfg, n), l1, l2;
+            uint8_t *a = malloc(cap), *b = malloc(cap);
+            assert_ok(ap__compress_encode_k(ap__kernels_avx2(), &cfg, x, n, 0, a, cap, &l1));
+            assert_ok(ap__compress_encode_k(&ap__kernels_scalar, &cfg, x, n, 0, b, cap, &l2));
+            if (memcmp(a, b, l1))
+                fail_msg("codec %s, %s input, n=%zu: fast != scalar",
+                         ap_codec_name((ap_codec_id_t)id), in_names[kind], n);
             free(a);
             free(b);
         }
