@@ -212,14 +212,14 @@ AVX static bool minmax(const float *src, size_t n, float *mn, float *mx)
 /* Quantile codes without table gathers (slow on CPUs with the GDS
  * microcode mitigation): AVX2 computes each element's cell of a uniform grid
  * over [bb[1], bb[255]]; a per-cell entry {lo, mid, hi, g} with g = code at
- * the cell's left edge gives code = g + (x >= mid), valid when lo <= x < hi
+ * the cell's left edge minus one gives code = g + (x >= mid), valid when
+ * lo <= x < hi
  * (one 16-byte load per element). Other elements (cells holding two or more
  * boundaries, rounding at cell edges) take the reference binary search, so
  * the result is identical to the scalar kernel. */
 #define Q8_GRID 2048
 typedef struct q8_cell {
-    float lo, mid, hi;
-    uint32_t g;
+    float b[4]; /* bb[g .. g+3] */
 } q8_cell_t;
 
 AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
@@ -231,13 +231,21 @@ AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_
         ap__kernels_scalar.q8_codes(src, n, bb, codes);
         return;
     }
-    static __thread q8_cell_t tab[Q8_GRID];
+    static __thread q8_cell_t tab_tls[Q8_GRID];
+    static __thread uint8_t g_tls[Q8_GRID];
+    q8_cell_t *tab = tab_tls;
+    uint8_t *gs = g_tls;
+    float bp[260];
+    memcpy(bp, bb, 257 * sizeof(float));
+    bp[257] = bp[258] = bp[259] = INFINITY;
     for (int j = 0; j < Q8_GRID; j++) {
+        /* one below the code at the left edge, so that elements just left
+         * of the edge (rounding; all of x < b1 for cell 0) and up to two
+         * boundaries inside the cell are covered */
         unsigned g = ap__q8_code_ref(bb, (float)(b1 + (double)j / ginv));
-        tab[j].g = g;
-        tab[j].lo = bb[g];
-        tab[j].mid = bb[g + 1];
-        tab[j].hi = g < 255 ? bb[g + 2] : INFINITY;
+        g = g > 0 ? g - 1 : 0;
+        gs[j] = (uint8_t)g;
+        memcpy(tab[j].b, bp + g, sizeof tab[j].b);
     }
     const __m256 vb1 = _mm256_set1_ps(b1), vg = _mm256_set1_ps(ginv);
     const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps((float)(Q8_GRID - 1));
@@ -256,13 +264,20 @@ AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_
             t = t > (float)(Q8_GRID - 1) ? (float)(Q8_GRID - 1) : t;
             cell[j] = (int32_t)t;
         }
+        unsigned bad = 0;
         for (j = 0; j < m; j++) {
             float x = src[i + j];
-            const q8_cell_t *e = &tab[cell[j]];
-            unsigned c = e->g + (x >= e->mid);
-            if (!(x >= e->lo && x < e->hi)) c = ap__q8_code_ref(bb, x);
+            const float *e = tab[cell[j]].b;
+            unsigned c = gs[cell[j]] + (x >= e[1]) + (x >= e[2]);
+            bad |= (unsigned)!((x >= e[0]) & (x < e[3]));
             codes[i + j] = (uint8_t)c;
         }
+        if (bad) /* rare: redo the misses with the reference */
+            for (j = 0; j < m; j++) {
+                float x = src[i + j];
+                const float *e = tab[cell[j]].b;
+                if (!((x >= e[0]) & (x < e[3]))) codes[i + j] = ap__q8_code_ref(bb, x);
+            }
         i += m;
     }
 }
@@ -300,7 +315,8 @@ AVX static inline __m256 bw_probe_v(__m256i t)
     return _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY), hi);
 }
 
-/* Blockwise codes without table lookups: guess round(127 sqrt(u)), correct
+/* Blockwise codes without table lookups: guess round(127 sqrt(u)) (sqrt as
+ * u * rsqrt(u), 12-bit accurate; u = 0 gives NaN, clamped to 0), correct
  * by one with the probe values computed arithmetically, verify; misses use
  * the reference. */
 AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
@@ -319,8 +335,8 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
         __m256 u = _mm256_mul_ps(_mm256_and_ps(x, absmask), vi);
-        __m256i g =
-            _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(u), k127), half));
+        __m256i g = _mm256_cvttps_epi32(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(u, _mm256_rsqrt_ps(u)), k127), half));
         g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
         __m256i dn = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(g), u, _CMP_NLT_UQ));
         __m256i up =
