@@ -378,49 +378,76 @@ static void sort_floats(float *a, float *tmp, size_t n)
     for (size_t i = 0; i < n; i++) k[i] ^= (k[i] >> 31) ? 0x80000000u : 0xffffffffu;
 }
 
-/* The quantile plan of a chunk: bb[0] = -inf, bb[1..255] sample quantiles,
- * bb[256] = +inf; bin c spans [max(bb[c], min), min(bb[c+1], max)]. Returns
- * false for non-finite input. Exposed for tests. */
-bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, float bb[257], float *mn,
-                 float *mx, float *sample, size_t *ns);
-bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, float bb[257], float *mn,
-                 float *mx, float *sample, size_t *ns)
+/* The quantile plan of a chunk (see kernels.h): sample quantiles
+ * b_1..b_255 of a strided sample, snapped to the grid. lo and hi (256 each,
+ * may be NULL) receive each code's value range: the edges of its first and
+ * last cell, with code 0 reaching down to the chunk's min and code 255 up to
+ * its max. Returns false for non-finite input. Exposed for tests. */
+bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, ap__q8_plan_t *plan,
+                 double *lo, double *hi, float *sample, size_t *ns);
+bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, ap__q8_plan_t *plan,
+                 double *lo, double *hi, float *sample, size_t *ns)
 {
-    if (!K->minmax(src, n, mn, mx)) return false;
+    float mn, mx;
+    if (!K->minmax(src, n, &mn, &mx)) return false;
     size_t m = n < AP_COMPRESS_Q8_SAMPLE ? n : AP_COMPRESS_Q8_SAMPLE;
-    float tmp[AP_COMPRESS_Q8_SAMPLE];
+    float tmp[AP_COMPRESS_Q8_SAMPLE], b[256];
     for (size_t i = 0; i < m; i++) sample[i] = src[(size_t)(((uint64_t)i * n) / m)];
     sort_floats(sample, tmp, m);
-    bb[0] = -INFINITY;
-    bb[256] = INFINITY;
-    for (int c = 1; c < 256; c++) bb[c] = m ? sample[((size_t)c * m) / 256] : 0.0f;
+    for (int c = 1; c < 256; c++) b[c] = m ? sample[((size_t)c * m) / 256] : 0.0f;
+    double span = (double)b[255] - b[1];
+    float ginv = span > 0 ? (float)(AP__Q8_GRID / span) : 0.0f;
+    if (!(ginv > 0) || isinf(ginv)) ginv = FLT_MAX; /* degenerate: split at b1 only */
+    plan->b1 = b[1];
+    plan->ginv = ginv;
+    int cellc[256];
+    for (int c = 1; c < 256; c++) cellc[c] = ap__q8_cell(plan, b[c]);
+    int c = 0; /* lut[j] = #{c : cell(b_c) <= j}; cell(b_c) is non-decreasing in c */
+    for (int j = 0; j <= AP__Q8_GRID + 1; j++) {
+        while (c < 255 && cellc[c + 1] <= j) c++;
+        plan->lut[j] = (uint8_t)c;
+    }
+    if (lo && hi) {
+        for (int k = 0; k < 256; k++) {
+            lo[k] = INFINITY;
+            hi[k] = -INFINITY;
+        }
+        for (int j = 0; j <= AP__Q8_GRID + 1; j++) {
+            int k = plan->lut[j];
+            double l = j == 0 ? mn : (double)plan->b1 + (j - 1) / (double)ginv;
+            double h = j == AP__Q8_GRID + 1 ? mx : (double)plan->b1 + j / (double)ginv;
+            if (l < lo[k]) lo[k] = l;
+            if (h > hi[k]) hi[k] = h;
+        }
+        for (int k = 0; k < 256; k++) {
+            if (lo[k] < mn) lo[k] = mn;
+            if (hi[k] > mx) hi[k] = mx;
+            if (!(hi[k] >= lo[k])) lo[k] = hi[k] = b[1]; /* unused code */
+        }
+    }
     *ns = m;
     return true;
 }
 
 static int enc_quantile8(const ap__kernels_t *K, const float *src, size_t n, uint8_t *p)
 {
-    float bb[257], mn, mx, sample[AP_COMPRESS_Q8_SAMPLE];
-    size_t m;
-    if (!ap__q8_plan(K, src, n, bb, &mn, &mx, sample, &m)) return AP_ENONFINITE;
-    K->q8_codes(src, n, bb, p + 1024);
-    double sum[256] = {0}, lo[256], hi[256];
+    ap__q8_plan_t plan;
+    float sample[AP_COMPRESS_Q8_SAMPLE];
+    double lo[256], hi[256], sum[256] = {0};
     uint32_t cnt[256] = {0};
+    size_t m;
+    if (!ap__q8_plan(K, src, n, &plan, lo, hi, sample, &m)) return AP_ENONFINITE;
+    K->q8_codes(src, n, &plan, p + 1024);
     for (size_t i = 0; i < m; i++) {
-        uint8_t c = ap__q8_code_ref(bb, sample[i]);
+        uint8_t c = plan.lut[ap__q8_cell(&plan, sample[i])];
         sum[c] += sample[i];
         cnt[c]++;
     }
     for (int c = 0; c < 256; c++) {
-        lo[c] = c == 0 ? mn : bb[c];
-        hi[c] = c == 255 ? mx : bb[c + 1];
-        if (lo[c] < mn) lo[c] = mn;
-        if (hi[c] > mx) hi[c] = mx;
-        if (hi[c] < lo[c]) hi[c] = lo[c];
         double v = cnt[c] ? sum[c] / cnt[c] : (lo[c] + hi[c]) / 2;
         if (v < lo[c]) v = lo[c];
         if (v > hi[c]) v = hi[c];
-        put_f32(p + 4 * c, (float)v);
+        put_f32(p + 4 * c, clampf_d(v));
     }
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <math.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the compression wire format is little-endian; add byte swaps for this host"
@@ -19,6 +20,24 @@ uint16_t ap__f32_to_f16(float f);
 float ap__f16_to_f32(uint16_t h);
 uint16_t ap__f32_to_bf16(float f);
 float ap__bf16_to_f32(uint16_t h);
+
+/* QUANTILE8 plan: the sample quantiles b_1..b_255 snapped to a uniform grid
+ * of AP__Q8_GRID cells over [b_1, b_255] (plus one cell below and one above).
+ * cell(x) = clamp(floor((x - b1) * ginv) + 1, 0, GRID + 1) in float
+ * arithmetic; code(x) = lut[cell(x)] = #{c : cell(b_c) <= cell(x)}. */
+#define AP__Q8_GRID 4096
+typedef struct ap__q8_plan {
+    float b1, ginv;
+    uint8_t lut[AP__Q8_GRID + 2];
+} ap__q8_plan_t;
+
+static inline int ap__q8_cell(const ap__q8_plan_t *p, float x)
+{
+    float t = floorf((x - p->b1) * p->ginv) + 1.0f;
+    t = t < 0.0f ? 0.0f : t;
+    t = t > (float)(AP__Q8_GRID + 1) ? (float)(AP__Q8_GRID + 1) : t;
+    return (int)t;
+}
 
 /* Decode destination mode: add == false: dst[i] = y; else dst[i] += alpha*y. */
 typedef struct ap__dmode {
@@ -45,9 +64,8 @@ typedef struct ap__kernels {
                     ap__dmode_t m);
     /* min and max; false if any NaN or Inf */
     bool (*minmax)(const float *src, size_t n, float *mn, float *mx);
-    /* code = #{c in 1..255 : bb[c] <= x} with bb[0] = -inf (bb has 257
-     * entries, bb[256] = +inf) */
-    void (*q8_codes)(const float *src, size_t n, const float bb[257], uint8_t *codes);
+    /* code = plan->lut[ap__q8_cell(plan, x)] */
+    void (*q8_codes)(const float *src, size_t n, const struct ap__q8_plan *plan, uint8_t *codes);
     /* max |x|; false if any NaN or Inf */
     bool (*absmax)(const float *src, size_t n, float *amax);
     /* blockwise codes for one block given amax (see compress.c) */
@@ -63,7 +81,6 @@ const ap__kernels_t *ap__kernels(void);
 void ap__compress_force_scalar(bool scalar);
 
 /* Shared helpers used by both kernel sets. */
-uint8_t ap__q8_code_ref(const float bb[257], float x);
 /* Blockwise codebook: magnitudes m[0..127] = (j/127)^2, probe table P[0..128]
  * with P[0] = -inf, P[t] ~ (m[t-1]+m[t])/2, P[128] = +inf; code magnitude
  * index = largest j with P[j] < u. P[t] is defined by this float expression

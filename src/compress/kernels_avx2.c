@@ -209,77 +209,25 @@ AVX static bool minmax(const float *src, size_t n, float *mn, float *mx)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
-/* Quantile codes without table gathers (slow on CPUs with the GDS
- * microcode mitigation): AVX2 computes each element's cell of a uniform grid
- * over [bb[1], bb[255]]; a per-cell entry {lo, mid, hi, g} with g = code at
- * the cell's left edge minus one gives code = g + (x >= mid), valid when
- * lo <= x < hi
- * (one 16-byte load per element). Other elements (cells holding two or more
- * boundaries, rounding at cell edges) take the reference binary search, so
- * the result is identical to the scalar kernel. */
-#define Q8_GRID 2048
-typedef struct q8_cell {
-    float b[4]; /* bb[g .. g+3] */
-} q8_cell_t;
-
-AVX static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
+/* Quantile codes: the cell arithmetic in AVX2 (same float operations as
+ * ap__q8_cell), then byte lookups (scalar loads: table gathers are slow on
+ * CPUs with the GDS microcode mitigation). */
+AVX static void q8_codes(const float *src, size_t n, const ap__q8_plan_t *plan, uint8_t *codes)
 {
-    float b1 = bb[1], b255 = bb[255];
-    double span = (double)b255 - b1;
-    float ginv = span > 0 ? (float)(Q8_GRID / span) : 0.0f;
-    if (!(ginv > 0) || isinf(ginv) || n < 8 * Q8_GRID) {
-        ap__kernels_scalar.q8_codes(src, n, bb, codes);
-        return;
-    }
-    static __thread q8_cell_t tab_tls[Q8_GRID];
-    static __thread uint8_t g_tls[Q8_GRID];
-    q8_cell_t *tab = tab_tls;
-    uint8_t *gs = g_tls;
-    float bp[260];
-    memcpy(bp, bb, 257 * sizeof(float));
-    bp[257] = bp[258] = bp[259] = INFINITY;
-    for (int j = 0; j < Q8_GRID; j++) {
-        /* one below the code at the left edge, so that elements just left
-         * of the edge (rounding; all of x < b1 for cell 0) and up to two
-         * boundaries inside the cell are covered */
-        unsigned g = ap__q8_code_ref(bb, (float)(b1 + (double)j / ginv));
-        g = g > 0 ? g - 1 : 0;
-        gs[j] = (uint8_t)g;
-        memcpy(tab[j].b, bp + g, sizeof tab[j].b);
-    }
-    const __m256 vb1 = _mm256_set1_ps(b1), vg = _mm256_set1_ps(ginv);
-    const __m256 z = _mm256_setzero_ps(), top = _mm256_set1_ps((float)(Q8_GRID - 1));
-    int32_t cell[256];
+    const __m256 vb1 = _mm256_set1_ps(plan->b1), vg = _mm256_set1_ps(plan->ginv);
+    const __m256 one = _mm256_set1_ps(1.0f), z = _mm256_setzero_ps(),
+                 top = _mm256_set1_ps((float)(AP__Q8_GRID + 1));
+    const uint8_t *lut = plan->lut;
     size_t i = 0;
-    while (i < n) {
-        size_t m = n - i < 256 ? n - i : 256, j = 0;
-        for (; j + 8 <= m; j += 8) {
-            __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(src + i + j), vb1), vg);
-            t = _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(t), z), top);
-            _mm256_storeu_si256((__m256i *)(void *)(cell + j), _mm256_cvttps_epi32(t));
-        }
-        for (; j < m; j++) {
-            float t = floorf((src[i + j] - b1) * ginv);
-            t = t < 0.0f ? 0.0f : t;
-            t = t > (float)(Q8_GRID - 1) ? (float)(Q8_GRID - 1) : t;
-            cell[j] = (int32_t)t;
-        }
-        unsigned bad = 0;
-        for (j = 0; j < m; j++) {
-            float x = src[i + j];
-            const float *e = tab[cell[j]].b;
-            unsigned c = gs[cell[j]] + (x >= e[1]) + (x >= e[2]);
-            bad |= (unsigned)!((x >= e[0]) & (x < e[3]));
-            codes[i + j] = (uint8_t)c;
-        }
-        if (bad) /* rare: redo the misses with the reference */
-            for (j = 0; j < m; j++) {
-                float x = src[i + j];
-                const float *e = tab[cell[j]].b;
-                if (!((x >= e[0]) & (x < e[3]))) codes[i + j] = ap__q8_code_ref(bb, x);
-            }
-        i += m;
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(src + i), vb1), vg);
+        t = _mm256_add_ps(_mm256_floor_ps(t), one);
+        t = _mm256_min_ps(_mm256_max_ps(t, z), top);
+        int32_t c[8];
+        _mm256_storeu_si256((__m256i *)(void *)c, _mm256_cvttps_epi32(t));
+        for (int j = 0; j < 8; j++) codes[i + (size_t)j] = lut[c[j]];
     }
+    ap__kernels_scalar.q8_codes(src + i, n - i, plan, codes + i);
 }
 
 AVX static bool absmax(const float *src, size_t n, float *amax)

@@ -154,16 +154,9 @@ static bool minmax(const float *src, size_t n, float *mn, float *mx)
     return ok;
 }
 
-uint8_t ap__q8_code_ref(const float bb[257], float x)
+static void q8_codes(const float *src, size_t n, const ap__q8_plan_t *plan, uint8_t *codes)
 {
-    unsigned c = 0; /* branchless: the comparisons are unpredictable */
-    for (unsigned s = 128; s; s >>= 1) c += s & (0u - (unsigned)(bb[c + s] <= x));
-    return (uint8_t)c;
-}
-
-static void q8_codes(const float *src, size_t n, const float bb[257], uint8_t *codes)
-{
-    for (size_t i = 0; i < n; i++) codes[i] = ap__q8_code_ref(bb, src[i]);
+    for (size_t i = 0; i < n; i++) codes[i] = plan->lut[ap__q8_cell(plan, src[i])];
 }
 
 static bool absmax(const float *src, size_t n, float *amax)

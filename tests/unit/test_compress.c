@@ -13,8 +13,8 @@
 
 int ap__compress_encode_k(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
                           size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len);
-bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, float bb[257], float *mn,
-                 float *mx, float *sample, size_t *ns);
+bool ap__q8_plan(const ap__kernels_t *K, const float *src, size_t n, ap__q8_plan_t *plan,
+                 double *lo, double *hi, float *sample, size_t *ns);
 
 /* ---- test RNG ---- */
 static uint64_t rs;
@@ -108,15 +108,17 @@ static double codec_bound(ap_codec_id_t id, const float *x, size_t n, size_t i, 
         return 1.001 * 12 * std / 256 + dist + 1e-6 * fabs(xi) + 1e-44;
     }
     case AP_CODEC_QUANTILE8: {
-        static float bb[257], mn, mx, sample[AP_COMPRESS_Q8_SAMPLE];
+        static ap__q8_plan_t plan;
+        static double lo[256], hi[256];
+        static float sample[AP_COMPRESS_Q8_SAMPLE];
         size_t m;
         if (cached != x) {
-            assert_true(ap__q8_plan(&ap__kernels_scalar, x, n, bb, &mn, &mx, sample, &m));
+            assert_true(ap__q8_plan(&ap__kernels_scalar, x, n, &plan, lo, hi, sample, &m));
             cached = x;
         }
-        int c = ap__q8_code_ref(bb, x[i]);
-        double lo = c == 0 ? mn : fmax(bb[c], mn), hi = c == 255 ? mx : fmin(bb[c + 1], mx);
-        return (hi - lo) * 1.000001 + 1e-6 * fabs(xi) + 1e-44;
+        int c = plan.lut[ap__q8_cell(&plan, x[i])];
+        /* x lies in its code's range up to the rounding of the cell arithmetic */
+        return (hi[c] - lo[c]) * 1.000001 + 2e-7 * (fabs(lo[c]) + fabs(hi[c])) + 1e-44;
     }
     case AP_CODEC_BLOCKWISE8: {
         size_t b = i / AP_COMPRESS_BLOCK;
