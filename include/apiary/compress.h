@@ -41,10 +41,11 @@
  *              |y-x| <= w + dist(x, range), w = 12 std / 256. If 1/w
  *              overflows (std below ~2^-122), every element goes to bin 0,
  *              decoded as the sample mean: |y-x| <= max - min.
- *   QUANTILE8  256 bins between the chunk's min and max with boundaries at
- *              quantiles of a strided sample (<= 4096 elements); decoded to
- *              the sample mean of the bin (clamped to the bin): |y-x| <=
- *              width of x's bin (<= max-min). Outliers get their own bins.
+ *   QUANTILE8  boundaries at the 255 inner quantiles of a strided sample
+ *              (<= 4096 elements), snapped to a 4096-cell grid over the
+ *              inner range; each bin decodes to the sample mean of its
+ *              members (clamped to the bin); the outer bins reach the
+ *              chunk's min and max: |y-x| <= width of x's bin.
  *   BLOCKWISE8 blocks of 4096 elements; per-block absmax a; code = sign +
  *              7-bit index of the nearest magnitude in the dynamic codebook
  *              m_j = (j/127)^2: |y-x| <= 0.00785 a + 2^-22 |x|.
