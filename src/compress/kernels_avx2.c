@@ -5,6 +5,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -320,14 +321,23 @@ static const ap__kernels_t avx2_kernels = {
     .bw_codes = bw_codes,
 };
 
-const ap__kernels_t *ap__kernels_avx2(void)
+static const ap__kernels_t *avx2_or_null;
+static void avx2_detect(void)
 {
     /* avx2 via the compiler (it also checks that the OS saves YMM state);
-     * F16C from CPUID.1:ECX bit 29 (older clang lacks "f16c" here). */
+     * F16C from CPUID.1:ECX bit 29 (older clang lacks "f16c" here). CPUID
+     * traps in VMs, so this runs once. */
     __builtin_cpu_init();
     unsigned a, b, c, d;
-    if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d)) return NULL;
-    return (c & (1u << 29)) ? &avx2_kernels : NULL;
+    if (__builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)))
+        avx2_or_null = &avx2_kernels;
+}
+
+const ap__kernels_t *ap__kernels_avx2(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, avx2_detect);
+    return avx2_or_null;
 }
 
 #else
