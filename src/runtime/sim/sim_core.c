@@ -243,6 +243,7 @@ static bool ev_valid(ap_sim_t *sim, const sim_ev_t *e)
     case EV_DIAL_DONE:
         return slab_live(&sim->dials, e->idx, e->gen);
     case EV_CONN_TIMEOUT:
+    case EV_SYN_RETRY:
         return ap__conn_timeout_valid(sim, e->idx, e->gen);
     default:
         return true; /* deliveries and notes always run */
@@ -819,6 +820,9 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
         break;
     case EV_NOTE:
         ap__ev_note(sim, e->idx);
+        break;
+    case EV_SYN_RETRY:
+        ap__ev_syn_retry(sim, e->idx);
         break;
     default:
         break;

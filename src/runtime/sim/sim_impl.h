@@ -11,6 +11,8 @@
 #include <stdatomic.h>
 
 #define SIM_NONE UINT32_MAX
+/* An unanswered SYN is sent again after this long (TCP's initial RTO). */
+#define SIM_SYN_RETRY_US 1000000u
 
 /* ---- slab: stable storage with generation-checked indexes ---------------
  * Elements never move (chunked), so pointers handed to users (ap_stream_t,
@@ -95,6 +97,7 @@ enum {
     EV_DIAL_DONE,
     EV_CONN_TIMEOUT,
     EV_NOTE,
+    EV_SYN_RETRY,
 };
 
 typedef struct sim_ev {
@@ -162,6 +165,7 @@ typedef struct sim_conn {
     uint32_t node[2];            /* node[0] < node[1]; dir[d] carries node[d] -> node[d^1] */
     uint32_t lprev[2], lnext[2]; /* per-node connection lists */
     uint8_t up[2];               /* side s has completed the handshake */
+    uint8_t syn_side;            /* side that started the handshake */
     sim_dir_t dir[2];
 } sim_conn_t;
 
@@ -336,6 +340,7 @@ void ap__ev_deliver(ap_sim_t *sim, uint32_t mi);
 void ap__ev_note(ap_sim_t *sim, uint32_t ni);
 void ap__ev_conn_timeout(ap_sim_t *sim, uint32_t ci, uint32_t gen);
 bool ap__conn_timeout_valid(ap_sim_t *sim, uint32_t ci, uint32_t gen);
+void ap__ev_syn_retry(ap_sim_t *sim, uint32_t ci);
 
 /* rt */
 void ap__call_complete(ap_sim_t *sim, uint32_t ci, int status, const uint8_t *data, size_t len,

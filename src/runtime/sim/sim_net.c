@@ -347,7 +347,8 @@ uint32_t ap__conn_get(ap_sim_t *sim, uint32_t a, uint32_t b)
         }
         n->conns = ci;
     }
-    send_handshake(sim, ci, sim_side(c, a), M_SYN);
+    c->syn_side = sim_side(c, a);
+    send_handshake(sim, ci, c->syn_side, M_SYN);
     ap__sim_push(sim, sim->now + sim->connect_timeout, EV_CONN_TIMEOUT, ci,
                  slab_gen(&sim->conns, ci));
     return ci;
@@ -443,6 +444,13 @@ void ap__ev_conn_timeout(ap_sim_t *sim, uint32_t ci, uint32_t gen)
     ap__sim_trace(sim, EV_CONN_TIMEOUT, c->node[0], c->node[1]);
     ap_debug("sim", "connection %u<->%u timed out connecting", c->node[0], c->node[1]);
     ap__conn_teardown(sim, ci);
+}
+
+void ap__ev_syn_retry(ap_sim_t *sim, uint32_t ci)
+{
+    sim_conn_t *c = conn_at(sim, ci);
+    ap__sim_trace(sim, EV_SYN_RETRY, c->node[c->syn_side], 0);
+    if (!c->up[c->syn_side ^ 1]) send_handshake(sim, ci, c->syn_side, M_SYN);
 }
 
 /* ---- connection-loss notices ----------------------------------------------- */
@@ -553,7 +561,11 @@ static void on_syn(ap_sim_t *sim, sim_conn_t *c, uint32_t ci, unsigned rs)
         send_handshake(sim, ci, rs, M_REFUSED); /* host up, process gone: RST */
         return;
     }
-    if (a->group != b->group) return; /* dropped; the attempt will time out */
+    if (a->group != b->group) {
+        /* dropped by the partition: the initiator sends it again later */
+        ap__sim_push(sim, sim->now + SIM_SYN_RETRY_US, EV_SYN_RETRY, ci, slab_gen(&sim->conns, ci));
+        return;
+    }
     c->up[rs] = 1;
     b->st.connections++;
     send_handshake(sim, ci, rs, M_SYNACK);
