@@ -24,6 +24,7 @@
 
 typedef struct sim_slab {
     size_t esz;
+    size_t zero; /* bytes zeroed on allocation (a prefix of the element) */
     uint8_t **chunks;
     uint32_t **gens;
     uint32_t nchunks;
@@ -310,7 +311,15 @@ static inline void sim_stale(ap_sim_t *sim)
 }
 uint64_t ap__sim_rand_below(ap_sim_t *sim, uint64_t n);
 int ap__sim_lookup(ap_sim_t *sim, const ap_peer_id_t *id); /* node index or -1 */
-void ap__sim_trace(ap_sim_t *sim, uint8_t kind, uint32_t node, uint64_t size);
+/* Folds one processed event into the trace hash. */
+static inline void ap__sim_trace(ap_sim_t *sim, uint8_t kind, uint32_t node, uint64_t size)
+{
+    uint64_t h = sim->hash;
+    h = (h ^ sim->now) * 0x100000001b3ull;
+    h = (h ^ ((uint64_t)kind | (uint64_t)node << 8)) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ size) * 0x100000001b3ull;
+    sim->hash = h ^ (h >> 29);
+}
 
 /* intrusive lists over slab elements: links at byte offset off (prev, next) */
 void ap__list_push(sim_slab_t *s, size_t off, uint32_t *head, uint32_t i);
