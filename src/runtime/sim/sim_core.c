@@ -396,8 +396,10 @@ void ap_sim_free(ap_sim_t *sim)
         sim_msg_t *m = slab_at(&sim->msgs, i);
         if (m->cls != 0) free(m->buf);
     }
-    for (int c = 0; c <= BUF_MAX_CLASS; c++)
-        for (int k = 0; k < sim->nbufs[c]; k++) free(sim->bufs[c][k]);
+    for (int c = 0; c <= BUF_MAX_CLASS; c++) {
+        for (uint32_t k = 0; k < sim->nbufs[c]; k++) free(sim->bufs[c][k]);
+        free(sim->bufs[c]);
+    }
     for (uint32_t i = 0; i < sim->nnodes; i++) {
         ap__rt_fini(&sim->nodes[i]->rt);
         free(sim->nodes[i]);

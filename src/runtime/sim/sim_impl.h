@@ -143,9 +143,9 @@ typedef struct sim_msg {
     uint8_t inl[MSG_INLINE];
 } sim_msg_t;
 
-#define BUF_MIN_CLASS 7  /* 128 B */
-#define BUF_MAX_CLASS 23 /* 8 MiB */
-#define BUF_KEEP      16 /* free buffers kept per class */
+#define BUF_MIN_CLASS 7           /* 128 B */
+#define BUF_MAX_CLASS 23          /* 8 MiB */
+#define BUF_CACHE_MAX (64u << 20) /* bytes of free buffers kept for reuse */
 
 /* ---- connections and flows --------------------------------------------- */
 typedef struct sim_dir {
@@ -287,8 +287,9 @@ struct ap_sim {
     ap_sim_link_t deflink;
     uint64_t connect_timeout;
     int64_t epoch_ms;
-    void *bufs[BUF_MAX_CLASS + 1][BUF_KEEP];
-    uint8_t nbufs[BUF_MAX_CLASS + 1];
+    void **bufs[BUF_MAX_CLASS + 1]; /* free buffers per size class */
+    uint32_t nbufs[BUF_MAX_CLASS + 1], capbufs[BUF_MAX_CLASS + 1];
+    size_t buf_cached;
     ap_sim_stats_t stats;
     pthread_mutex_t inbox_mu;
     sim_inbox_item_t *inbox;

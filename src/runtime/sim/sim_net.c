@@ -30,6 +30,7 @@ sim_msg_t *ap__msg_new(ap_sim_t *sim, uint8_t kind, const void *aux, size_t aux_
         int c = size_class(total);
         if (c <= BUF_MAX_CLASS && sim->nbufs[c]) {
             m->buf = sim->bufs[c][--sim->nbufs[c]];
+            sim->buf_cached -= (size_t)1 << c;
             m->cls = (uint8_t)c;
         } else if (c <= BUF_MAX_CLASS) {
             m->buf = malloc((size_t)1 << c);
@@ -59,10 +60,22 @@ void ap__msg_release(ap_sim_t *sim, uint32_t mi)
     if (m->cls == 255) {
         free(m->buf);
     } else if (m->cls != 0) {
-        if (sim->nbufs[m->cls] < BUF_KEEP)
-            sim->bufs[m->cls][sim->nbufs[m->cls]++] = m->buf;
-        else
+        int c = m->cls;
+        size_t sz = (size_t)1 << c;
+        if (sim->buf_cached + sz <= BUF_CACHE_MAX && sim->nbufs[c] == sim->capbufs[c]) {
+            uint32_t cap = sim->capbufs[c] ? sim->capbufs[c] * 2 : 16;
+            void **nb = realloc(sim->bufs[c], cap * sizeof *nb);
+            if (nb) {
+                sim->bufs[c] = nb;
+                sim->capbufs[c] = cap;
+            }
+        }
+        if (sim->buf_cached + sz <= BUF_CACHE_MAX && sim->nbufs[c] < sim->capbufs[c]) {
+            sim->bufs[c][sim->nbufs[c]++] = m->buf;
+            sim->buf_cached += sz;
+        } else {
             free(m->buf);
+        }
     }
     m->buf = NULL;
     m->cls = 0;
