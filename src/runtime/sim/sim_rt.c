@@ -714,7 +714,8 @@ static void op_stream_reset(ap_stream_t *ps, int err)
     ap_sim_t *sim = N(ps->rt)->sim;
     if (s->closed) return;
     ap__stream_send_reset(sim, s, AP_ERESET);
-    schedule_close(sim, s, err < 0 ? err : AP_ERESET);
+    /* The resetting side is closed at once: on_close runs before this returns. */
+    ap__stream_finish(sim, s->self, err < 0 ? err : AP_ERESET);
 }
 
 static void op_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
