@@ -249,6 +249,8 @@ static bool ev_valid(ap_sim_t *sim, const sim_ev_t *e)
     case EV_DIAL_TIMEOUT:
     case EV_DIAL_DONE:
         return slab_live(&sim->dials, e->idx, e->gen);
+    case EV_TQ:
+        return e->idx < sim->ntqs && sim->tqs[e->idx].armed_gen == e->gen;
     case EV_CONN_TIMEOUT:
     case EV_SYN_RETRY:
         return ap__conn_timeout_valid(sim, e->idx, e->gen);
@@ -413,6 +415,7 @@ void ap_sim_free(ap_sim_t *sim)
     ap__map_free(&sim->conn_map);
     ap__map_free(&sim->link_map);
     free(sim->links);
+    for (uint32_t q = 0; q < sim->ntqs; q++) free(sim->tqs[q].ring);
     free(sim->inbox);
     pthread_mutex_destroy(&sim->inbox_mu);
     free(sim);
@@ -767,6 +770,97 @@ static void ev_work(ap_sim_t *sim, const sim_ev_t *e)
     if (after) after(&n->rt, arg, 0);
 }
 
+/* ---- deadline queues ------------------------------------------------------ */
+
+static void process(ap_sim_t *sim, const sim_ev_t *e);
+
+static inline sim_ev_t tq_ev(const sim_tq_ent_t *x)
+{
+    return (sim_ev_t){.t = x->t, .idx = x->idx, .gen = x->gen, .kind = x->kind};
+}
+
+/* Drops cancelled entries at the head, then arms an EV_TQ for the new head. */
+static void tq_arm(ap_sim_t *sim, uint32_t q)
+{
+    sim_tq_t *tq = &sim->tqs[q];
+    while (tq->len) {
+        sim_ev_t e = tq_ev(&tq->ring[tq->head]);
+        if (ev_valid(sim, &e)) break;
+        tq->head = (tq->head + 1) & (tq->cap - 1);
+        tq->len--;
+    }
+    tq->armed_gen = 0;
+    if (!tq->len) return;
+    tq->armed_gen = ++sim->tq_gen ? sim->tq_gen : ++sim->tq_gen;
+    ap__sim_push(sim, tq->ring[tq->head].t, EV_TQ, q, tq->armed_gen);
+}
+
+static void tq_fire(ap_sim_t *sim, uint32_t q)
+{
+    sim_tq_t *tq = &sim->tqs[q];
+    tq->armed_gen = 0;
+    if (!tq->len || tq->ring[tq->head].t > sim->now) { /* head was cancelled: later one */
+        tq_arm(sim, q);
+        return;
+    }
+    sim_tq_ent_t x = tq->ring[tq->head];
+    tq->head = (tq->head + 1) & (tq->cap - 1);
+    tq->len--;
+    tq->armed_gen = 0;
+    sim_ev_t e = tq_ev(&x);
+    bool live = ev_valid(sim, &e);
+    if (live) process(sim, &e);
+    if (!tq->armed_gen) tq_arm(sim, q); /* process may have armed it already */
+}
+
+/* Squeezes out cancelled entries; grows the ring if it stays over half full. */
+static int tq_make_room(ap_sim_t *sim, sim_tq_t *tq)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < tq->len; k++) {
+        sim_tq_ent_t x = tq->ring[(tq->head + k) & (tq->cap - 1)];
+        sim_ev_t e = tq_ev(&x);
+        if (ev_valid(sim, &e)) tq->ring[(tq->head + n++) & (tq->cap - 1)] = x;
+    }
+    tq->len = n;
+    if (n * 2 <= tq->cap && tq->cap) return 0;
+    uint32_t cap = tq->cap ? tq->cap * 2 : 256;
+    sim_tq_ent_t *r = malloc((size_t)cap * sizeof *r);
+    if (!r) return AP_ENOMEM;
+    for (uint32_t k = 0; k < n; k++) r[k] = tq->ring[(tq->head + k) & (tq->cap - 1)];
+    free(tq->ring);
+    tq->ring = r;
+    tq->cap = cap;
+    tq->head = 0;
+    return 0;
+}
+
+bool ap__sim_deadline(ap_sim_t *sim, uint64_t dur, uint8_t kind, uint32_t idx, uint32_t gen)
+{
+    uint64_t t = sim->now + dur < sim->now ? UINT64_MAX : sim->now + dur;
+    uint32_t q = 0;
+    while (q < sim->ntqs && sim->tqs[q].dur != dur) q++;
+    if (q == sim->ntqs) {
+        if (sim->ntqs == SIM_TQ_MAX) goto heap;
+        sim->tqs[sim->ntqs++] = (sim_tq_t){.dur = dur};
+    }
+    sim_tq_t *tq = &sim->tqs[q];
+    if (tq->len == tq->cap) {
+        bool was_armed = tq->armed_gen != 0;
+        if (tq_make_room(sim, tq) != 0) goto heap;
+        if (was_armed && !tq->len) tq->armed_gen = 0; /* its head was cancelled */
+        if (was_armed && tq->len) tq_arm(sim, q);     /* head may have moved */
+    }
+    tq->ring[(tq->head + tq->len) & (tq->cap - 1)] =
+        (sim_tq_ent_t){.t = t, .idx = idx, .gen = gen, .kind = kind};
+    tq->len++;
+    if (!tq->armed_gen) tq_arm(sim, q);
+    return false;
+heap:
+    ap__sim_push(sim, t, kind, idx, gen);
+    return true;
+}
+
 static void process(ap_sim_t *sim, const sim_ev_t *e)
 {
     switch (e->kind) {
@@ -824,6 +918,9 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
         break;
     case EV_SYN_RETRY:
         ap__ev_syn_retry(sim, e->idx);
+        break;
+    case EV_TQ:
+        tq_fire(sim, e->idx);
         break;
     default:
         break;

@@ -99,6 +99,7 @@ enum {
     EV_CONN_TIMEOUT,
     EV_NOTE,
     EV_SYN_RETRY,
+    EV_TQ, /* head of a deadline queue is due */
 };
 
 typedef struct sim_ev {
@@ -194,6 +195,7 @@ typedef struct sim_call {
     uint32_t node, prev, next;
     uint32_t peer, conn, conn_gen;
     int status; /* for EV_CALL_FAIL */
+    bool heap_deadline;
     size_t max_resp;
     ap_rpc_done_fn done;
     void *arg;
@@ -260,6 +262,26 @@ typedef struct sim_node {
     ap_rt_stats_t st;
 } sim_node_t;
 
+/* Deadline queues. Most deadlines (call timeouts, connect timeouts) use a
+ * handful of fixed durations, and now + d is non-decreasing for a fixed d:
+ * so one FIFO per duration is already sorted, and only its head needs a
+ * place in the heap. Cancelled entries are skipped when they reach the head
+ * and squeezed out when the ring fills. */
+#define SIM_TQ_MAX 8
+
+typedef struct sim_tq_ent {
+    uint64_t t;
+    uint32_t idx, gen;
+    uint8_t kind;
+} sim_tq_ent_t;
+
+typedef struct sim_tq {
+    uint64_t dur;
+    sim_tq_ent_t *ring;
+    uint32_t cap, head, len; /* cap is a power of two */
+    uint32_t armed_gen;      /* gen of the pending EV_TQ, 0 = none */
+} sim_tq_t;
+
 typedef struct sim_inbox_item {
     uint32_t node;
     ap_post_fn fn;
@@ -291,6 +313,8 @@ struct ap_sim {
     uint32_t nbufs[BUF_MAX_CLASS + 1], capbufs[BUF_MAX_CLASS + 1];
     size_t buf_cached;
     ap_sim_stats_t stats;
+    sim_tq_t tqs[SIM_TQ_MAX];
+    uint32_t ntqs, tq_gen;
     pthread_mutex_t inbox_mu;
     sim_inbox_item_t *inbox;
     size_t ninbox_cap;
@@ -310,6 +334,10 @@ static inline void sim_stale(ap_sim_t *sim)
 {
     sim->nstale++;
 }
+/* Schedules a cancellable deadline event (kind, idx, gen) at now + dur,
+ * through a deadline queue when possible. Returns true if it went to the
+ * heap instead (then cancelling it should count as stale). */
+bool ap__sim_deadline(ap_sim_t *sim, uint64_t dur, uint8_t kind, uint32_t idx, uint32_t gen);
 uint64_t ap__sim_rand_below(ap_sim_t *sim, uint64_t n);
 int ap__sim_lookup(ap_sim_t *sim, const ap_peer_id_t *id); /* node index or -1 */
 /* Folds one processed event into the trace hash. */

@@ -362,8 +362,7 @@ uint32_t ap__conn_get(ap_sim_t *sim, uint32_t a, uint32_t b)
     }
     c->syn_side = sim_side(c, a);
     send_handshake(sim, ci, c->syn_side, M_SYN);
-    ap__sim_push(sim, sim->now + sim->connect_timeout, EV_CONN_TIMEOUT, ci,
-                 slab_gen(&sim->conns, ci));
+    ap__sim_deadline(sim, sim->connect_timeout, EV_CONN_TIMEOUT, ci, slab_gen(&sim->conns, ci));
     return ci;
 }
 

@@ -202,7 +202,7 @@ static int op_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_f
     d->status = 1; /* waiting */
     ap__list_push(&sim->dials, offsetof(sim_dial_t, prev), &n->dials, di);
     if (!timeout_us) timeout_us = 30u * 1000 * 1000;
-    ap__sim_push(sim, sim->now + timeout_us, EV_DIAL_TIMEOUT, di, gen);
+    ap__sim_deadline(sim, timeout_us, EV_DIAL_TIMEOUT, di, gen);
     if (idx >= sim->nnodes || idx == n->idx) {
         d->status = AP_EUNREACH;
         ap__sim_push(sim, sim->now, EV_DIAL_DONE, di, gen);
@@ -246,8 +246,9 @@ void ap__call_complete(ap_sim_t *sim, uint32_t ci, int status, const uint8_t *da
     ap_rpc_done_fn done = c->done;
     void *arg = c->arg;
     ap__list_remove(&sim->calls, offsetof(sim_call_t, prev), &n->calls, ci);
+    bool heap_deadline = c->heap_deadline;
     ap__slab_release(&sim->calls, ci);
-    if (status != AP_ETIMEDOUT) sim_stale(sim); /* its timeout */
+    if (status != AP_ETIMEDOUT && heap_deadline) sim_stale(sim); /* its timeout */
     done(&n->rt, arg, status, data, len, errmsg);
 }
 
@@ -268,8 +269,9 @@ static uint64_t op_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *p
     c->max_resp = opts->max_resp;
     c->conn = SIM_NONE;
     ap__list_push(&sim->calls, offsetof(sim_call_t, prev), &n->calls, ci);
-    uint64_t at = sim->now + opts->timeout_us < sim->now ? UINT64_MAX : sim->now + opts->timeout_us;
-    ap__sim_push(sim, at, EV_CALL_TIMEOUT, ci, gen);
+    bool in_heap = ap__sim_deadline(sim, opts->timeout_us, EV_CALL_TIMEOUT, ci, gen);
+    c = slab_at(&sim->calls, ci);
+    c->heap_deadline = in_heap;
     n->st.rpc_calls++;
     int p = peer ? ap__sim_lookup(sim, peer) : -1;
     int fail = 0;
@@ -509,7 +511,7 @@ static int op_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
     *out = &a->s;
     n->st.streams_opened++;
     uint32_t agen = slab_gen(&sim->streams, ai);
-    ap__sim_push(sim, sim->now + opts->open_timeout_us, EV_STREAM_TIMEOUT, ai, agen);
+    ap__sim_deadline(sim, opts->open_timeout_us, EV_STREAM_TIMEOUT, ai, agen);
     int p = ap__sim_lookup(sim, peer);
     if (p < 0 || (uint32_t)p == n->idx) {
         schedule_close(sim, a, AP_EUNREACH);
