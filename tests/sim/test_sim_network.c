@@ -199,6 +199,24 @@ static void test_asymmetric_node(void **state)
     ap_sim_free(sim);
 }
 
+/* Changing a link mid-transfer changes the rate from then on. */
+static void test_link_change_mid_transfer(void **state)
+{
+    ap_sim_link_t l = {.latency_us = 1 * MS, .bandwidth_bps = 100 * MBIT};
+    ap_sim_t *sim = mk(2, &l);
+    flow_t f;
+    start_flow(sim, &f, 0, 1, 100000000, 256 * 1024, MIB); /* 8 s at 100 Mbit/s */
+    ap_sim_run_for(sim, 4 * SEC);
+    ap_sim_link_t slow = {.latency_us = 1 * MS, .bandwidth_bps = 50 * MBIT};
+    assert_ok(ap_sim_set_link(sim, 0, 1, &slow)); /* the other 50 MB take 8 s */
+    assert_true(ap_sim_run_until(sim, flow_done, &f, 100 * SEC));
+    double t = (double)f.last_at / 1e6;
+    printf("# link slowed at 4 s: done at %.3f s (ideal 12)\n", t);
+    assert_true(fabs(t - 12.0) / 12.0 < 0.02);
+    end_flow(&f);
+    ap_sim_free(sim);
+}
+
 /* ---- latency and jitter ---------------------------------------------------- */
 
 typedef struct jit {
@@ -308,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_two_streams_share_link),
         cmocka_unit_test(test_node_capacity_sharing),
         cmocka_unit_test(test_asymmetric_node),
+        cmocka_unit_test(test_link_change_mid_transfer),
         cmocka_unit_test(test_latency_jitter_no_reorder),
         cmocka_unit_test(test_directional_latency),
     };
