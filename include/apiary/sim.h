@@ -36,6 +36,23 @@
  *     connection drops at once on the surviving side(s): watchers get
  *     AP_PEER_DISCONNECTED, pending calls on it AP_ECLOSED, streams on_close
  *     with AP_ECLOSED (no waiting for timeouts).
+ *
+ * WHERE runtime.h LEAVES A CHOICE, this driver:
+ *   - opens at most one connection per node pair (handshake: one round trip;
+ *     a SYN lost to a partition is retried every second);
+ *   - refuses a stream with no listener with AP_ENOPROTO, and one whose hello
+ *     exceeds the listener's max_msg with AP_EMSGSIZE (refusal by the accept
+ *     function: AP_ERESET, as runtime.h says);
+ *   - accepts a stream message larger than the window when nothing is
+ *     buffered (else it could never be sent); a received message over the
+ *     receiver's max_msg resets the stream (receiver AP_EMSGSIZE, sender
+ *     AP_ERESET);
+ *   - ap_stream_reset runs the local on_close (with err, or AP_ERESET if err
+ *     is not negative) before it returns; the peer gets AP_ERESET;
+ *   - counts in ap_stream_buffered every byte sent and not yet consumed by
+ *     the receiver's on_msg (queued, on the wire, or held by a pause);
+ *   - ap_rt_work runs work inline and one job at a time per node (see
+ *     ap_sim_set_flops).
  */
 #ifndef APIARY_SIM_H
 #define APIARY_SIM_H
