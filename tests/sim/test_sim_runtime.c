@@ -3,6 +3,8 @@
 
 #include "apiary/sim.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -527,6 +529,38 @@ static void test_post(void **state)
     ap_sim_free(sim);
 }
 
+/* ap_rt_post is the one call any thread may make. */
+static _Atomic int g_thread_posts;
+static void on_thread_post(ap_rt_t *rt, void *arg)
+{
+    g_thread_posts++;
+}
+static void *poster(void *arg)
+{
+    for (int i = 0; i < 1000; i++) ap_rt_post(arg, on_thread_post, NULL);
+    return NULL;
+}
+static bool thousand(void *arg)
+{
+    return g_thread_posts == 1000;
+}
+
+static void test_post_from_thread(void **state)
+{
+    ap_sim_t *sim = mk(1, 0);
+    ap_rt_t *a = ap_sim_node(sim, 0);
+    g_thread_posts = 0;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, poster, a), 0);
+    /* keep the loop busy while the thread posts */
+    ap_rt_timer_start(a, 1, 1, t_mark, (void *)0);
+    while (!ap_sim_run_until(sim, thousand, NULL, ap_sim_now_us(sim) + 1000)) {
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(g_thread_posts, 1000);
+    ap_sim_free(sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_dial_and_addrs),
         cmocka_unit_test(test_stream_lifecycle),
         cmocka_unit_test(test_post),
+        cmocka_unit_test(test_post_from_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
