@@ -167,12 +167,19 @@ AP_EXPORT void ap_sim_heal(ap_sim_t *sim);
 /* Crashes node i now: its connections drop (peers see it at once), its
  * pending operations complete with AP_ECANCELED on the node itself, then its
  * on_crash hook runs and its runtime state (handlers, listeners, watchers)
- * is cleared. Must not be called from inside a callback of node i itself.
+ * is cleared. Must not be called from inside a callback of node i itself
+ * (use ap_sim_schedule for that).
  * AP_EINVAL if i is out of range, AP_ESTATE if already down. */
 AP_EXPORT int ap_sim_crash(ap_sim_t *sim, int i);
 /* Restarts a crashed node with the same identity, a fresh RNG stream and an
  * empty runtime, then runs its on_restart hook. AP_ESTATE if it is up. */
 AP_EXPORT int ap_sim_restart(ap_sim_t *sim, int i);
+
+/* Crashes (restart = false) or restarts node i at virtual time at_us (now
+ * if in the past), as an event: safe to call from any callback, including
+ * node i's own. A scheduled crash of a node that is down by then, or a
+ * restart of one that is up, does nothing. AP_EINVAL on a bad index. */
+AP_EXPORT int ap_sim_schedule(ap_sim_t *sim, int i, uint64_t at_us, bool restart);
 
 /* ---- running ----------------------------------------------------------- */
 

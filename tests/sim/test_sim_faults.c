@@ -290,12 +290,49 @@ static void test_crash_streams_and_work(void **state)
     ap_sim_free(sim);
 }
 
+/* A node crashes itself from its own handler via a scheduled crash, and is
+ * brought back by a scheduled restart. */
+static ap_sim_t *g_sim;
+static void suicide(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    int me = ap_sim_node_index(g_sim, rt);
+    assert_ok(ap_sim_schedule(g_sim, me, 0, false));
+    assert_ok(ap_sim_schedule(g_sim, me, ap_rt_now_us(rt) + 3 * SEC, true));
+    g_held = req; /* never answered: the node dies first */
+}
+
+static void test_scheduled_crash_restart(void **state)
+{
+    ap_sim_t *sim = mk(2);
+    g_sim = sim;
+    harness_t h = {0};
+    assert_ok(ap_sim_set_hooks(sim, 1, NULL, h_restart, &h));
+    assert_ok(ap_rt_rpc_register(ap_sim_node(sim, 1), "/die/1", 0, suicide, NULL));
+    assert_int_equal(ap_sim_schedule(sim, 7, 0, false), AP_EINVAL);
+    rec_t r;
+    call(sim, 0, 1, "/die/1", 0, &r);
+    assert_true(ap_sim_run_until(sim, rec_done, &r, 10 * SEC));
+    assert_int_equal(r.status, AP_ECLOSED);
+    assert_false(ap_sim_is_up(sim, 1));
+    uint64_t died = r.at;
+    ap_sim_run_for(sim, 5 * SEC);
+    assert_true(ap_sim_is_up(sim, 1));
+    assert_int_equal(h.restarts, 1);
+    call(sim, 0, 1, "/echo/1", 0, &r);
+    ap_sim_run_for(sim, 1 * SEC);
+    assert_int_equal(r.status, 0);
+    assert_true(died < 3 * SEC);
+    g_held = NULL;
+    ap_sim_free(sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_partition_and_heal),
         cmocka_unit_test(test_crash_mid_call_and_restart),
         cmocka_unit_test(test_crash_streams_and_work),
+        cmocka_unit_test(test_scheduled_crash_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -681,6 +681,14 @@ int ap_sim_restart(ap_sim_t *sim, int i)
     return 0;
 }
 
+int ap_sim_schedule(ap_sim_t *sim, int i, uint64_t at_us, bool restart)
+{
+    if (!get_node(sim, i)) return AP_EINVAL;
+    if (at_us < sim->now) at_us = sim->now;
+    ap__sim_push(sim, at_us, restart ? EV_RESTART : EV_CRASH, (uint32_t)i, 0);
+    return 0;
+}
+
 /* ---- running -------------------------------------------------------------- */
 
 static void drain_inbox(ap_sim_t *sim)
@@ -921,6 +929,13 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
         break;
     case EV_TQ:
         tq_fire(sim, e->idx);
+        break;
+    case EV_CRASH:
+        if (ap_sim_crash(sim, (int)e->idx) != 0)
+            ap__sim_trace(sim, EV_CRASH, e->idx, 1); /* was down already */
+        break;
+    case EV_RESTART:
+        if (ap_sim_restart(sim, (int)e->idx) != 0) ap__sim_trace(sim, EV_RESTART, e->idx, 1);
         break;
     default:
         break;

@@ -99,7 +99,9 @@ enum {
     EV_CONN_TIMEOUT,
     EV_NOTE,
     EV_SYN_RETRY,
-    EV_TQ, /* head of a deadline queue is due */
+    EV_TQ,      /* head of a deadline queue is due */
+    EV_CRASH,   /* scheduled ap_sim_crash (idx = node) */
+    EV_RESTART, /* scheduled ap_sim_restart (idx = node) */
 };
 
 typedef struct sim_ev {
