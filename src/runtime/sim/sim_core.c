@@ -198,11 +198,11 @@ void ap__map_free(sim_map_t *m)
     memset(m, 0, sizeof *m);
 }
 
-/* ---- event queue: binary min-heap on (t, seq) --------------------------- */
+/* ---- event queue: 4-ary min-heap on (t, seq) ------------------------------ */
 
 static inline bool ev_less(const sim_ev_t *a, const sim_ev_t *b)
 {
-    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+    return a->t < b->t || (a->t == b->t && a->seqk < b->seqk);
 }
 
 /* A 4-ary heap: half the depth of a binary one, and a node's children share
@@ -226,7 +226,7 @@ static void sift_down(sim_ev_t *h, size_t n, size_t i)
 
 static bool ev_valid(ap_sim_t *sim, const sim_ev_t *e)
 {
-    switch (e->kind) {
+    switch (ev_kind(e)) {
     case EV_TIMER:
         return slab_live(&sim->timers, e->idx, e->gen);
     case EV_POST:
@@ -286,7 +286,7 @@ void ap__sim_push(ap_sim_t *sim, uint64_t t, uint8_t kind, uint32_t idx, uint32_
         sim->heap = h;
         sim->capheap = cap;
     }
-    sim_ev_t e = {.t = t, .seq = sim->seq++, .idx = idx, .gen = gen, .kind = kind};
+    sim_ev_t e = {.t = t, .seqk = (sim->seq++ << 8) | kind, .idx = idx, .gen = gen};
     size_t i = sim->nheap++;
     sim_ev_t *h = sim->heap;
     while (i > 0) {
@@ -784,7 +784,7 @@ static void process(ap_sim_t *sim, const sim_ev_t *e);
 
 static inline sim_ev_t tq_ev(const sim_tq_ent_t *x)
 {
-    return (sim_ev_t){.t = x->t, .idx = x->idx, .gen = x->gen, .kind = x->kind};
+    return (sim_ev_t){.t = x->t, .seqk = x->kind, .idx = x->idx, .gen = x->gen};
 }
 
 /* Drops cancelled entries at the head, then arms an EV_TQ for the new head. */
@@ -871,7 +871,7 @@ heap:
 
 static void process(ap_sim_t *sim, const sim_ev_t *e)
 {
-    switch (e->kind) {
+    switch (ev_kind(e)) {
     case EV_TIMER:
         ev_timer(sim, e);
         break;
@@ -890,21 +890,21 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
     case EV_CALL_TIMEOUT:
     case EV_CALL_FAIL: {
         sim_call_t *c = slab_at(&sim->calls, e->idx);
-        ap__sim_trace(sim, e->kind, c->node, 0);
-        ap__call_complete(sim, e->idx, e->kind == EV_CALL_FAIL ? c->status : AP_ETIMEDOUT, NULL, 0,
-                          NULL);
+        ap__sim_trace(sim, ev_kind(e), c->node, 0);
+        ap__call_complete(sim, e->idx, ev_kind(e) == EV_CALL_FAIL ? c->status : AP_ETIMEDOUT, NULL,
+                          0, NULL);
         break;
     }
     case EV_STREAM_TIMEOUT: {
         sim_stream_t *s = slab_at(&sim->streams, e->idx);
-        ap__sim_trace(sim, e->kind, s->node, 0);
+        ap__sim_trace(sim, ev_kind(e), s->node, 0);
         ap__stream_send_reset(sim, s, AP_ERESET);
         ap__stream_finish(sim, e->idx, AP_ETIMEDOUT);
         break;
     }
     case EV_STREAM_CLOSE: {
         sim_stream_t *s = slab_at(&sim->streams, e->idx);
-        ap__sim_trace(sim, e->kind, s->node, 0);
+        ap__sim_trace(sim, ev_kind(e), s->node, 0);
         ap__stream_finish(sim, e->idx, s->close_status);
         break;
     }
@@ -914,8 +914,8 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
     case EV_DIAL_TIMEOUT:
     case EV_DIAL_DONE: {
         sim_dial_t *d = slab_at(&sim->dials, e->idx);
-        ap__sim_trace(sim, e->kind, d->node, 0);
-        ap__dial_complete(sim, e->idx, e->kind == EV_DIAL_DONE ? d->status : AP_ETIMEDOUT);
+        ap__sim_trace(sim, ev_kind(e), d->node, 0);
+        ap__dial_complete(sim, e->idx, ev_kind(e) == EV_DIAL_DONE ? d->status : AP_ETIMEDOUT);
         break;
     }
     case EV_CONN_TIMEOUT:

@@ -106,11 +106,15 @@ enum {
 
 typedef struct sim_ev {
     uint64_t t;
-    uint64_t seq; /* global insertion order: ties at equal t are FIFO */
+    uint64_t seqk; /* insertion order << 8 | kind: ties at equal t are FIFO */
     uint32_t idx;
     uint32_t gen;
-    uint8_t kind;
-} sim_ev_t;
+} sim_ev_t; /* 24 bytes */
+
+static inline uint8_t ev_kind(const sim_ev_t *e)
+{
+    return (uint8_t)e->seqk;
+}
 
 /* ---- messages ------------------------------------------------------------ */
 enum {
