@@ -153,6 +153,12 @@ AP_EXPORT int ap_sim_set_hooks(ap_sim_t *sim, int i, ap_sim_node_fn on_crash,
 /* How long a connection attempt waits for an answer before failing with
  * AP_EUNREACH (default 10 s). */
 AP_EXPORT void ap_sim_set_connect_timeout(ap_sim_t *sim, uint64_t us);
+/* Closes connections that have been idle (no message either way, no call,
+ * request, stream or dial using them) for at least `us` microseconds, like a
+ * connection manager; both sides see AP_PEER_DISCONNECTED and the next
+ * operation reconnects. Checked every us/2. 0 (the default) disables it:
+ * then a connection lives until a crash or partition ends it. */
+AP_EXPORT void ap_sim_set_idle_timeout(ap_sim_t *sim, uint64_t us);
 /* Wall-clock ms at virtual time 0 (before skew). */
 AP_EXPORT void ap_sim_set_epoch_ms(ap_sim_t *sim, int64_t epoch_ms);
 

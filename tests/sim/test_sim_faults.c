@@ -326,6 +326,46 @@ static void test_scheduled_crash_restart(void **state)
     ap_sim_free(sim);
 }
 
+/* Idle connections are closed; busy ones are not; the next call reconnects. */
+static void test_idle_connections(void **state)
+{
+    ap_sim_t *sim = mk(3);
+    for (int i = 0; i < 3; i++) {
+        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/echo/1", 0, echo, NULL));
+        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/hold/1", 0, hold, NULL));
+    }
+    ap_sim_set_idle_timeout(sim, 5 * SEC);
+    watch_t w = {0};
+    ap_rt_peer_watch(ap_sim_node(sim, 0), on_peer, &w);
+    rec_t r, held;
+    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 2, "/hold/1", 60 * SEC, &held); /* keeps 0<->2 busy */
+    ap_sim_run_for(sim, 1 * SEC);
+    assert_int_equal(r.status, 0);
+    assert_non_null(g_held);
+    assert_int_equal(w.up, 2);
+    ap_sim_run_for(sim, 10 * SEC);
+    assert_false(ap_rt_is_connected(ap_sim_node(sim, 0), ap_sim_peer_id(sim, 1)));
+    assert_false(ap_rt_is_connected(ap_sim_node(sim, 1), ap_sim_peer_id(sim, 0)));
+    assert_true(ap_rt_is_connected(ap_sim_node(sim, 0), ap_sim_peer_id(sim, 2)));
+    assert_int_equal(w.down, 1);
+    assert_int_equal(held.calls, 0);
+    ap_rpc_respond(g_held, NULL, 0);
+    g_held = NULL;
+    ap_sim_run_for(sim, 1 * SEC);
+    assert_int_equal(held.status, 0);
+    call(sim, 0, 1, "/echo/1", 0, &r);
+    ap_sim_run_for(sim, 1 * SEC);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(w.up, 3);
+    ap_sim_run_for(sim, 20 * SEC); /* now both idle */
+    assert_int_equal(w.down, 3);
+    ap_sim_stats_t st;
+    ap_sim_get_stats(sim, &st);
+    assert_int_equal(st.connections, 0);
+    ap_sim_free(sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_crash_mid_call_and_restart),
         cmocka_unit_test(test_crash_streams_and_work),
         cmocka_unit_test(test_scheduled_crash_restart),
+        cmocka_unit_test(test_idle_connections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

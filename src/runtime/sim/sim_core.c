@@ -249,6 +249,8 @@ static bool ev_valid(ap_sim_t *sim, const sim_ev_t *e)
     case EV_DIAL_TIMEOUT:
     case EV_DIAL_DONE:
         return slab_live(&sim->dials, e->idx, e->gen);
+    case EV_IDLE:
+        return e->gen == sim->idle_gen;
     case EV_TQ:
         return e->idx < sim->ntqs && sim->tqs[e->idx].armed_gen == e->gen;
     case EV_CONN_TIMEOUT:
@@ -617,6 +619,15 @@ void ap_sim_set_connect_timeout(ap_sim_t *sim, uint64_t us)
 {
     sim->connect_timeout = us ? us : 1;
 }
+void ap_sim_set_idle_timeout(ap_sim_t *sim, uint64_t us)
+{
+    sim->idle_timeout = us;
+    sim->idle_gen = 0; /* cancels a pending sweep */
+    if (!us) return;
+    sim->idle_gen = ++sim->xgen ? sim->xgen : ++sim->xgen;
+    ap__sim_push(sim, sim->now + us / 2 + 1, EV_IDLE, 0, sim->idle_gen);
+}
+
 void ap_sim_set_epoch_ms(ap_sim_t *sim, int64_t epoch_ms)
 {
     sim->epoch_ms = epoch_ms;
@@ -933,6 +944,9 @@ static void process(ap_sim_t *sim, const sim_ev_t *e)
     case EV_CRASH:
         if (ap_sim_crash(sim, (int)e->idx) != 0)
             ap__sim_trace(sim, EV_CRASH, e->idx, 1); /* was down already */
+        break;
+    case EV_IDLE:
+        ap__ev_idle(sim);
         break;
     case EV_RESTART:
         if (ap_sim_restart(sim, (int)e->idx) != 0) ap__sim_trace(sim, EV_RESTART, e->idx, 1);

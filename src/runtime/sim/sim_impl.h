@@ -102,6 +102,7 @@ enum {
     EV_TQ,      /* head of a deadline queue is due */
     EV_CRASH,   /* scheduled ap_sim_crash (idx = node) */
     EV_RESTART, /* scheduled ap_sim_restart (idx = node) */
+    EV_IDLE,    /* idle-connection sweep */
 };
 
 typedef struct sim_ev {
@@ -172,6 +173,8 @@ typedef struct sim_dir {
 typedef struct sim_conn {
     uint32_t node[2];            /* node[0] < node[1]; dir[d] carries node[d] -> node[d^1] */
     uint32_t lprev[2], lnext[2]; /* per-node connection lists */
+    uint32_t users;              /* calls, requests, streams, dials bound to it */
+    uint64_t last_used;          /* last send or delivery */
     uint8_t up[2];               /* side s has completed the handshake */
     uint8_t syn_side;            /* side that started the handshake */
     sim_dir_t dir[2];
@@ -314,6 +317,8 @@ struct ap_sim {
     uint32_t nlinks, caplinks;
     ap_sim_link_t deflink;
     uint64_t connect_timeout;
+    uint64_t idle_timeout; /* 0 = connections are never closed for idleness */
+    uint32_t idle_gen;     /* gen of the pending EV_IDLE, 0 = none */
     int64_t epoch_ms;
     void **bufs[BUF_MAX_CLASS + 1]; /* free buffers per size class */
     uint32_t nbufs[BUF_MAX_CLASS + 1], capbufs[BUF_MAX_CLASS + 1];
@@ -376,6 +381,17 @@ void ap__conn_send(ap_sim_t *sim, uint32_t ci, uint8_t side, uint32_t mi);
 /* Sends a latency-only control message (credits); not ordered. */
 void ap__conn_send_ctrl(ap_sim_t *sim, uint32_t ci, uint8_t side, uint32_t mi);
 void ap__conn_teardown(ap_sim_t *sim, uint32_t ci);
+/* A call, request, stream or dial starts / stops using connection ci. */
+static inline void ap__conn_hold(ap_sim_t *sim, uint32_t ci)
+{
+    ((sim_conn_t *)slab_at(&sim->conns, ci))->users++;
+}
+static inline void ap__conn_unhold(ap_sim_t *sim, uint32_t ci, uint32_t gen)
+{
+    if (ci != SIM_NONE && slab_live(&sim->conns, ci, gen))
+        ((sim_conn_t *)slab_at(&sim->conns, ci))->users--;
+}
+void ap__ev_idle(ap_sim_t *sim);
 void ap__conn_rates_changed(ap_sim_t *sim, uint32_t node);
 void ap__conn_link_changed(ap_sim_t *sim, uint32_t a, uint32_t b, uint32_t link);
 void ap__ev_xmit(ap_sim_t *sim, uint32_t flow, uint32_t xgen);

@@ -374,6 +374,7 @@ void ap__conn_send(ap_sim_t *sim, uint32_t ci, uint8_t side, uint32_t mi)
     m->conn_gen = slab_gen(&sim->conns, ci);
     m->from = side;
     m->next = SIM_NONE;
+    c->last_used = sim->now;
     sim_dir_t *d = &c->dir[side];
     if (d->qt == SIM_NONE)
         d->qh = mi;
@@ -390,6 +391,7 @@ void ap__conn_send_ctrl(ap_sim_t *sim, uint32_t ci, uint8_t side, uint32_t mi)
     m->conn = ci;
     m->conn_gen = slab_gen(&sim->conns, ci);
     m->from = side;
+    c->last_used = sim->now;
     sim->nodes[c->node[side]]->st.bytes_sent += msg_wire(m);
     uint64_t arr = jittered_arrival(sim, dir_link(sim, &c->dir[side]), sim->now);
     ap__sim_push(sim, arr, EV_DELIVER, mi, slab_gen(&sim->msgs, mi));
@@ -463,6 +465,26 @@ void ap__ev_syn_retry(ap_sim_t *sim, uint32_t ci)
     sim_conn_t *c = conn_at(sim, ci);
     ap__sim_trace(sim, EV_SYN_RETRY, c->node[c->syn_side], 0);
     if (!c->up[c->syn_side ^ 1]) send_handshake(sim, ci, c->syn_side, M_SYN);
+}
+
+/* Closes established connections that nothing uses and that carried no
+ * message for idle_timeout; both sides see AP_PEER_DISCONNECTED. */
+void ap__ev_idle(ap_sim_t *sim)
+{
+    sim->idle_gen = 0;
+    if (!sim->idle_timeout) return;
+    for (uint32_t ci = 0; ci < sim->conns.next; ci++) {
+        if (!slab_used(&sim->conns, ci)) continue;
+        sim_conn_t *c = conn_at(sim, ci);
+        if (c->users || !c->up[0] || !c->up[1] || sim->now - c->last_used < sim->idle_timeout)
+            continue;
+        if (c->dir[0].qh != SIM_NONE || c->dir[1].qh != SIM_NONE) continue;
+        if (c->dir[0].active || c->dir[1].active) continue;
+        ap__sim_trace(sim, EV_IDLE, c->node[0], c->node[1]);
+        ap__conn_teardown(sim, ci);
+    }
+    sim->idle_gen = ++sim->xgen ? sim->xgen : ++sim->xgen;
+    ap__sim_push(sim, sim->now + sim->idle_timeout / 2 + 1, EV_IDLE, 0, sim->idle_gen);
 }
 
 /* ---- connection-loss notices ----------------------------------------------- */
@@ -609,6 +631,7 @@ void ap__ev_deliver(ap_sim_t *sim, uint32_t mi)
     sim_conn_t *c = conn_at(sim, ci);
     unsigned rs = m->from ^ 1u;
     sim_node_t *n = sim->nodes[c->node[rs]];
+    c->last_used = sim->now;
     ap__sim_trace(sim, (uint8_t)(0x40 | m->kind), n->idx, wire);
     sim->stats.bytes += wire;
     n->st.bytes_received += wire;

@@ -156,6 +156,7 @@ void ap__dial_complete(ap_sim_t *sim, uint32_t di, int status)
     ap_dial_fn cb = d->cb;
     void *arg = d->arg;
     uint32_t target = d->target;
+    ap__conn_unhold(sim, d->conn, d->conn_gen);
     ap__list_remove(&sim->dials, offsetof(sim_dial_t, prev), &n->dials, di);
     ap__slab_release(&sim->dials, di);
     sim_stale(sim); /* its timeout */
@@ -217,6 +218,7 @@ static int op_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_f
     d = slab_at(&sim->dials, di);
     d->conn = ci;
     d->conn_gen = slab_gen(&sim->conns, ci);
+    ap__conn_hold(sim, ci);
     sim_conn_t *c = slab_at(&sim->conns, ci);
     if (c->up[sim_side(c, n->idx)]) ap__sim_on_dials_connected(sim, n, ci);
     return 0;
@@ -245,6 +247,7 @@ void ap__call_complete(ap_sim_t *sim, uint32_t ci, int status, const uint8_t *da
     sim_node_t *n = sim->nodes[c->node];
     ap_rpc_done_fn done = c->done;
     void *arg = c->arg;
+    ap__conn_unhold(sim, c->conn, c->conn_gen);
     ap__list_remove(&sim->calls, offsetof(sim_call_t, prev), &n->calls, ci);
     bool heap_deadline = c->heap_deadline;
     ap__slab_release(&sim->calls, ci);
@@ -301,6 +304,7 @@ static uint64_t op_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *p
     c->peer = (uint32_t)p;
     c->conn = conn;
     c->conn_gen = slab_gen(&sim->conns, conn);
+    ap__conn_hold(sim, conn);
     sim_conn_t *cn = slab_at(&sim->conns, conn);
     ap__conn_send(sim, conn, sim_side(cn, n->idx), mi);
     return sim_mkid(ci, gen);
@@ -368,6 +372,7 @@ void ap__sim_on_req(ap_sim_t *sim, sim_node_t *n, uint32_t ci, uint32_t mi)
     r->inc = n->inc;
     r->conn = ci;
     r->conn_gen = slab_gen(&sim->conns, ci);
+    ap__conn_hold(sim, ci);
     r->call = call;
     r->call_gen = call_gen;
     r->msg = mi;
@@ -388,6 +393,7 @@ static void op_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const
         if (!err && len > UINT32_MAX) err = AP_EMSGSIZE;
         send_resp(sim, r->conn, r->side, r->call, r->call_gen, err, errmsg, data, len);
     }
+    ap__conn_unhold(sim, r->conn, r->conn_gen);
     ap__msg_release(sim, r->msg);
     ap__slab_release(&sim->reqs, r->self);
 }
@@ -424,6 +430,8 @@ void ap__stream_finish(ap_sim_t *sim, uint32_t si, int status)
         mi = next;
     }
     s->rq_head = s->rq_tail = SIM_NONE;
+    ap__conn_unhold(sim, s->conn, s->conn_gen);
+    s->conn = SIM_NONE;
     ap__list_remove(&sim->streams, offsetof(sim_stream_t, prev), &n->streams, si);
     if (notify && s->s.cbs.on_close) s->s.cbs.on_close(&s->s, s->s.arg, status);
     ap__slab_release(&sim->streams, si);
@@ -529,6 +537,8 @@ static int op_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
     uint32_t cgen = slab_gen(&sim->conns, ci);
     a->conn = b->conn = ci;
     a->conn_gen = b->conn_gen = cgen;
+    ap__conn_hold(sim, ci);
+    ap__conn_hold(sim, ci);
     a->side = sim_side(c, n->idx);
     b->side = a->side ^ 1u;
     a->peer_slot = bi;
@@ -541,6 +551,7 @@ static int op_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
     if (!m) {
         stream_release_silent(sim, bi);
         a = slab_at(&sim->streams, ai);
+        ap__conn_unhold(sim, a->conn, a->conn_gen);
         a->conn = SIM_NONE;
         schedule_close(sim, a, AP_ENOMEM);
         return 0;
