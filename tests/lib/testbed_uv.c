@@ -36,8 +36,8 @@ static void derive(ap_testbed_t *tb, int i)
 static int start_node(ap_testbed_t *tb, int i, const char *listen)
 {
     ap_node_opts_t o = {.ed25519_seed = tb->idseed[i],
-                        .rng_seed = tb->seed * 1000003u + (uint64_t)i * 7919u +
-                                    (uint64_t)tb->gen[i] + 1,
+                        .rng_seed =
+                            tb->seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)tb->gen[i] + 1,
                         .listen = listen};
     int rc = ap_node_new(tb->host, &o, &tb->nodes[i]);
     if (rc < 0) return rc;

@@ -480,7 +480,7 @@ static void ms_closed_cb(ap_node_t *n, void *arg, int status)
     if (s->kind == MS_CALL) {
         if (s->done)
             s->done(&n->rt, s->done_arg, s->status, NULL, 0, s->has_errmsg ? s->errmsg : NULL);
-    } else if (s->kind == MS_STREAM && s->accepted_by_user) {
+    } else if (s->kind == MS_STREAM && s->accepted_by_user && !s->close_fired) {
         if (s->pub.cbs.on_close) s->pub.cbs.on_close(&s->pub, s->pub.arg, s->status);
     }
     free(s);
@@ -562,7 +562,8 @@ static void ms_try_close(ap_mstream_t *s)
 
 static bool below_half(const ap_mstream_t *s)
 {
-    return s->sbuf == 0 || s->sbuf * 2 < s->pub.window;
+    size_t b = s->sbuf + s->inflight;
+    return b == 0 || b * 2 < s->pub.window;
 }
 
 static void writable_cb(ap_node_t *n, void *arg, int status)
@@ -597,6 +598,7 @@ static bool ms_frame_one(ap_mstream_t *s)
     if (!m->exempt) s->credit -= (int64_t)k;
     c->credit -= (int64_t)k;
     s->sbuf -= k;
+    if (!m->exempt) s->inflight += k; /* until the receiver acknowledges it */
     if (m->off == m->len) {
         s->sq = m->next;
         if (!s->sq) s->sq_tail = NULL;
@@ -648,8 +650,10 @@ void ap__mconn_flush(ap_mconn_t *c)
 static void ms_ack(ap_mstream_t *s, bool force)
 {
     ap_mconn_t *c = s->conn;
-    if (!c || s->finished || s->paused || s->unacked == 0 || s->rclosed) return;
-    uint32_t thr = s->rx_window / 4 ? s->rx_window / 4 : 1;
+    if (!c || s->finished || s->paused || s->unacked == 0 || s->rclosed || s->kind == MS_CALL)
+        return;
+    uint32_t w = s->rx_window < s->peer_window ? s->rx_window : s->peer_window;
+    uint32_t thr = w / 4 ? w / 4 : 1;
     if (!force && s->unacked < thr) return;
     ctl_rc(c, ap__frame_put_window(&c->obuf, s->sid, false, s->unacked));
     s->rx_credit += s->unacked;
@@ -890,6 +894,7 @@ static int on_open(ap_mconn_t *c, const ap_frame_t *f)
     s->pub.max_msg = max_msg;
     s->rx_window = rxw > INT32_MAX ? INT32_MAX : (uint32_t)rxw;
     s->credit = window;
+    s->peer_window = window;
     strcpy(s->proto, proto);
     return 0;
 }
@@ -1058,6 +1063,15 @@ static int on_window(ap_mconn_t *c, const ap_frame_t *f)
     }
     if (s->credit + delta > INT32_MAX) PROTO_ERR(c, "stream %u window overflow", f->sid);
     s->credit += delta;
+    if (f->flags & AP_FRAME_F_ACCEPT) {
+        s->peer_window = delta;
+    } else {
+        s->inflight -= delta < s->inflight ? delta : s->inflight;
+        if (s->want_writable && !s->writable_queued && below_half(s)) {
+            s->writable_queued = true;
+            if (ap__node_defer(s->node, writable_cb, s, 0) < 0) s->writable_queued = false;
+        }
+    }
     ms_schedule(s);
     ms_try_close(s);
     return c->state == MC_DEAD;
@@ -1227,7 +1241,8 @@ int ap__mux_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
     if (s->finished) return AP_ECLOSED;
     if (s->lclose) return AP_ESTATE;
     if (len > UINT32_MAX) return AP_EMSGSIZE;
-    if (s->sbuf > 0 && s->sbuf + len > s->pub.window) {
+    size_t held = s->sbuf + s->inflight;
+    if (held > 0 && held + len > s->pub.window) {
         s->want_writable = true;
         return AP_EAGAIN;
     }
@@ -1245,7 +1260,7 @@ int ap__mux_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
 
 size_t ap__mux_stream_buffered(const ap_stream_t *ps)
 {
-    return MS(ps)->sbuf;
+    return MS(ps)->sbuf + MS(ps)->inflight;
 }
 
 void ap__mux_stream_pause(ap_stream_t *ps, bool paused)
@@ -1273,6 +1288,13 @@ void ap__mux_stream_reset(ap_stream_t *ps, int err)
 {
     ap_mstream_t *s = MS(ps);
     if (s->finished) return;
-    if (s->conn) send_reset(s->conn, s->sid, err < 0 ? err : AP_ERESET, "reset");
-    ms_finish(s, err < 0 ? err : AP_ERESET);
+    int st = err < 0 ? err : AP_ERESET;
+    if (s->conn) send_reset(s->conn, s->sid, st, "reset");
+    ms_finish(s, st);
+    /* The resetting side learns at once: on_close runs before this returns
+     * (the memory is freed later, from the loop). */
+    if (s->accepted_by_user && !s->close_fired) {
+        s->close_fired = true;
+        if (s->pub.cbs.on_close) s->pub.cbs.on_close(&s->pub, s->pub.arg, st);
+    }
 }

@@ -125,10 +125,13 @@ struct ap_mstream {
     bool drain_queued;
     bool accepted_by_user; /* the user owns callbacks: on_close is owed */
     bool accepting;        /* inside the listener's accept() */
+    bool close_fired;      /* on_close already delivered */
     /* send side */
     ap_msg_t *sq, *sq_tail;
-    size_t sbuf;    /* bytes queued, not yet framed */
-    int64_t credit; /* stream send credit granted by the peer */
+    size_t sbuf;          /* bytes queued, not yet framed */
+    int64_t credit;       /* stream send credit granted by the peer */
+    size_t inflight;      /* bytes framed, not yet acknowledged by the peer */
+    uint32_t peer_window; /* the peer's own window (OPEN / ACCEPT) */
     ap_mstream_t *sched_next;
     /* receive side */
     uint8_t *rx; /* reassembly buffer of the message in progress */
