@@ -1107,8 +1107,6 @@ static void on_read(void *user, ap_conn_t *t, const uint8_t *p, size_t n)
     if (rc < 0 && c->state != MC_DEAD) conn_fail(c, AP_EPROTO, "malformed frame header");
 }
 
-/* Test and fuzz hook: feed raw bytes as if read from the connection. */
-void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n)
 {
     on_read(c, c->t, p, n);

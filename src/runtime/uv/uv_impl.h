@@ -237,7 +237,8 @@ extern const ap_rt_ops_t ap__uv_ops_mux; /* the mux part of the ops (merged in n
 ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
 void ap__mconn_flush(ap_mconn_t *c);
 void ap__mux_close_all(ap_node_t *n);
-void ap__mstream_deliver_close(ap_mstream_t *s);
+/* Test and fuzz hook: bytes as if read from c's transport. */
+void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
                           const uint8_t *req, size_t len, const ap_rpc_opts_t *opts,
                           ap_rpc_done_fn done, void *arg);
