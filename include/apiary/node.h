@@ -72,7 +72,8 @@ AP_EXPORT int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **ou
  * calls and streams, and AP_PEER_DISCONNECTED); then every callback it still
  * owes runs before this returns: RPC done callbacks with AP_ECANCELED, stream
  * on_close with AP_ECLOSED, work after() with AP_ECANCELED, call_sync waiters
- * whose function never ran get AP_ESHUTDOWN. Timers and posts are dropped.
+ * whose function never ran get AP_ESHUTDOWN. Timers and posts are dropped;
+ * RPC requests a handler still holds are freed (never respond to them after).
  * Loop thread only, and not from inside a callback of this node. */
 AP_EXPORT void ap_node_free(ap_rt_t *rt);
 /* The host a node lives on. */

@@ -15,7 +15,29 @@ typedef struct ap_uv_req {
     struct ap_rpc_req pub;
     ap_mstream_t *s; /* NULL once the caller is gone */
     ap_msg_t *msg;   /* the request bytes */
+    struct ap_uv_req *next, *prev; /* node's unanswered requests */
 } ap_uv_req_t;
+
+static void req_unlink(ap_node_t *n, ap_uv_req_t *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        n->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+}
+
+/* Node teardown: requests the handlers still hold die with the node. */
+void ap__mux_free_reqs(ap_node_t *n)
+{
+    while (n->reqs) {
+        ap_uv_req_t *r = n->reqs;
+        n->reqs = r->next;
+        if (r->s) r->s->req = NULL;
+        free(r->msg);
+        free(r);
+    }
+}
 
 typedef struct ap_dial {
     struct ap_dial *next;
@@ -776,6 +798,9 @@ static void ms_serve(ap_mstream_t *s, ap_msg_t *req)
     r->msg = req;
     r->s = s;
     s->req = r;
+    r->next = n->reqs;
+    if (r->next) r->next->prev = r;
+    n->reqs = r;
     n->stats.rpc_served++;
     h->fn(&n->rt, h->arg, &r->pub);
 }
@@ -785,6 +810,7 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
 {
     ap_uv_req_t *r = (ap_uv_req_t *)req;
     ap_mstream_t *s = r->s;
+    req_unlink(NODE(req->rt), r);
     free(r->msg);
     free(r);
     if (!s || s->finished || !s->conn) return;

@@ -301,6 +301,7 @@ void ap_node_free(ap_rt_t *rt)
         ap__node_run_soon(n);
     }
     ap__host_drop_timers(n); /* callbacks above may not start timers, but be sure */
+    ap__mux_free_reqs(n);
     for (ap_node_t **pp = &h->nodes; *pp; pp = &(*pp)->next) {
         if (*pp == n) {
             *pp = n->next;

@@ -218,6 +218,7 @@ struct ap_node {
     uint64_t next_id;
     ap_rt_stats_t stats;
     struct ap_uv_work *works;
+    struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
     ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
     ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
     ap_mconn_t *flushq;
@@ -237,6 +238,7 @@ extern const ap_rt_ops_t ap__uv_ops_mux; /* the mux part of the ops (merged in n
 ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
 void ap__mconn_flush(ap_mconn_t *c);
 void ap__mux_close_all(ap_node_t *n);
+void ap__mux_free_reqs(ap_node_t *n);
 /* Test and fuzz hook: bytes as if read from c's transport. */
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
