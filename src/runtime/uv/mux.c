@@ -13,8 +13,8 @@
 
 typedef struct ap_uv_req {
     struct ap_rpc_req pub;
-    ap_mstream_t *s; /* NULL once the caller is gone */
-    ap_msg_t *msg;   /* the request bytes */
+    ap_mstream_t *s;               /* NULL once the caller is gone */
+    ap_msg_t *msg;                 /* the request bytes */
     struct ap_uv_req *next, *prev; /* node's unanswered requests */
 } ap_uv_req_t;
 
@@ -810,10 +810,15 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
 {
     ap_uv_req_t *r = (ap_uv_req_t *)req;
     ap_mstream_t *s = r->s;
-    req_unlink(NODE(req->rt), r);
+    ap_node_t *n = NODE(req->rt);
+    req_unlink(n, r);
+    /* data may point into the request itself: copy before freeing it */
+    ap_msg_t *m = NULL;
+    bool live = s && !s->finished && s->conn;
+    if (live && !err && len <= UINT32_MAX) m = msg_new(data, len);
     free(r->msg);
     free(r);
-    if (!s || s->finished || !s->conn) return;
+    if (!live) return;
     s->req = NULL;
     ap_mconn_t *c = s->conn;
     if (err) {
@@ -821,7 +826,6 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
         ms_finish(s, err);
         return;
     }
-    ap_msg_t *m = len > UINT32_MAX ? NULL : msg_new(data, len);
     if (!m) {
         send_reset(c, s->sid, AP_ENOMEM, "response not queued");
         ms_finish(s, AP_ENOMEM);

@@ -218,7 +218,7 @@ struct ap_node {
     uint64_t next_id;
     ap_rt_stats_t stats;
     struct ap_uv_work *works;
-    struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
+    struct ap_uv_req *reqs;             /* RPC requests handed to handlers, unanswered */
     ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
     ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
     ap_mconn_t *flushq;
