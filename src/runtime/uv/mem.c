@@ -18,9 +18,13 @@
 
 typedef struct mem_chunk {
     struct mem_chunk *next;
-    size_t len;
+    size_t len, cap;
     uint8_t data[];
 } mem_chunk_t;
+
+/* Chunks are recycled per pipe: a fresh 256 KiB malloc per write would be
+ * served by mmap and page-faulted every time (DESIGN.md §7). */
+#define MEM_SPARE_MAX 8
 
 typedef struct mem_pipe mem_pipe_t;
 
@@ -47,7 +51,32 @@ struct mem_pipe {
     uv_mutex_t mu;
     int refs;
     mem_end_t e[2];
+    mem_chunk_t *spare; /* recycled chunks (guarded by mu) */
+    int nspare;
 };
+
+static mem_chunk_t *chunk_get(mem_pipe_t *pp, size_t n) /* pp->mu held */
+{
+    for (mem_chunk_t **cp = &pp->spare; *cp; cp = &(*cp)->next) {
+        if ((*cp)->cap < n) continue;
+        mem_chunk_t *c = *cp;
+        *cp = c->next;
+        pp->nspare--;
+        return c;
+    }
+    return NULL;
+}
+
+static void chunk_put(mem_pipe_t *pp, mem_chunk_t *c) /* pp->mu held */
+{
+    if (pp->nspare < MEM_SPARE_MAX && c->cap <= (1u << 20)) {
+        c->next = pp->spare;
+        pp->spare = c;
+        pp->nspare++;
+    } else {
+        free(c);
+    }
+}
 
 /* ---- registry of listening nodes ------------------------------------------------ */
 
@@ -147,8 +176,8 @@ static void unref(mem_pipe_t *p) /* pipe->mu held; unlocks */
     bool last = --p->refs == 0;
     uv_mutex_unlock(&p->mu);
     if (!last) return;
-    for (int i = 0; i < 2; i++) {
-        mem_chunk_t *c = p->e[i].in_head;
+    for (int i = 0; i < 3; i++) {
+        mem_chunk_t *c = i < 2 ? p->e[i].in_head : p->spare;
         while (c) {
             mem_chunk_t *next = c->next;
             free(c);
@@ -189,8 +218,15 @@ static int mem_write(ap_conn_t *c, const uint8_t *p, size_t n)
     mem_end_t *e = (mem_end_t *)c;
     mem_pipe_t *pp = e->pipe;
     mem_end_t *o = &pp->e[1 - e->idx];
-    mem_chunk_t *ch = malloc(sizeof *ch + n);
-    if (!ch) return AP_ENOMEM;
+    uv_mutex_lock(&pp->mu);
+    mem_chunk_t *ch = chunk_get(pp, n);
+    uv_mutex_unlock(&pp->mu);
+    if (!ch) {
+        size_t cap = n < 65536 ? 65536 : n;
+        ch = malloc(sizeof *ch + cap);
+        if (!ch) return AP_ENOMEM;
+        ch->cap = cap;
+    }
     ch->next = NULL;
     ch->len = n;
     memcpy(ch->data, p, n);
@@ -304,7 +340,7 @@ static void end_run(ap_task_t *t, bool discard)
                 o->drain_pending = true;
                 kick(o);
             }
-            free(ch);
+            chunk_put(pp, ch);
             continue;
         }
         if (e->drain_pending) {
