@@ -18,7 +18,7 @@
 #define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
-#define AP_NODE_MAX_ADDRS      8            /* remembered addresses per peer */
+#define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
 
 /* ---- id map: u64 -> pointer, open addressing ------------------------------ */
 typedef struct ap_idmap {
