@@ -25,7 +25,10 @@ static int fake_write(ap_conn_t *c, const uint8_t *p, size_t n)
     return ((fake_t *)c)->written > (8u << 20) ? 1 : 0;
 }
 
-static void fake_close(ap_conn_t *c) { ((fake_t *)c)->closed = true; }
+static void fake_close(ap_conn_t *c)
+{
+    ((fake_t *)c)->closed = true;
+}
 
 static const ap_conn_vt_t fake_vt = {.write = fake_write, .close = fake_close};
 
@@ -82,8 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1) return 0;
     static const uint8_t seed[32] = {7};
     ap_rt_t *rt;
-    if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0)
-        abort();
+    if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0) abort();
     ap_stream_opts_t o = {.window = 4096, .max_msg = 100000};
     ap_rt_stream_listen(rt, "/s", &o, on_accept, NULL);
     ap_rt_rpc_register(rt, "/r", 50000, on_rpc, NULL);
