@@ -260,6 +260,8 @@ static void env_up(env_t *e)
     ap_stream_opts_t o = {.window = 1024, .max_msg = 8192};
     assert_ok(ap_rt_stream_listen(e->rt, "/t/s", &o, env_accept, e));
     assert_ok(ap_rt_rpc_register(e->rt, "/t/r", 100, env_handler, e));
+    ap_stream_opts_t big = {.window = 1024, .max_msg = 1u << 20};
+    assert_ok(ap_rt_stream_listen(e->rt, "/t/big", &big, env_accept, e));
     uint8_t pk[32], sk[64];
     crypto_sign_keypair(pk, sk);
     e->fk.conn.vt = &fake_vt;
@@ -571,6 +573,42 @@ static void test_bad_reset_and_close(void **state)
     env_down(&e);
 }
 
+static void test_peer_buffer_cap(void **state)
+{
+    (void)state;
+    ap_buf_t b = {0};
+    env_t e;
+    env_up(&e);
+    /* partial 1 MiB hellos: each START reserves its total; the 65th would
+     * take the peer over the 64 MiB per-connection cap and is reset */
+    uint32_t n = AP_MUX_PEER_BUF_MAX / (1u << 20);
+    for (uint32_t i = 0; i <= n; i++) {
+        assert_ok(ap__frame_put_open(&b, 1 + 2 * i, false, 1024, "/t/big"));
+        assert_ok(ap__frame_put_data(&b, 1 + 2 * i, true, 1u << 20, (const uint8_t *)"x", 1));
+    }
+    feed(&e, &b);
+    assert_false(e.fk.closed);
+    assert_int_equal(e.mc->rx_buffered, (size_t)n << 20);
+    assert_int_equal(g_warns, 1); /* one line for the refused stream */
+    assert_non_null(strstr(g_log, e.peer_short));
+    env_run(&e);
+    ap_frame_dec_t *d = malloc(sizeof *d);
+    ap__frame_dec_init(d);
+    frames_t *fs = calloc(1, sizeof *fs);
+    assert_ok(ap__frame_dec_feed(d, e.fk.out.data, e.fk.out.len, collect, fs));
+    assert_int_equal(fs->n, 1);
+    assert_int_equal(fs->f[0].type, AP_FRAME_RESET);
+    assert_int_equal(fs->f[0].sid, 1 + 2 * n);
+    int code;
+    char msg[AP_FRAME_RESET_MSG_MAX + 1];
+    assert_ok(ap__frame_parse_reset(&fs->f[0], &code, msg, sizeof msg));
+    assert_int_equal(code, AP_ELIMIT);
+    free(fs);
+    free(d);
+    ap__buf_free(&b);
+    env_down(&e);
+}
+
 int main(void)
 {
     ap_log_set_sink(sink, NULL);
@@ -580,7 +618,7 @@ int main(void)
         cmocka_unit_test(test_oversized_header),    cmocka_unit_test(test_truncated_payload),
         cmocka_unit_test(test_stream_id_misuse),    cmocka_unit_test(test_window_overflow),
         cmocka_unit_test(test_message_over_cap),    cmocka_unit_test(test_too_many_streams),
-        cmocka_unit_test(test_bad_reset_and_close),
+        cmocka_unit_test(test_bad_reset_and_close), cmocka_unit_test(test_peer_buffer_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -580,12 +580,182 @@ static void test_two_hosts(void **state)
     assert_ok(ap_host_free(h2));
 }
 
+/* ---- teardown owes every callback; a stalled receiver bounds the sender --------------------- */
+
+typedef struct owed {
+    int done_calls, done_status;
+    int close_calls, close_status;
+} owed_t;
+
+static void owed_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                      const char *errmsg)
+{
+    (void)rt;
+    (void)resp;
+    (void)len;
+    (void)errmsg;
+    owed_t *o = arg;
+    o->done_calls++;
+    o->done_status = status;
+}
+
+static void owed_close(ap_stream_t *s, void *arg, int st)
+{
+    (void)s;
+    owed_t *o = arg;
+    o->close_calls++;
+    o->close_status = st;
+}
+
+static void hold_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    *(ap_rpc_req_t **)arg = req;
+}
+
+static int plain_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                        const uint8_t *hello, size_t len)
+{
+    (void)rt;
+    (void)peer;
+    (void)hello;
+    (void)len;
+    static const ap_stream_cbs_t cbs = {.on_close = owed_close};
+    ap_stream_set_cbs(s, &cbs, arg);
+    return 0;
+}
+
+static bool req_held(void *arg)
+{
+    return *(ap_rpc_req_t **)arg != NULL;
+}
+
+static void test_free_owes_callbacks(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_up(&p);
+    ap_rpc_req_t *held = NULL;
+    owed_t srv = {0}, cli = {0};
+    assert_ok(ap_rt_rpc_register(p.b, "/t/hold", 0, hold_handler, &held));
+    assert_ok(ap_rt_stream_listen(p.b, "/t/plain", NULL, plain_accept, &srv));
+    assert_true(ap_rt_rpc_call(p.a, ap_rt_self(p.b), "/t/hold", NULL, 0, NULL, owed_done, &cli));
+    ap_stream_t *s;
+    static const ap_stream_cbs_t cbs = {.on_close = owed_close};
+    assert_ok(ap_rt_stream_open(p.a, ap_rt_self(p.b), "/t/plain", NULL, 0, NULL, &cbs, &cli, &s));
+    assert_true(ap_host_run_until(p.h, req_held, &held, 10 * SEC));
+    ap_host_run_until(p.h, NULL, NULL, 5 * MS);
+    /* the caller's node goes away: its own callbacks run inside ap_node_free */
+    ap_node_free(p.a);
+    assert_int_equal(cli.done_calls, 1);
+    assert_int_equal(cli.done_status, AP_ECANCELED);
+    assert_int_equal(cli.close_calls, 1);
+    assert_int_equal(cli.close_status, AP_ECLOSED);
+    assert_int_equal(ap_rt_post(p.b, NULL, NULL), AP_EINVAL);
+    /* the peer sees the connection drop on its side of the stream */
+    ap_host_run_until(p.h, NULL, NULL, 10 * MS);
+    assert_int_equal(srv.close_calls, 1);
+    assert_int_equal(srv.close_status, AP_ECLOSED);
+    /* the held request is answered late: dropped, no crash */
+    ap_rpc_respond(held, (const uint8_t *)"late", 4);
+    pair_down(&p);
+}
+
+typedef struct stall {
+    ap_stream_t *tx;
+    uint64_t sent, recv;
+    bool closed;
+} stall_t;
+
+static void st_fill(ap_stream_t *s, void *arg)
+{
+    stall_t *x = arg;
+    while (ap_stream_send(s, big, sizeof big) == 0) x->sent += sizeof big;
+}
+
+static void st_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)s;
+    (void)d;
+    ((stall_t *)arg)->recv += n;
+}
+
+static int st_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                     const uint8_t *hello, size_t len)
+{
+    (void)rt;
+    (void)peer;
+    (void)hello;
+    (void)len;
+    static const ap_stream_cbs_t cbs = {.on_msg = st_msg};
+    ap_stream_set_cbs(s, &cbs, arg);
+    return 0;
+}
+
+static void test_stalled_receiver_host(void **state)
+{
+    (void)state;
+    /* two caller-driven hosts: the test runs the receiver's loop or not */
+    ap_host_t *h1 = ap_host_new(), *h2 = ap_host_new();
+    ap_rt_t *a, *b;
+    assert_ok(ap_node_new(h1, NULL, &a));
+    assert_ok(ap_node_new(h2, NULL, &b));
+    char addr[1][AP_RT_ADDR_MAX];
+    ap_rt_listen_addrs(b, addr, 1, false);
+    assert_ok(ap_rt_add_addr(a, ap_rt_self(b), addr[0]));
+    stall_t x = {0};
+    const size_t win = 64u << 20; /* windows far above the connection window */
+    assert_ok(
+        ap_rt_stream_listen(b, "/t/stall", &(ap_stream_opts_t){.window = win}, st_accept, &x));
+    static const ap_stream_cbs_t cbs = {.on_writable = st_fill};
+    assert_ok(ap_rt_stream_open(a, ap_rt_self(b), "/t/stall", NULL, 0,
+                                &(ap_stream_opts_t){.window = win}, &cbs, &x, &x.tx));
+    for (int i = 0; i < 50 && x.recv == 0; i++) {
+        ap_host_run_once(h1, 1000);
+        ap_host_run_once(h2, 1000);
+        if (x.sent == 0) st_fill(x.tx, &x);
+    }
+    assert_true(x.recv > 0);
+    /* now only the sender runs: the receiver's loop is stalled */
+    ap_rt_stats_t s0, s1;
+    ap_rt_get_stats(a, &s0);
+    for (int i = 0; i < 200; i++) {
+        st_fill(x.tx, &x);
+        ap_host_run_once(h1, 0);
+    }
+    ap_rt_get_stats(a, &s1);
+    /* bytes handed to the transport while the peer read nothing: at most the
+     * connection window plus one flush batch and framing */
+    uint64_t written = s1.bytes_sent - s0.bytes_sent;
+    print_message("stalled receiver: %.1f MiB written, %.1f MiB accepted by send\n",
+                  written / 1048576.0, x.sent / 1048576.0);
+    assert_true(written <= AP_MUX_CONN_WINDOW + AP_MUX_FLUSH_BYTES + (1u << 20));
+    assert_true(ap_stream_buffered(x.tx) <= win);
+    /* the receiver resumes: the flow continues */
+    uint64_t before = x.recv;
+    for (int i = 0; i < 200 && x.recv < before + (32u << 20); i++) {
+        st_fill(x.tx, &x);
+        ap_host_run_once(h1, 0);
+        ap_host_run_once(h2, 1000);
+    }
+    assert_true(x.recv >= before + (32u << 20));
+    ap_stream_reset(x.tx, AP_ECANCELED);
+    ap_node_free(a);
+    ap_node_free(b);
+    assert_ok(ap_host_free(h1));
+    assert_ok(ap_host_free(h2));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_flood_bounded),     cmocka_unit_test(test_fairness),
-        cmocka_unit_test(test_big_rpc_both_ways), cmocka_unit_test(test_dial),
+        cmocka_unit_test(test_flood_bounded),
+        cmocka_unit_test(test_fairness),
+        cmocka_unit_test(test_big_rpc_both_ways),
+        cmocka_unit_test(test_dial),
         cmocka_unit_test(test_two_hosts),
+        cmocka_unit_test(test_free_owes_callbacks),
+        cmocka_unit_test(test_stalled_receiver_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
