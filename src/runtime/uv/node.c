@@ -231,7 +231,7 @@ static const ap_rt_ops_t uv_ops = {
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
-int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
+static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
 {
     if (!h || !out) return AP_EINVAL;
     ap_node_opts_t o = {0};
@@ -270,9 +270,8 @@ ap_host_t *ap_node_host(ap_rt_t *rt)
     return ((ap_node_t *)rt)->host;
 }
 
-void ap_node_free(ap_rt_t *rt)
+static void node_free(ap_rt_t *rt)
 {
-    if (!rt) return;
     ap_node_t *n = (ap_node_t *)rt;
     ap_host_t *h = n->host;
     uv_mutex_lock(&h->mu);
@@ -313,4 +312,36 @@ void ap_node_free(ap_rt_t *rt)
     ap_debug("uv", "node %s down", n->rt.short_id);
     ap__rt_fini(&n->rt);
     free(n);
+}
+
+typedef struct new_args {
+    ap_host_t *h;
+    const ap_node_opts_t *opts;
+    ap_rt_t **out;
+    int rc;
+} new_args_t;
+
+static void new_on_loop(void *arg)
+{
+    new_args_t *a = arg;
+    a->rc = node_new(a->h, a->opts, a->out);
+}
+
+int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
+{
+    if (!h || !out) return AP_EINVAL;
+    new_args_t a = {h, opts, out, 0};
+    int rc = ap__host_on_loop(h, new_on_loop, &a);
+    return rc < 0 ? rc : a.rc;
+}
+
+static void free_on_loop(void *arg)
+{
+    node_free(arg);
+}
+
+void ap_node_free(ap_rt_t *rt)
+{
+    if (!rt) return;
+    ap__host_on_loop(((ap_node_t *)rt)->host, free_on_loop, rt);
 }

@@ -85,6 +85,10 @@ struct ap_host {
 int ap__host_post(ap_host_t *h, ap_task_t *t);
 /* Loop thread: makes the host process deferred node work soon. */
 void ap__host_kick(ap_host_t *h);
+/* Runs fn(arg) on h's loop thread: directly if the caller is that thread or
+ * the host is caller-driven, else through the task queue, waiting for it.
+ * AP_ESHUTDOWN if the host discarded it (being freed). */
+int ap__host_on_loop(ap_host_t *h, void (*fn)(void *arg), void *arg);
 uint64_t ap__host_now_us(ap_host_t *h);
 
 /* ---- mux ------------------------------------------------------------------ */
