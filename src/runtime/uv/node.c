@@ -301,6 +301,7 @@ static void node_free(ap_rt_t *rt)
     }
     ap__host_drop_timers(n); /* callbacks above may not start timers, but be sure */
     ap__mux_free_reqs(n);
+    ap__mux_free_cache(n);
     for (ap_node_t **pp = &h->nodes; *pp; pp = &(*pp)->next) {
         if (*pp == n) {
             *pp = n->next;
