@@ -70,6 +70,7 @@ struct ap_host {
     uv_thread_t owner;
     /* loop-thread state */
     ap_node_t *nodes;
+    uint64_t nodes_gen; /* bumped when a node is freed */
     ap_timer_t **heap;
     size_t nheap, heap_cap;
     ap_idmap_t timers;
