@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#define AP_MA_DNS_MAX 253     /* longest DNS name */
-#define AP_MA_TEXT_MAX 384    /* text form incl. NUL always fits */
-#define AP_MA_BINARY_MAX 320  /* binary form always fits */
+#define AP_MA_DNS_MAX    253 /* longest DNS name */
+#define AP_MA_TEXT_MAX   384 /* text form incl. NUL always fits */
+#define AP_MA_BINARY_MAX 320 /* binary form always fits */
 
 typedef enum ap_ma_host {
     AP_MA_HOST_NONE = 0, /* "/p2p/ID" only */
@@ -42,12 +42,12 @@ typedef enum ap_ma_host {
 
 typedef struct ap_multiaddr {
     ap_ma_host_t host;
-    uint8_t ip[16];                 /* ip4: first 4 bytes; network order */
-    char dns[AP_MA_DNS_MAX + 1];    /* dns4/dns6: NUL-terminated name */
+    uint8_t ip[16];              /* ip4: first 4 bytes; network order */
+    char dns[AP_MA_DNS_MAX + 1]; /* dns4/dns6: NUL-terminated name */
     bool has_tcp;
-    uint16_t port;                  /* valid if has_tcp; 0 allowed (listen) */
+    uint16_t port; /* valid if has_tcp; 0 allowed (listen) */
     bool has_peer;
-    ap_peer_id_t peer;              /* valid if has_peer */
+    ap_peer_id_t peer; /* valid if has_peer */
 } ap_multiaddr_t;
 
 /* Parses the text form. AP_EADDR (with no log line: callers log) on anything

@@ -70,7 +70,10 @@ int ap_identity_decode(ap_identity_t *out, const uint8_t *data, size_t len)
     return 0;
 }
 
-void ap_identity_wipe(ap_identity_t *id) { sodium_memzero(id->sk, sizeof id->sk); }
+void ap_identity_wipe(ap_identity_t *id)
+{
+    sodium_memzero(id->sk, sizeof id->sk);
+}
 
 int ap_identity_load(ap_identity_t *out, const char *path)
 {

@@ -277,11 +277,15 @@ bool ap_multiaddr_eq(const ap_multiaddr_t *a, const ap_multiaddr_t *b)
     if (a->has_tcp && a->port != b->port) return false;
     if (a->has_peer && !ap_peer_id_eq(&a->peer, &b->peer)) return false;
     switch (a->host) {
-    case AP_MA_HOST_IP4: return memcmp(a->ip, b->ip, 4) == 0;
-    case AP_MA_HOST_IP6: return memcmp(a->ip, b->ip, 16) == 0;
+    case AP_MA_HOST_IP4:
+        return memcmp(a->ip, b->ip, 4) == 0;
+    case AP_MA_HOST_IP6:
+        return memcmp(a->ip, b->ip, 16) == 0;
     case AP_MA_HOST_DNS4:
-    case AP_MA_HOST_DNS6: return strcmp(a->dns, b->dns) == 0;
-    default: return true;
+    case AP_MA_HOST_DNS6:
+        return strcmp(a->dns, b->dns) == 0;
+    default:
+        return true;
     }
 }
 

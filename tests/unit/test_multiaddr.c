@@ -100,14 +100,45 @@ static void test_rejects(void **state)
     char after[300];
     snprintf(after, sizeof after, "/p2p/%s/tcp/1", idtext);
     const char *bad[] = {
-        "", "/", "//", "ip4/1.2.3.4", "/ip4", "/ip4/", "/ip4/1.2.3", "/ip4/1.2.3.4.5",
-        "/ip4/256.1.1.1", "/ip4/01.2.3.4", "/ip4/1.2.3.4/", "/ip4/1.2.3.4/tcp",
-        "/ip4/1.2.3.4/tcp/", "/ip4/1.2.3.4/tcp/65536", "/ip4/1.2.3.4/tcp/-1",
-        "/ip4/1.2.3.4/tcp/+1", "/ip4/1.2.3.4/tcp/08", "/ip4/1.2.3.4/tcp/1x",
-        "/ip4/1.2.3.4/udp/1", "/ip6/1.2.3.4", "/ip6/:::1", "/ip4/1.2.3.4/ip4/1.2.3.4",
-        "/tcp/1", "/dns4/", "/dns4/a..b", "/dns4/.a", "/dns4/a.", "/dns4/a b",
-        "/dns4/a/b", "/dns4/ex%41mple", "/p2p/", "/p2p/notapeerid", "/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N",
-        "/ip4/1.2.3.4/tcp/1/tcp/2", "/unknown/x", longdns, badid, twice, after,
+        "",
+        "/",
+        "//",
+        "ip4/1.2.3.4",
+        "/ip4",
+        "/ip4/",
+        "/ip4/1.2.3",
+        "/ip4/1.2.3.4.5",
+        "/ip4/256.1.1.1",
+        "/ip4/01.2.3.4",
+        "/ip4/1.2.3.4/",
+        "/ip4/1.2.3.4/tcp",
+        "/ip4/1.2.3.4/tcp/",
+        "/ip4/1.2.3.4/tcp/65536",
+        "/ip4/1.2.3.4/tcp/-1",
+        "/ip4/1.2.3.4/tcp/+1",
+        "/ip4/1.2.3.4/tcp/08",
+        "/ip4/1.2.3.4/tcp/1x",
+        "/ip4/1.2.3.4/udp/1",
+        "/ip6/1.2.3.4",
+        "/ip6/:::1",
+        "/ip4/1.2.3.4/ip4/1.2.3.4",
+        "/tcp/1",
+        "/dns4/",
+        "/dns4/a..b",
+        "/dns4/.a",
+        "/dns4/a.",
+        "/dns4/a b",
+        "/dns4/a/b",
+        "/dns4/ex%41mple",
+        "/p2p/",
+        "/p2p/notapeerid",
+        "/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N",
+        "/ip4/1.2.3.4/tcp/1/tcp/2",
+        "/unknown/x",
+        longdns,
+        badid,
+        twice,
+        after,
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ap_multiaddr_t ma;
@@ -150,17 +181,18 @@ static void test_binary(void **state)
     assert_int_equal(out[1], 0x03);
     assert_int_equal(out[2], AP_PEER_ID_LEN);
     /* bad binary */
-    const uint8_t bad1[] = {0x04, 0x7f, 0x00};                         /* short ip4 */
-    const uint8_t bad2[] = {0x06, 0x0f, 0xa1};                         /* tcp first */
-    const uint8_t bad3[] = {0x36, 0x05, 'a', '.', 'b'};                /* dns len > data */
-    const uint8_t bad4[] = {0x36, 0x03, 'a', ' ', 'b'};                /* bad dns char */
+    const uint8_t bad1[] = {0x04, 0x7f, 0x00};                               /* short ip4 */
+    const uint8_t bad2[] = {0x06, 0x0f, 0xa1};                               /* tcp first */
+    const uint8_t bad3[] = {0x36, 0x05, 'a', '.', 'b'};                      /* dns len > data */
+    const uint8_t bad4[] = {0x36, 0x03, 'a', ' ', 'b'};                      /* bad dns char */
     const uint8_t bad5[] = {0x04, 1, 2, 3, 4, 0x06, 0x00, 0x01, 0x06, 0, 1}; /* tcp twice */
-    const uint8_t bad6[] = {0x80, 0x00};                               /* non-minimal varint */
-    const uint8_t bad7[] = {0x11, 0x00, 0x00};                         /* udp */
+    const uint8_t bad6[] = {0x80, 0x00};       /* non-minimal varint */
+    const uint8_t bad7[] = {0x11, 0x00, 0x00}; /* udp */
     const uint8_t *bads[] = {bad1, bad2, bad3, bad4, bad5, bad6, bad7};
     const size_t lens[] = {sizeof bad1, sizeof bad2, sizeof bad3, sizeof bad4,
                            sizeof bad5, sizeof bad6, sizeof bad7};
-    for (size_t i = 0; i < 7; i++) assert_int_equal(ap_multiaddr_decode(&ma, bads[i], lens[i]), AP_EADDR);
+    for (size_t i = 0; i < 7; i++)
+        assert_int_equal(ap_multiaddr_decode(&ma, bads[i], lens[i]), AP_EADDR);
     assert_int_equal(ap_multiaddr_decode(&ma, out, 0), AP_EADDR);
 }
 
@@ -240,7 +272,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_roundtrip), cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_binary), cmocka_unit_test(test_sockaddr),
+        cmocka_unit_test(test_binary),         cmocka_unit_test(test_sockaddr),
         cmocka_unit_test(test_resolve),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
