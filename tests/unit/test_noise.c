@@ -5,6 +5,7 @@
 #include "aptest.h"
 
 #include "net/noise.h"
+#include "net/secure.h"
 
 #include <sodium.h>
 #include <stdio.h>
@@ -459,6 +460,130 @@ static void test_handshake_failures(void **state)
     assert_int_equal(l0, AP_NOISE_MSG_MAX);
 }
 
+
+/* ---- the identity payload (secure.h) ----------------------------------------- */
+
+static void make_creds(ap_secure_creds_t *c, uint8_t seed_byte)
+{
+    uint8_t seed[32];
+    memset(seed, seed_byte, sizeof seed);
+    ap_identity_t id;
+    assert_ok(ap_identity_from_seed(&id, seed));
+    assert_ok(ap__secure_creds_init(c, &id, AP_NOISE_BLAKE2B, NULL));
+}
+
+/* Runs the 3 messages; returns the first error and which side saw it. */
+static int run_secure(ap_secure_hs_t *a, ap_secure_hs_t *b, int *failed_side)
+{
+    static uint8_t m[AP_NOISE_MSG_MAX];
+    size_t ml;
+    for (int i = 0; i < 3; i++) {
+        ap_secure_hs_t *w = i % 2 ? b : a, *r = i % 2 ? a : b;
+        int rc = ap__secure_write(w, m, sizeof m, &ml);
+        if (rc) {
+            *failed_side = i % 2;
+            return rc;
+        }
+        rc = ap__secure_read(r, m, ml);
+        if (rc) {
+            *failed_side = 1 - i % 2;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void test_secure_handshake(void **state)
+{
+    (void)state;
+    ap_secure_creds_t ca, cb, cc;
+    make_creds(&ca, 1);
+    make_creds(&cb, 2);
+    make_creds(&cc, 3);
+    ap_secure_hs_t a, b;
+    int side = -1;
+    /* expected PeerID matches */
+    assert_ok(ap__secure_init(&a, &ca, true, &cb.id.id, NULL));
+    assert_ok(ap__secure_init(&b, &cb, false, NULL, NULL));
+    assert_ok(run_secure(&a, &b, &side));
+    assert_true(ap__secure_done(&a) && ap__secure_done(&b));
+    assert_true(ap_peer_id_eq(ap__secure_remote(&a), &cb.id.id));
+    assert_true(ap_peer_id_eq(ap__secure_remote(&b), &ca.id.id));
+    ap_noise_cs_t as, ar, bs, br;
+    assert_ok(ap__secure_split(&a, &as, &ar));
+    assert_ok(ap__secure_split(&b, &bs, &br));
+    uint8_t buf[64] = "ping";
+    assert_ok(ap__noise_cs_encrypt(&as, NULL, 0, buf, 4, buf));
+    assert_ok(ap__noise_cs_decrypt(&br, NULL, 0, buf, 20, buf));
+    assert_memory_equal(buf, "ping", 4);
+
+    /* wrong expected PeerID: the initiator stops at message 2, before
+     * revealing its own identity, and knows who answered instead */
+    assert_ok(ap__secure_init(&a, &ca, true, &cc.id.id, NULL));
+    assert_ok(ap__secure_init(&b, &cb, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_EAUTH);
+    assert_int_equal(side, 0);
+    assert_true(ap_peer_id_eq(ap__secure_remote(&a), &cb.id.id));
+    assert_false(ap__secure_done(&a));
+    assert_false(ap__secure_done(&b));
+    assert_int_equal(ap__secure_split(&a, &as, &ar), AP_ESTATE);
+
+    /* a payload that signs a different static key (replayed from another
+     * session): the signature check fails */
+    ap_secure_creds_t forged = cb;
+    assert_ok(ap__secure_make_payload(&cb.id, cc.s_pub, forged.payload, sizeof forged.payload,
+                                      &forged.payload_len));
+    assert_ok(ap__secure_init(&a, &ca, true, NULL, NULL));
+    assert_ok(ap__secure_init(&b, &forged, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_EAUTH);
+    assert_int_equal(side, 0);
+    assert_null(ap__secure_remote(&a));
+
+    /* a payload with garbage instead of protobuf */
+    forged = cb;
+    memset(forged.payload, 0xff, 40);
+    forged.payload_len = 40;
+    assert_ok(ap__secure_init(&a, &ca, true, NULL, NULL));
+    assert_ok(ap__secure_init(&b, &forged, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_ECORRUPT);
+    /* an empty payload in message 3 */
+    forged = ca;
+    forged.payload_len = 0;
+    assert_ok(ap__secure_init(&a, &forged, true, NULL, NULL));
+    assert_ok(ap__secure_init(&b, &cb, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_ECORRUPT);
+    assert_int_equal(side, 1);
+}
+
+static void test_secure_payload_checks(void **state)
+{
+    (void)state;
+    ap_secure_creds_t c;
+    make_creds(&c, 9);
+    ap_peer_id_t id;
+    assert_ok(ap__secure_check_payload(c.payload, c.payload_len, c.s_pub, &id));
+    assert_true(ap_peer_id_eq(&id, &c.id.id));
+    /* every single-bit flip of the payload is refused (or, if it only
+     * changes protobuf framing harmlessly, still yields the same id) */
+    for (size_t bit = 0; bit < c.payload_len * 8; bit++) {
+        uint8_t p[AP_SECURE_PAYLOAD_MAX];
+        memcpy(p, c.payload, c.payload_len);
+        p[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        ap_peer_id_t got;
+        int rc = ap__secure_check_payload(p, c.payload_len, c.s_pub, &got);
+        if (rc == 0) assert_true(ap_peer_id_eq(&got, &c.id.id));
+        else assert_true(rc == AP_ECORRUPT || rc == AP_EAUTH);
+    }
+    /* truncations */
+    for (size_t n = 0; n < c.payload_len; n++) {
+        ap_peer_id_t got;
+        assert_int_not_equal(ap__secure_check_payload(c.payload, n, c.s_pub, &got), 0);
+    }
+    uint8_t other[32];
+    randombytes_buf(other, sizeof other);
+    assert_int_equal(ap__secure_check_payload(c.payload, c.payload_len, other, &id), AP_EAUTH);
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
@@ -466,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_vectors_cacophony),  cmocka_unit_test(test_vectors_noise_c),
         cmocka_unit_test(test_vectors_snow),       cmocka_unit_test(test_hmac_hkdf_rfc),
         cmocka_unit_test(test_transport_failures), cmocka_unit_test(test_handshake_failures),
+        cmocka_unit_test(test_secure_handshake), cmocka_unit_test(test_secure_payload_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
