@@ -9,7 +9,7 @@
 
 /* libp2p PublicKey{Type = Ed25519, Data = 32 bytes} */
 static const uint8_t pubkey_prefix[4] = {0x08, 0x01, 0x12, 0x20};
-#define PUBKEY_PB_LEN (sizeof pubkey_prefix + AP_ED25519_PK_LEN)
+#define PUBKEY_PB_LEN  (sizeof pubkey_prefix + AP_ED25519_PK_LEN)
 #define SIG_PREFIX_LEN (sizeof AP_SECURE_SIG_PREFIX - 1)
 
 static void signed_msg(uint8_t out[SIG_PREFIX_LEN + AP_NOISE_DHLEN],
@@ -58,7 +58,10 @@ int ap__secure_creds_init(ap_secure_creds_t *c, const ap_identity_t *id, ap_nois
                                    &c->payload_len);
 }
 
-void ap__secure_creds_clear(ap_secure_creds_t *c) { sodium_memzero(c, sizeof *c); }
+void ap__secure_creds_clear(ap_secure_creds_t *c)
+{
+    sodium_memzero(c, sizeof *c);
+}
 
 int ap__secure_init(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool initiator,
                     const ap_peer_id_t *expected, const uint8_t *e_priv)
@@ -72,7 +75,10 @@ int ap__secure_init(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool ini
     return ap__noise_hs_init(&hs->noise, creds->hash, initiator, NULL, 0, creds->s_priv, e_priv);
 }
 
-bool ap__secure_my_turn(const ap_secure_hs_t *hs) { return ap__noise_hs_my_turn(&hs->noise); }
+bool ap__secure_my_turn(const ap_secure_hs_t *hs)
+{
+    return ap__noise_hs_my_turn(&hs->noise);
+}
 
 bool ap__secure_done(const ap_secure_hs_t *hs)
 {
@@ -149,4 +155,7 @@ int ap__secure_split(ap_secure_hs_t *hs, ap_noise_cs_t *send, ap_noise_cs_t *rec
     return rc;
 }
 
-void ap__secure_clear(ap_secure_hs_t *hs) { ap__noise_hs_clear(&hs->noise); }
+void ap__secure_clear(ap_secure_hs_t *hs)
+{
+    ap__noise_hs_clear(&hs->noise);
+}

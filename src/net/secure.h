@@ -19,7 +19,7 @@
 #include "apiary/identity.h"
 #include "net/noise.h"
 
-#define AP_SECURE_SIG_PREFIX "noise-libp2p-static-key:"
+#define AP_SECURE_SIG_PREFIX  "noise-libp2p-static-key:"
 #define AP_SECURE_PAYLOAD_MAX 1024 /* our payloads are ~110 bytes; refuse more */
 
 /* Per-transport credentials: the identity, the X25519 static key and the

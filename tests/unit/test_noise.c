@@ -460,7 +460,6 @@ static void test_handshake_failures(void **state)
     assert_int_equal(l0, AP_NOISE_MSG_MAX);
 }
 
-
 /* ---- the identity payload (secure.h) ----------------------------------------- */
 
 static void make_creds(ap_secure_creds_t *c, uint8_t seed_byte)
@@ -571,8 +570,10 @@ static void test_secure_payload_checks(void **state)
         p[bit / 8] ^= (uint8_t)(1u << (bit % 8));
         ap_peer_id_t got;
         int rc = ap__secure_check_payload(p, c.payload_len, c.s_pub, &got);
-        if (rc == 0) assert_true(ap_peer_id_eq(&got, &c.id.id));
-        else assert_true(rc == AP_ECORRUPT || rc == AP_EAUTH);
+        if (rc == 0)
+            assert_true(ap_peer_id_eq(&got, &c.id.id));
+        else
+            assert_true(rc == AP_ECORRUPT || rc == AP_EAUTH);
     }
     /* truncations */
     for (size_t n = 0; n < c.payload_len; n++) {
@@ -591,7 +592,7 @@ int main(void)
         cmocka_unit_test(test_vectors_cacophony),  cmocka_unit_test(test_vectors_noise_c),
         cmocka_unit_test(test_vectors_snow),       cmocka_unit_test(test_hmac_hkdf_rfc),
         cmocka_unit_test(test_transport_failures), cmocka_unit_test(test_handshake_failures),
-        cmocka_unit_test(test_secure_handshake), cmocka_unit_test(test_secure_payload_checks),
+        cmocka_unit_test(test_secure_handshake),   cmocka_unit_test(test_secure_payload_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
