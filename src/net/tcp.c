@@ -11,7 +11,6 @@
 #include <string.h>
 
 #define MOD            "net"
-#define RBUF_SIZE      (256u * 1024u)
 #define FRAME_MAX      (2u + AP_NOISE_MSG_MAX)
 #define DRAIN_MS       5000u
 #define BUF_RELEASE_MS 1000u
@@ -19,6 +18,7 @@
 typedef enum { C_CONNECTING, C_HANDSHAKE, C_OPEN, C_CLOSING } conn_state_t;
 
 typedef struct dial_req dial_req_t;
+typedef struct wblock wblock_t;
 struct dial_req {
     ap_tcp_t *t;
     ap_tcp_dial_fn cb;
@@ -31,13 +31,24 @@ struct dial_req {
     dial_req_t *next, *prev;
 };
 
+#define WBLOCK_CAP (256u * 1024u)
+
+struct wblock {
+    uv_write_t req;
+    wblock_t *next;
+    ap_tcp_conn_t *c;
+    size_t len;
+    bool submitted;
+    uint8_t data[WBLOCK_CAP];
+};
+
 struct ap_tcp_conn {
     ap_tcp_t *t;
     uv_tcp_t h;
     uv_connect_t creq;
     uv_write_t wreq;
     conn_state_t st;
-    bool outbound, announced, counted_hs, reading, paused, draining, writing, want_writable;
+    bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool has_expected;
     ap_peer_id_t expected;
     ap_peer_id_t peer; /* valid once authenticated */
@@ -48,8 +59,8 @@ struct ap_tcp_conn {
     ap_noise_cs_t send, recv;
     uint8_t *part; /* partial frame */
     size_t plen;
-    ap_buf_t wq[2];
-    int wi, inflight;
+    wblock_t *wq_head, *wq_tail, *wq_unsub, *spare;
+    int inflight, nspare;
     size_t queued;
     uint64_t deadline, last_rx, last_tx, last_app, write_started, drain_started;
     dial_req_t *reqs; /* dials waiting for this connection */
@@ -249,6 +260,8 @@ static void defer_req(ap_tcp_t *t, dial_req_t *r, int status)
 
 /* ---- closing ----------------------------------------------------------------- */
 
+static void wblocks_free(ap_tcp_conn_t *c);
+
 static void conn_closed(uv_handle_t *h)
 {
     ap_tcp_conn_t *c = h->data;
@@ -268,8 +281,12 @@ static void conn_closed(uv_handle_t *h)
     ap__noise_cs_clear(&c->send);
     ap__noise_cs_clear(&c->recv);
     free(c->part);
-    ap__buf_free(&c->wq[0]);
-    ap__buf_free(&c->wq[1]);
+    while (c->wq_head) { /* unsubmitted blocks; submitted ones completed before this */
+        wblock_t *b = c->wq_head;
+        c->wq_head = b->next;
+        free(b);
+    }
+    wblocks_free(c);
     free(c);
     t->handles--;
     maybe_finish(t);
@@ -307,43 +324,109 @@ static void conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...)
     conn_close(c, err);
 }
 
-/* ---- writing --------------------------------------------------------------------- */
+/* ---- writing ---------------------------------------------------------------------
+ * The write queue is a FIFO of blocks of up to WBLOCK_CAP bytes of whole
+ * frames. Full blocks are handed to libuv at once (several may be in
+ * flight), so sealing the next block overlaps with the kernel sending the
+ * previous one; the last, partly filled block goes out as soon as nothing is
+ * in flight (low latency for small messages, batching under load). A few
+ * spare blocks are kept per busy connection to avoid page faults of fresh
+ * memory, and released by the sweep once the connection is quiet. */
 
 static void write_cb(uv_write_t *req, int status);
 
+static void wblock_recycle(ap_tcp_conn_t *c, wblock_t *b)
+{
+    /* keep as many spares as the queue cap can use: no fresh pages while busy */
+    size_t max_spare = c->t->cfg.write_queue_max / WBLOCK_CAP + 2;
+    if ((size_t)c->nspare < max_spare && c->st != C_CLOSING) {
+        b->next = c->spare;
+        c->spare = b;
+        c->nspare++;
+    } else {
+        free(b);
+    }
+}
+
+static void wblocks_free(ap_tcp_conn_t *c)
+{
+    while (c->spare) {
+        wblock_t *b = c->spare;
+        c->spare = b->next;
+        free(b);
+    }
+    c->nspare = 0;
+}
+
+/* Room for a frame of need bytes at the end of the queue. */
+static uint8_t *wq_reserve(ap_tcp_conn_t *c, size_t need)
+{
+    wblock_t *t = c->wq_tail;
+    if (t && !t->submitted && WBLOCK_CAP - t->len >= need) return t->data + t->len;
+    wblock_t *b = c->spare;
+    if (b) {
+        c->spare = b->next;
+        c->nspare--;
+    } else if (!(b = malloc(sizeof *b))) {
+        return NULL;
+    }
+    b->next = NULL;
+    b->c = c;
+    b->len = 0;
+    b->submitted = false;
+    b->req.data = b;
+    if (t)
+        t->next = b;
+    else
+        c->wq_head = b;
+    c->wq_tail = b;
+    if (!c->wq_unsub) c->wq_unsub = b;
+    return b->data;
+}
+
+static void wq_commit(ap_tcp_conn_t *c, size_t n)
+{
+    c->wq_tail->len += n;
+    c->queued += n;
+}
+
+/* Hands ready blocks to libuv. */
 static void flush(ap_tcp_conn_t *c)
 {
-    if (c->writing || c->st == C_CLOSING || c->st == C_CONNECTING) return;
-    ap_buf_t *b = &c->wq[c->wi];
-    if (b->len == 0) return;
-    uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
-    c->wreq.data = c;
-    int rc = uv_write(&c->wreq, (uv_stream_t *)&c->h, &ub, 1, write_cb);
-    if (rc != 0) {
-        conn_close(c, AP_ECLOSED);
-        return;
+    if (c->st == C_CLOSING || c->st == C_CONNECTING) return;
+    while (c->wq_unsub) {
+        wblock_t *b = c->wq_unsub;
+        if (!b->next && c->inflight > 0) break; /* the open tail waits for a batch */
+        uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
+        if (uv_write(&b->req, (uv_stream_t *)&c->h, &ub, 1, write_cb) != 0) {
+            conn_close(c, AP_ECLOSED);
+            return;
+        }
+        b->submitted = true;
+        if (c->inflight++ == 0) c->write_started = now_ms(c->t);
+        c->wq_unsub = b->next;
     }
-    c->writing = true;
-    c->write_started = now_ms(c->t);
-    c->inflight = c->wi;
-    c->wi ^= 1;
 }
 
 static void write_cb(uv_write_t *req, int status)
 {
-    ap_tcp_conn_t *c = req->data;
+    wblock_t *b = req->data;
+    ap_tcp_conn_t *c = b->c;
     ap_tcp_t *t = c->t;
-    ap_buf_t *b = &c->wq[c->inflight];
-    c->writing = false;
+    /* writes complete in order: b is the head */
+    c->wq_head = b->next;
+    if (!c->wq_head) c->wq_tail = NULL;
+    c->inflight--;
     c->queued -= b->len;
     if (status == 0) t->stats.bytes_sent += b->len;
-    b->len = 0;
+    wblock_recycle(c, b);
     if (c->st == C_CLOSING) return;
     if (status < 0) {
         ap_debug(MOD, "write to %s failed: %s", c->who, uv_strerror(status));
         conn_close(c, AP_ECLOSED);
         return;
     }
+    c->write_started = now_ms(t); /* progress */
     flush(c);
     if (c->draining && c->queued == 0) {
         conn_close(c, 0);
@@ -358,13 +441,11 @@ static void write_cb(uv_write_t *req, int status)
 /* Appends one plaintext handshake frame. */
 static int queue_plain(ap_tcp_conn_t *c, const uint8_t *m, size_t n)
 {
-    ap_buf_t *b = &c->wq[c->wi];
-    int rc = ap__buf_reserve(b, 2 + n);
-    if (rc) return rc;
-    ap__put_be16(b->data + b->len, (uint16_t)n);
-    memcpy(b->data + b->len + 2, m, n);
-    b->len += 2 + n;
-    c->queued += 2 + n;
+    uint8_t *p = wq_reserve(c, 2 + n);
+    if (!p) return AP_ENOMEM;
+    ap__put_be16(p, (uint16_t)n);
+    memcpy(p + 2, m, n);
+    wq_commit(c, 2 + n);
     return 0;
 }
 
@@ -373,14 +454,13 @@ static int queue_plain(ap_tcp_conn_t *c, const uint8_t *m, size_t n)
 static int queue_sealed(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n, size_t total)
 {
     size_t frames = total ? (total + AP_NOISE_PLAIN_MAX - 1) / AP_NOISE_PLAIN_MAX : 1;
-    size_t wire = total + frames * (2 + AP_NOISE_TAGLEN);
-    ap_buf_t *b = &c->wq[c->wi];
-    int rc = ap__buf_reserve(b, wire);
-    if (rc) return rc;
     size_t bi = 0, boff = 0, left = total;
+    (void)n;
     for (size_t f = 0; f < frames; f++) {
         size_t chunk = left < AP_NOISE_PLAIN_MAX ? left : AP_NOISE_PLAIN_MAX;
-        uint8_t *hdr = b->data + b->len, *body = hdr + 2;
+        uint8_t *hdr = wq_reserve(c, 2 + chunk + AP_NOISE_TAGLEN);
+        if (!hdr) return AP_ENOMEM; /* frames queued so far stay valid */
+        uint8_t *body = hdr + 2;
         size_t got = 0;
         while (got < chunk) {
             size_t avail = bufs[bi].len - boff;
@@ -393,13 +473,13 @@ static int queue_sealed(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n, size_t
                 boff = 0;
             }
         }
-        rc = ap__noise_cs_encrypt(&c->send, NULL, 0, body, chunk, body);
+        int rc = ap__noise_cs_encrypt(&c->send, NULL, 0, body, chunk, body);
         if (rc) return rc; /* nonce exhausted: caller closes */
         ap__put_be16(hdr, (uint16_t)(chunk + AP_NOISE_TAGLEN));
-        b->len += 2 + chunk + AP_NOISE_TAGLEN;
+        wq_commit(c, 2 + chunk + AP_NOISE_TAGLEN);
         left -= chunk;
+        if (c->wq_tail->len + 2 + AP_NOISE_MSG_MAX > WBLOCK_CAP) flush(c); /* a full block */
     }
-    c->queued += wire;
     c->last_tx = now_ms(c->t);
     return 0;
 }
@@ -623,7 +703,7 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     ap_tcp_conn_t *c = h->data;
     (void)suggested;
-    *buf = uv_buf_init((char *)c->t->rbuf, RBUF_SIZE);
+    *buf = uv_buf_init((char *)c->t->rbuf, (unsigned)c->t->cfg.read_buf_size);
 }
 
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -915,7 +995,7 @@ static void sweep_conn(ap_tcp_t *t, ap_tcp_conn_t *c, uint64_t now)
         conn_close(c, 0);
         return;
     }
-    if (c->writing && now - c->write_started >= cfg->dead_ms) {
+    if (c->inflight > 0 && now - c->write_started >= cfg->dead_ms) {
         conn_fail(c, AP_ETIMEDOUT, "peer read nothing for %llu ms",
                   (unsigned long long)(now - c->write_started));
         return;
@@ -938,10 +1018,7 @@ static void sweep_conn(ap_tcp_t *t, ap_tcp_conn_t *c, uint64_t now)
         return;
     }
     /* release buffers of quiet connections (idle memory stays small) */
-    if (!c->writing && c->queued == 0 && now - c->last_tx >= BUF_RELEASE_MS) {
-        ap__buf_free(&c->wq[0]);
-        ap__buf_free(&c->wq[1]);
-    }
+    if (c->inflight == 0 && c->queued == 0 && now - c->last_tx >= BUF_RELEASE_MS) wblocks_free(c);
     if (c->plen == 0 && c->part && now - c->last_rx >= BUF_RELEASE_MS) {
         free(c->part);
         c->part = NULL;
@@ -985,17 +1062,18 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     if (!c->keepalive_ms) c->keepalive_ms = 15000;
     if (!c->dead_ms) c->dead_ms = c->keepalive_ms == UINT64_MAX ? UINT64_MAX : 3 * c->keepalive_ms;
     if (!c->write_queue_max) c->write_queue_max = 4u << 20;
+    if (c->read_buf_size < 4096) c->read_buf_size = c->read_buf_size ? 4096 : 256u * 1024u;
     if (cbs) t->cbs = *cbs;
     t->arg = arg;
     int rc = ap__secure_creds_init(&t->creds, id, c->hash, NULL);
-    t->rbuf = malloc(RBUF_SIZE);
+    t->rbuf = malloc(c->read_buf_size);
     if (rc || !t->rbuf) {
         free(t->rbuf);
         ap__secure_creds_clear(&t->creds);
         free(t);
         return rc ? rc : AP_ENOMEM;
     }
-    memset(t->rbuf, 0, RBUF_SIZE); /* pre-fault once */
+    memset(t->rbuf, 0, c->read_buf_size); /* pre-fault once */
     uint64_t shortest = min_u64(min_u64(c->keepalive_ms, c->dead_ms), c->handshake_timeout_ms);
     if (c->idle_ms) shortest = min_u64(shortest, c->idle_ms);
     t->sweep_ms = shortest / 4;

@@ -63,6 +63,7 @@ typedef struct ap_tcp_cfg {
     uint64_t idle_ms;              /* 0 = never */
     size_t write_queue_max;        /* 0 = 4 MiB */
     ap_noise_hash_t hash;          /* AP_NOISE_BLAKE2B (0) by default */
+    size_t read_buf_size;          /* shared read buffer; 0 = 256 KiB */
 } ap_tcp_cfg_t;
 
 typedef struct ap_tcp_cbs {

@@ -790,6 +790,7 @@ static void test_peer_never_reads(void **state)
         run_for(1);
     }
     assert_int_equal(rc, AP_EAGAIN); /* memory stays bounded */
+    assert_true(pushed >= cfg.write_queue_max);
     assert_true(ap__tcp_queued(ab) <= cfg.write_queue_max + sizeof chunk);
     nwarn = 0;
     assert_true(run_until(closed_one, &a, 5000));
