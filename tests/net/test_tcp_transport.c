@@ -437,7 +437,7 @@ static bool raw_eof(void *arg)
 static void raw_case(node_t *a, const uint8_t *bytes, size_t n, bool close_after, int want_warns)
 {
     raw_t *r = calloc(1, sizeof *r);
-    memcpy(r->out, bytes, n);
+    if (n) memcpy(r->out, bytes, n);
     r->outlen = n;
     r->close_after = close_after;
     nwarn = 0;
