@@ -505,6 +505,30 @@ int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n)
     return 0;
 }
 
+int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len)
+{
+    if (c->st != C_OPEN || c->draining) return AP_ECLOSED;
+    if (len > 0) {
+        uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+        int rc = queue_sealed(c, &b, 1, len);
+        if (rc == AP_ELIMIT) {
+            conn_fail(c, AP_ELIMIT, "send nonce exhausted");
+            return AP_ECLOSED;
+        }
+        if (rc) {
+            conn_fail(c, rc, "cannot queue %zu bytes", len);
+            return AP_ECLOSED;
+        }
+        c->last_app = c->last_tx;
+        flush(c);
+    }
+    if (c->queued > c->t->cfg.write_queue_max) {
+        c->want_writable = true;
+        return 1;
+    }
+    return 0;
+}
+
 int ap__tcp_send(ap_tcp_conn_t *c, const uint8_t *data, size_t len)
 {
     uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);

@@ -112,7 +112,11 @@ ap_tcp_conn_t *ap__tcp_find(ap_tcp_t *t, const ap_peer_id_t *peer);
  * queued, wait for on_writable), AP_ECLOSED. A send larger than the queue
  * cap is accepted when the queue is empty. */
 int ap__tcp_send(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
-/* Same, gathering n buffers into one logical write (no extra copy). */
+/* The connection-seam form (runtime/uv/conn.h): always queues the bytes;
+ * returns 0, 1 when the queue is above write_queue_max (on_writable follows
+ * once it is below half), or AP_ECLOSED (bytes dropped). */
+int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
+/* Same as ap__tcp_send, gathering n buffers into one logical write (no extra copy). */
 int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n);
 size_t ap__tcp_queued(const ap_tcp_conn_t *c);
 void ap__tcp_pause_read(ap_tcp_conn_t *c, bool paused);
