@@ -14,14 +14,18 @@
  *                                 (field "callers")
  *   idle_conn_bytes           heap bytes per idle authenticated connection in
  *                                 the parent (N connections to the child)
- * The mux (streams, RPC) is not part of this module: rpc_rtt_* and
- * streams1000_* belong to runtime/uv's benchmark once it runs on this
- * transport. */
+ * and through runtime/uv's mux over this transport (a node per process):
+ *   encrypted_stream_MBps     (a) with "layer":"mux": one stream, 1 MiB messages
+ *   rpc_rtt_p50_us / _p99_us  (d) unary RPC, 64-byte request, 1 and 64 callers
+ *   streams1000_MBps / streams1000_fairness (e) 1,000 concurrent streams of
+ *                                 equal size; fairness = slowest / fastest
+ *                                 per-stream rate (completion time based) */
 #include "bench.h"
 
 #include "apiary/identity.h"
 #include "apiary/error.h"
 #include "apiary/log.h"
+#include "apiary/node.h"
 #include "net/noise.h"
 #include "net/tcp.h"
 
@@ -479,6 +483,314 @@ static double idle_bench(uv_loop_t *loop, const ap_identity_t *id, size_t n)
     return ((double)h1 - (double)h0) / (double)n;
 }
 
+/* ---- the mux over TCP between two processes ------------------------------------
+ * The child runs a node (host + node listening on 127.0.0.1 TCP) with an RPC
+ * echo and a stream sink; the parent's node dials it. Everything travels
+ * through runtime/uv's mux over this transport: what a protocol sees. */
+
+#define MUX_ECHO "/bench/echo/1"
+#define MUX_SINK "/bench/sink/1"
+
+static void m_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(req, &n);
+    ap_rpc_respond(req, d, n);
+}
+
+static void m_sink_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)s;
+    (void)arg;
+    (void)d;
+    (void)n;
+}
+
+static void m_sink_end(ap_stream_t *s, void *arg)
+{
+    (void)arg;
+    ap_stream_close(s);
+}
+
+static int m_sink_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                         const uint8_t *hello, size_t len)
+{
+    (void)rt;
+    (void)arg;
+    (void)peer;
+    (void)hello;
+    (void)len;
+    static const ap_stream_cbs_t cbs = {.on_msg = m_sink_msg, .on_end = m_sink_end};
+    ap_stream_set_cbs(s, &cbs, NULL);
+    return 0;
+}
+
+static void mux_child(int fd)
+{
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *n;
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    if (!h || ap_node_new(h, &o, &n) < 0) _exit(1);
+    ap_rt_rpc_register(n, MUX_ECHO, 0, m_echo, NULL);
+    ap_stream_opts_t so = {.window = 1u << 20};
+    ap_rt_stream_listen(n, MUX_SINK, &so, m_sink_accept, NULL);
+    char a[1][AP_RT_ADDR_MAX];
+    ap_rt_listen_addrs(n, a, 1, true);
+    size_t len = strlen(a[0]);
+    a[0][len] = '\n';
+    if (write(fd, a[0], len + 1) != (ssize_t)(len + 1)) _exit(1);
+    close(fd);
+    for (;;) ap_host_run_until(h, NULL, NULL, 1000000); /* until killed */
+}
+
+typedef struct mb {
+    ap_rt_t *rt;
+    ap_peer_id_t peer;
+    int dial_status, dialed;
+    /* bulk */
+    size_t total, sent, msg;
+    bool closed;
+    int close_status;
+    /* rpc */
+    int left, inflight, done;
+    double *lat, *start;
+    int *slot_of;
+    /* streams */
+    int nclosed;
+    double t0, *close_at;
+} mb_t;
+
+static uint8_t mux_msg_buf[1u << 20];
+
+static void mb_dialed(ap_rt_t *rt, void *arg, int status, const ap_peer_id_t *peer)
+{
+    (void)rt;
+    mb_t *m = arg;
+    m->dial_status = status;
+    m->dialed = 1;
+    if (status == 0) m->peer = *peer;
+}
+
+static bool mb_dialed_p(void *arg)
+{
+    return ((mb_t *)arg)->dialed;
+}
+
+static void mb_fill(ap_stream_t *s, void *arg)
+{
+    mb_t *m = arg;
+    while (m->sent < m->total) {
+        if (ap_stream_send(s, mux_msg_buf, m->msg) != 0) return;
+        m->sent += m->msg;
+    }
+    ap_stream_close(s);
+}
+
+static void mb_closed(ap_stream_t *s, void *arg, int st)
+{
+    (void)s;
+    mb_t *m = arg;
+    m->closed = true;
+    m->close_status = st;
+}
+
+static bool mb_closed_p(void *arg)
+{
+    return ((mb_t *)arg)->closed;
+}
+
+typedef struct mcall {
+    mb_t *m;
+    int idx;
+} mcall_t;
+
+static void mb_issue(mb_t *m, mcall_t *slot);
+static void mb_rpc_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                        const char *errmsg)
+{
+    (void)rt;
+    (void)resp;
+    (void)len;
+    (void)errmsg;
+    mcall_t *c = arg;
+    mb_t *m = c->m;
+    m->inflight--;
+    if (status == 0) m->lat[m->done++] = (ap_bench_now() - m->start[c->idx]) * 1e6;
+    if (m->left > 0) mb_issue(m, c);
+}
+
+static void mb_issue(mb_t *m, mcall_t *slot)
+{
+    m->left--;
+    m->inflight++;
+    m->start[slot->idx] = ap_bench_now();
+    static const uint8_t req[64] = {1};
+    ap_rpc_opts_t o = {.timeout_us = 10000000};
+    if (!ap_rt_rpc_call(m->rt, &m->peer, MUX_ECHO, req, sizeof req, &o, mb_rpc_done, slot))
+        m->inflight--;
+}
+
+static bool mb_rpc_p(void *arg)
+{
+    mb_t *m = arg;
+    return m->left == 0 && m->inflight == 0;
+}
+
+static void mux_rpc(ap_host_t *h, mb_t *m, int n, int callers, double *p50, double *p99)
+{
+    m->lat = calloc((size_t)n, sizeof *m->lat);
+    m->start = calloc((size_t)callers, sizeof *m->start);
+    mcall_t *slots = calloc((size_t)callers, sizeof *slots);
+    m->left = n;
+    m->done = 0;
+    for (int i = 0; i < callers; i++) {
+        slots[i] = (mcall_t){m, i};
+        mb_issue(m, &slots[i]);
+    }
+    ap_host_run_until(h, mb_rpc_p, m, 60000000);
+    qsort(m->lat, (size_t)m->done, sizeof *m->lat, cmp_double);
+    *p50 = m->done ? m->lat[m->done / 2] : 0;
+    *p99 = m->done ? m->lat[(size_t)((double)m->done * 0.99)] : 0;
+    free(m->lat);
+    free(m->start);
+    free(slots);
+}
+
+typedef struct sfair {
+    mb_t *m;
+    int idx;
+    size_t sent, total;
+} sfair_t;
+
+static void sf_fill(ap_stream_t *s, void *arg)
+{
+    sfair_t *f = arg;
+    while (f->sent < f->total) {
+        size_t n = f->total - f->sent < 16384 ? f->total - f->sent : 16384;
+        if (ap_stream_send(s, mux_msg_buf, n) != 0) return;
+        f->sent += n;
+    }
+    ap_stream_close(s);
+}
+
+static void sf_closed(ap_stream_t *s, void *arg, int st)
+{
+    (void)s;
+    (void)st;
+    sfair_t *f = arg;
+    f->m->close_at[f->idx] = ap_bench_now();
+    f->m->nclosed++;
+}
+
+static bool sf_all_p(void *arg)
+{
+    return ((mb_t *)arg)->nclosed >= 1000;
+}
+
+static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw)
+{
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_t pid = fork();
+    if (pid < 0) return;
+    if (pid == 0) {
+        close(fds[0]);
+        mux_child(fds[1]);
+    }
+    close(fds[1]);
+    char addr[AP_RT_ADDR_MAX + 1] = {0};
+    size_t got = 0;
+    while (got < sizeof addr - 1) {
+        ssize_t r = read(fds[0], addr + got, sizeof addr - 1 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+        if (memchr(addr, '\n', got)) break;
+    }
+    close(fds[0]);
+    char *nl = strchr(addr, '\n');
+    if (nl) *nl = 0;
+    ap_host_t *h = ap_host_new();
+    mb_t m;
+    memset(&m, 0, sizeof m);
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    if (!nl || !h || ap_node_new(h, &o, &m.rt) < 0) goto out;
+    ap_rt_dial(m.rt, addr, 10000000, mb_dialed, &m);
+    ap_host_run_until(h, mb_dialed_p, &m, 15000000);
+    if (m.dial_status != 0) {
+        fprintf(stderr, "bench transport: node dial failed: %s\n", ap_strerror(m.dial_status));
+        goto out;
+    }
+    /* (a) one stream through the mux */
+    m.total = ctx->quick ? (64u << 20) : (512u << 20);
+    m.msg = 1u << 20;
+    static const ap_stream_cbs_t cbs = {.on_writable = mb_fill, .on_close = mb_closed};
+    ap_stream_opts_t so = {.window = 4u << 20};
+    ap_stream_t *s;
+    double t0 = ap_bench_now();
+    if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &so, &cbs, &m, &s) == 0) {
+        mb_fill(s, &m);
+        ap_host_run_until(h, mb_closed_p, &m, 120000000);
+        double mbps = (double)m.total / (ap_bench_now() - t0) / 1e6;
+        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", aead,
+                           "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\",\"procs\":2");
+        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", raw,
+                           "\"baseline_metric\":\"raw_tcp_MBps\",\"layer\":\"mux\",\"procs\":2");
+    }
+    /* (d) unary RPC round trips */
+    double p50, p99;
+    int n = ctx->quick ? 2000 : 20000;
+    mux_rpc(h, &m, n / 10, 1, &p50, &p99); /* warm-up */
+    mux_rpc(h, &m, n, 1, &p50, &p99);
+    ap_bench_report(ctx, "rpc_rtt_p50_us", p50, "us", "\"callers\":1,\"req_bytes\":64");
+    ap_bench_report(ctx, "rpc_rtt_p99_us", p99, "us", "\"callers\":1,\"req_bytes\":64");
+    mux_rpc(h, &m, n, 64, &p50, &p99);
+    ap_bench_report(ctx, "rpc_rtt_p50_us", p50, "us", "\"callers\":64,\"req_bytes\":64");
+    ap_bench_report(ctx, "rpc_rtt_p99_us", p99, "us", "\"callers\":64,\"req_bytes\":64");
+    /* (e) 1,000 concurrent streams, each the same number of bytes: total
+     * throughput, and fairness = slowest / fastest per-stream rate */
+    size_t per = ctx->quick ? (32u << 10) : (256u << 10);
+    sfair_t *fs = calloc(1000, sizeof *fs);
+    m.close_at = calloc(1000, sizeof *m.close_at);
+    m.nclosed = 0;
+    static const ap_stream_cbs_t fcbs = {.on_writable = sf_fill, .on_close = sf_closed};
+    ap_stream_opts_t fo = {.window = 64u << 10};
+    t0 = ap_bench_now();
+    int opened = 0;
+    for (int i = 0; i < 1000; i++) {
+        fs[i] = (sfair_t){&m, i, 0, per};
+        ap_stream_t *fsx;
+        if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &fo, &fcbs, &fs[i], &fsx) != 0)
+            break;
+        opened++;
+        sf_fill(fsx, &fs[i]);
+    }
+    if (opened == 1000 && ap_host_run_until(h, sf_all_p, &m, 120000000)) {
+        double tmax = 0, rmin = 1e300, rmax = 0;
+        for (int i = 0; i < 1000; i++) {
+            double dt = m.close_at[i] - t0;
+            double r = (double)per / dt;
+            if (dt > tmax) tmax = dt;
+            if (r < rmin) rmin = r;
+            if (r > rmax) rmax = r;
+        }
+        char fields[96];
+        snprintf(fields, sizeof fields, "\"streams\":1000,\"bytes_per_stream\":%zu", per);
+        ap_bench_report(ctx, "streams1000_MBps", 1000.0 * (double)per / tmax / 1e6, "MB/s", fields);
+        ap_bench_report(ctx, "streams1000_fairness", rmin / rmax, "ratio", fields);
+    } else {
+        fprintf(stderr, "bench transport: 1000 streams did not finish (%d opened, %d closed)\n",
+                opened, m.nclosed);
+    }
+    free(fs);
+    free(m.close_at);
+out:
+    if (h) ap_host_free(h);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
 {
     (void)argc;
@@ -550,6 +862,8 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
     bench_echo(&p, echo_n, 64, &p50, &p99);
     ap_bench_report(ctx, "transport_echo_rtt_p50_us", p50, "us", "\"callers\":64,\"msg_bytes\":64");
     ap_bench_report(ctx, "transport_echo_rtt_p99_us", p99, "us", "\"callers\":64,\"msg_bytes\":64");
+
+    bench_mux_tcp(ctx, aead, raw);
 
     /* idle connections: a second child process dials idle_n connections,
      * each from its own identity (one connection per peer), into one
