@@ -461,7 +461,18 @@ static int queue_sealed(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n, size_t
         uint8_t *hdr = wq_reserve(c, 2 + chunk + AP_NOISE_TAGLEN);
         if (!hdr) return AP_ENOMEM; /* frames queued so far stay valid */
         uint8_t *body = hdr + 2;
+        const uint8_t *src = body;
         size_t got = 0;
+        if (chunk > 0 && bufs[bi].len - boff >= chunk) {
+            /* the chunk lies in one buffer: seal straight from it, no copy */
+            src = (const uint8_t *)bufs[bi].base + boff;
+            got = chunk;
+            boff += chunk;
+            if (boff == bufs[bi].len) {
+                bi++;
+                boff = 0;
+            }
+        }
         while (got < chunk) {
             size_t avail = bufs[bi].len - boff;
             size_t take = chunk - got < avail ? chunk - got : avail;
@@ -473,7 +484,7 @@ static int queue_sealed(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n, size_t
                 boff = 0;
             }
         }
-        int rc = ap__noise_cs_encrypt(&c->send, NULL, 0, body, chunk, body);
+        int rc = ap__noise_cs_encrypt(&c->send, NULL, 0, src, chunk, body);
         if (rc) return rc; /* nonce exhausted: caller closes */
         ap__put_be16(hdr, (uint16_t)(chunk + AP_NOISE_TAGLEN));
         wq_commit(c, 2 + chunk + AP_NOISE_TAGLEN);
