@@ -13,11 +13,12 @@
  * (src/runtime/uv/conn.h).
  *
  * THREADING. ap_host_* functions are called by the thread that created the
- * host (the "owner"). ap_node_new / ap_node_free run on the loop thread: the
- * owner while it drives the loop itself (between run calls, or from a
- * callback), or via ap_node_call_sync / ap_rt_post when the host runs on its
- * own thread. Everything in runtime.h follows runtime.h's rules (loop thread
- * only, except ap_rt_post). ap_node_call_sync is for OTHER threads. */
+ * host (the "owner"). ap_node_new / ap_node_free may be called from any
+ * thread: on a host running its own thread they are carried out on the loop
+ * thread while the caller waits; on a caller-driven host they run at once
+ * (call them from the driving thread). Everything in runtime.h follows
+ * runtime.h's rules (loop thread only, except ap_rt_post). ap_node_call_sync
+ * is for OTHER threads. */
 #ifndef APIARY_NODE_H
 #define APIARY_NODE_H
 
@@ -70,8 +71,8 @@ typedef struct ap_node_opts {
     const char *listen;
 } ap_node_opts_t;
 
-/* Creates a node on host h. opts may be NULL. On the loop thread of h (see
- * THREADING). *out receives the runtime. */
+/* Creates a node on host h. opts may be NULL. *out receives the runtime.
+ * Any thread (see THREADING). */
 AP_EXPORT int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out);
 /* Tears the node down at once: its connections drop (peers see AP_ECLOSED on
  * calls and streams, and AP_PEER_DISCONNECTED); then every callback it still
@@ -79,7 +80,7 @@ AP_EXPORT int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **ou
  * on_close with AP_ECLOSED, work after() with AP_ECANCELED, call_sync waiters
  * whose function never ran get AP_ESHUTDOWN. Timers and posts are dropped;
  * RPC requests a handler still holds are freed (never respond to them after).
- * Loop thread only, and not from inside a callback of this node. */
+ * Any thread (see THREADING), but not from inside a callback of this node. */
 AP_EXPORT void ap_node_free(ap_rt_t *rt);
 /* The host a node lives on. */
 AP_EXPORT ap_host_t *ap_node_host(ap_rt_t *rt);

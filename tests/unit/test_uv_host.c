@@ -353,12 +353,42 @@ static void test_node_identity_and_addrs(void **state)
     assert_ok(ap_host_free(h));
 }
 
+static void sync_identity(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    *(ap_peer_id_t *)arg = *ap_rt_self(rt);
+    ap_sync_complete(done, 0);
+}
+
+static void test_threaded_node_lifecycle(void **state)
+{
+    (void)state;
+    ap_host_t *h = ap_host_new();
+    assert_ok(ap_host_start(h));
+    /* nodes come and go while the loop runs on its own thread */
+    for (int i = 0; i < 5; i++) {
+        ap_rt_t *rt;
+        uint8_t seed[32] = {(uint8_t)i};
+        assert_ok(ap_node_new(h, &(ap_node_opts_t){.ed25519_seed = seed}, &rt));
+        ap_peer_id_t id;
+        assert_ok(ap_node_call_sync(rt, sync_identity, &id));
+        assert_true(ap_peer_id_eq(&id, ap_rt_self(rt)));
+        assert_int_equal(ap_node_call_sync(rt, sync_timer, NULL), 7);
+        ap_node_free(rt);
+    }
+    ap_host_stop(h);
+    assert_ok(ap_host_free(h));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_timers),    cmocka_unit_test(test_post_threads),
-        cmocka_unit_test(test_call_sync), cmocka_unit_test(test_call_sync_node_gone),
-        cmocka_unit_test(test_work),      cmocka_unit_test(test_node_identity_and_addrs),
+        cmocka_unit_test(test_timers),
+        cmocka_unit_test(test_post_threads),
+        cmocka_unit_test(test_call_sync),
+        cmocka_unit_test(test_call_sync_node_gone),
+        cmocka_unit_test(test_work),
+        cmocka_unit_test(test_node_identity_and_addrs),
+        cmocka_unit_test(test_threaded_node_lifecycle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

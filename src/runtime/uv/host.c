@@ -481,6 +481,50 @@ int ap_host_free(ap_host_t *h)
     return rc == 0 ? 0 : AP_EBUSY;
 }
 
+/* ---- running a function on the loop thread ------------------------------------------ */
+
+typedef struct onloop {
+    ap_task_t t;
+    void (*fn)(void *arg);
+    void *arg;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    bool done, ran;
+} onloop_t;
+
+static void onloop_run(ap_task_t *t, bool discard)
+{
+    onloop_t *o = (onloop_t *)t;
+    if (!discard) o->fn(o->arg);
+    uv_mutex_lock(&o->mu);
+    o->ran = !discard;
+    o->done = true;
+    uv_cond_signal(&o->cv);
+    uv_mutex_unlock(&o->mu);
+}
+
+int ap__host_on_loop(ap_host_t *h, void (*fn)(void *arg), void *arg)
+{
+    uv_thread_t self = uv_thread_self();
+    uv_mutex_lock(&h->mu);
+    bool on_loop = atomic_load(&h->in_loop) && uv_thread_equal(&h->loop_tid, &self);
+    uv_mutex_unlock(&h->mu);
+    if (!h->threaded || on_loop) {
+        fn(arg);
+        return 0;
+    }
+    onloop_t o = {.t = {.run = onloop_run}, .fn = fn, .arg = arg};
+    uv_mutex_init(&o.mu);
+    uv_cond_init(&o.cv);
+    ap__host_post(h, &o.t);
+    uv_mutex_lock(&o.mu);
+    while (!o.done) uv_cond_wait(&o.cv, &o.mu);
+    uv_mutex_unlock(&o.mu);
+    uv_cond_destroy(&o.cv);
+    uv_mutex_destroy(&o.mu);
+    return o.ran ? 0 : AP_ESHUTDOWN;
+}
+
 /* ---- blocking bridge ------------------------------------------------------------ */
 
 struct ap_sync {

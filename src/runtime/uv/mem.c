@@ -24,7 +24,7 @@ typedef struct mem_chunk {
 
 /* Chunks are recycled per pipe: a fresh 256 KiB malloc per write would be
  * served by mmap and page-faulted every time (DESIGN.md §7). */
-#define MEM_SPARE_MAX 8
+#define MEM_SPARE_MAX 32
 
 typedef struct mem_pipe mem_pipe_t;
 

@@ -11,6 +11,8 @@
 #define NODE(rt) ((ap_node_t *)(rt))
 #define MS(s)    ((ap_mstream_t *)(s))
 
+static void msg_free(ap_node_t *n, ap_msg_t *m);
+
 typedef struct ap_uv_req {
     struct ap_rpc_req pub;
     ap_mstream_t *s;               /* NULL once the caller is gone */
@@ -34,7 +36,7 @@ void ap__mux_free_reqs(ap_node_t *n)
         ap_uv_req_t *r = n->reqs;
         n->reqs = r->next;
         if (r->s) r->s->req = NULL;
-        free(r->msg);
+        msg_free(n, r->msg);
         free(r);
     }
 }
@@ -79,21 +81,79 @@ static void send_reset(ap_mconn_t *c, uint32_t sid, int code, const char *msg)
     if (c && c->state != MC_DEAD) ctl_rc(c, ap__frame_put_reset(&c->obuf, sid, code, msg));
 }
 
-static ap_msg_t *msg_new(const uint8_t *data, size_t len)
+/* Message buffers of 1 KiB and more are recycled per node: a fresh large
+ * malloc per message is served from pages the kernel must fault in each
+ * time (about 11 µs per 4 KiB here, DESIGN.md §7), which would cap a stream
+ * at a few hundred MB/s. Sizes round up to a power of two so buffers fit
+ * later messages; the cache keeps at most AP_MSG_CACHE_BYTES. */
+#define MSG_POOL_MIN 1024u
+
+static size_t msg_cap(size_t len)
 {
-    ap_msg_t *m = malloc(sizeof *m + (len ? len : 1));
-    if (!m) return NULL;
+    if (len < MSG_POOL_MIN) return len ? len : 1;
+    size_t c = MSG_POOL_MIN;
+    while (c < len && c < ((size_t)1 << 40)) c <<= 1;
+    return c;
+}
+
+static ap_msg_t *msg_alloc(ap_node_t *n, size_t len)
+{
+    size_t cap = msg_cap(len);
+    ap_msg_t *m = NULL;
+    if (cap >= MSG_POOL_MIN) {
+        for (ap_msg_t **pp = &n->msg_cache; *pp; pp = &(*pp)->next) {
+            if ((*pp)->cap != cap) continue;
+            m = *pp;
+            *pp = m->next;
+            n->msg_cache_bytes -= cap;
+            break;
+        }
+    }
+    if (!m) {
+        m = malloc(sizeof *m + cap);
+        if (!m) return NULL;
+    }
     memset(m, 0, sizeof *m);
+    m->cap = cap;
     m->len = len;
-    if (len) memcpy(m->data, data, len);
     return m;
 }
 
-static void msgs_free(ap_msg_t *m)
+static void msg_free(ap_node_t *n, ap_msg_t *m)
+{
+    if (!m) return;
+    if (m->cap >= MSG_POOL_MIN && n->msg_cache_bytes + m->cap <= AP_MSG_CACHE_BYTES &&
+        !atomic_load(&n->closing)) {
+        m->next = n->msg_cache;
+        n->msg_cache = m;
+        n->msg_cache_bytes += m->cap;
+        return;
+    }
+    free(m);
+}
+
+void ap__mux_free_cache(ap_node_t *n)
+{
+    while (n->msg_cache) {
+        ap_msg_t *m = n->msg_cache;
+        n->msg_cache = m->next;
+        free(m);
+    }
+    n->msg_cache_bytes = 0;
+}
+
+static ap_msg_t *msg_new(ap_node_t *n, const uint8_t *data, size_t len)
+{
+    ap_msg_t *m = msg_alloc(n, len);
+    if (m && len) memcpy(m->data, data, len);
+    return m;
+}
+
+static void msgs_free(ap_node_t *n, ap_msg_t *m)
 {
     while (m) {
         ap_msg_t *next = m->next;
-        free(m);
+        msg_free(n, m);
         m = next;
     }
 }
@@ -520,9 +580,9 @@ static void ms_finish(ap_mstream_t *s, int status)
     if (s->kind == MS_CALL) ap__idmap_del(&n->calls, s->call_id);
     if (s->open_timer) ap_rt_timer_stop(&n->rt, s->open_timer);
     s->open_timer = 0;
-    msgs_free(s->sq);
-    msgs_free(s->rq);
-    free(s->rx);
+    msgs_free(n, s->sq);
+    msgs_free(n, s->rq);
+    msg_free(n, (ap_msg_t *)s->rx);
     s->sq = s->sq_tail = s->rq = s->rq_tail = NULL;
     s->rx = NULL;
     s->sbuf = 0;
@@ -618,7 +678,7 @@ static bool ms_frame_one(ap_mstream_t *s)
     if (m->off == m->len) {
         s->sq = m->next;
         if (!s->sq) s->sq_tail = NULL;
-        free(m);
+        msg_free(s->node, m);
     }
     if (s->want_writable && !s->writable_queued && below_half(s)) {
         s->writable_queued = true;
@@ -698,7 +758,7 @@ static void ms_deliver(ap_mstream_t *s, ap_msg_t *m)
         s->done = NULL;
         ms_finish(s, 0);
         done(&n->rt, s->done_arg, 0, m->data, m->len, NULL);
-        free(m);
+        msg_free(n, m);
         return;
     }
     if (s->pub.cbs.on_msg) s->pub.cbs.on_msg(&s->pub, s->pub.arg, m->data, m->len);
@@ -706,7 +766,7 @@ static void ms_deliver(ap_mstream_t *s, ap_msg_t *m)
         s->rx_charged -= m->len;
         s->conn->rx_buffered -= m->len;
     }
-    free(m);
+    msg_free(n, m);
 }
 
 static void drain_cb(ap_node_t *n, void *arg, int status);
@@ -733,7 +793,7 @@ static void ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     if (!l) {
         send_reset(c, s->sid, AP_ENOPROTO, "no listener");
         ms_finish(s, AP_ENOPROTO);
-        free(hello);
+        msg_free(n, hello);
         return;
     }
     s->pub.id = n->next_id++;
@@ -744,7 +804,7 @@ static void ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     s->accepting = true;
     int rc = fn(&n->rt, larg, &s->pub, &s->pub.peer, hello->data, hello->len);
     s->accepting = false;
-    free(hello);
+    msg_free(n, hello);
     if (s->finished) return; /* reset inside accept */
     if (rc != 0) {
         send_reset(s->conn, s->sid, rc < 0 ? rc : AP_ERESET, "refused");
@@ -773,14 +833,14 @@ static void ms_serve(ap_mstream_t *s, ap_msg_t *req)
     if (!h) {
         send_reset(s->conn, s->sid, AP_ENOPROTO, "no handler");
         ms_finish(s, AP_ENOPROTO);
-        free(req);
+        msg_free(n, req);
         return;
     }
     ap_uv_req_t *r = calloc(1, sizeof *r);
     if (!r) {
         send_reset(s->conn, s->sid, AP_ENOMEM, "out of memory");
         ms_finish(s, AP_ENOMEM);
-        free(req);
+        msg_free(n, req);
         return;
     }
     s->rx_charged -= req->len;
@@ -809,8 +869,8 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     /* data may point into the request itself: copy before freeing it */
     ap_msg_t *m = NULL;
     bool live = s && !s->finished && s->conn;
-    if (live && !err && len <= UINT32_MAX) m = msg_new(data, len);
-    free(r->msg);
+    if (live && !err && len <= UINT32_MAX) m = msg_new(n, data, len);
+    msg_free(n, r->msg);
     free(r);
     if (!live) return;
     s->req = NULL;
@@ -828,7 +888,7 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     s->accepted = true;
     ctl_rc(c, ap__frame_put_window(&c->obuf, s->sid, true, 0));
     if (s->finished) {
-        free(m);
+        msg_free(n, m);
         return;
     }
     s->sq = s->sq_tail = m;
@@ -963,13 +1023,12 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
             ms_finish(s, AP_ELIMIT);
             return c->state == MC_DEAD;
         }
-        ap_msg_t *m = malloc(sizeof *m + (total ? total : 1));
+        ap_msg_t *m = msg_alloc(c->node, total);
         if (!m) {
             send_reset(c, f->sid, AP_ENOMEM, "out of memory");
             ms_finish(s, AP_ENOMEM);
             return c->state == MC_DEAD;
         }
-        memset(m, 0, sizeof *m);
         m->len = total;
         s->rx = (uint8_t *)m;
         s->rx_total = total;
@@ -1143,11 +1202,11 @@ static int ms_attach(ap_mstream_t *s, ap_mconn_t *c, bool rpc, const char *proto
 {
     if (c->nstreams >= AP_MUX_MAX_STREAMS) return AP_ELIMIT;
     if (c->next_sid > UINT32_MAX - 2) return AP_ELIMIT; /* ids exhausted: a new connection is due */
-    ap_msg_t *m = msg_new(first, len);
+    ap_msg_t *m = msg_new(s->node, first, len);
     if (!m) return AP_ENOMEM;
     uint32_t sid = c->next_sid;
     if (ap__idmap_put(&c->streams, sid, s) < 0) {
-        free(m);
+        msg_free(s->node, m);
         return AP_ENOMEM;
     }
     c->next_sid += 2;
@@ -1268,7 +1327,7 @@ int ap__mux_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
         s->want_writable = true;
         return AP_EAGAIN;
     }
-    ap_msg_t *m = msg_new(data, len);
+    ap_msg_t *m = msg_new(s->node, data, len);
     if (!m) return AP_ENOMEM;
     if (s->sq_tail)
         s->sq_tail->next = m;

@@ -231,7 +231,7 @@ static const ap_rt_ops_t uv_ops = {
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
-int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
+static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
 {
     if (!h || !out) return AP_EINVAL;
     ap_node_opts_t o = {0};
@@ -271,9 +271,8 @@ ap_host_t *ap_node_host(ap_rt_t *rt)
     return ((ap_node_t *)rt)->host;
 }
 
-void ap_node_free(ap_rt_t *rt)
+static void node_free(ap_rt_t *rt)
 {
-    if (!rt) return;
     ap_node_t *n = (ap_node_t *)rt;
     ap_host_t *h = n->host;
     uv_mutex_lock(&h->mu);
@@ -304,6 +303,7 @@ void ap_node_free(ap_rt_t *rt)
     }
     ap__host_drop_timers(n); /* callbacks above may not start timers, but be sure */
     ap__mux_free_reqs(n);
+    ap__mux_free_cache(n);
     for (ap_node_t **pp = &h->nodes; *pp; pp = &(*pp)->next) {
         if (*pp == n) {
             *pp = n->next;
@@ -315,4 +315,36 @@ void ap_node_free(ap_rt_t *rt)
     ap_debug("uv", "node %s down", n->rt.short_id);
     ap__rt_fini(&n->rt);
     free(n);
+}
+
+typedef struct new_args {
+    ap_host_t *h;
+    const ap_node_opts_t *opts;
+    ap_rt_t **out;
+    int rc;
+} new_args_t;
+
+static void new_on_loop(void *arg)
+{
+    new_args_t *a = arg;
+    a->rc = node_new(a->h, a->opts, a->out);
+}
+
+int ap_node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
+{
+    if (!h || !out) return AP_EINVAL;
+    new_args_t a = {h, opts, out, 0};
+    int rc = ap__host_on_loop(h, new_on_loop, &a);
+    return rc < 0 ? rc : a.rc;
+}
+
+static void free_on_loop(void *arg)
+{
+    node_free(arg);
+}
+
+void ap_node_free(ap_rt_t *rt)
+{
+    if (!rt) return;
+    ap__host_on_loop(((ap_node_t *)rt)->host, free_on_loop, rt);
 }

@@ -18,6 +18,7 @@
 #define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
+#define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
 #define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
 
 /* ---- id map: u64 -> pointer, open addressing ------------------------------ */
@@ -85,6 +86,10 @@ struct ap_host {
 int ap__host_post(ap_host_t *h, ap_task_t *t);
 /* Loop thread: makes the host process deferred node work soon. */
 void ap__host_kick(ap_host_t *h);
+/* Runs fn(arg) on h's loop thread: directly if the caller is that thread or
+ * the host is caller-driven, else through the task queue, waiting for it.
+ * AP_ESHUTDOWN if the host discarded it (being freed). */
+int ap__host_on_loop(ap_host_t *h, void (*fn)(void *arg), void *arg);
 uint64_t ap__host_now_us(ap_host_t *h);
 
 /* ---- mux ------------------------------------------------------------------ */
@@ -96,6 +101,7 @@ typedef struct ap_msg ap_msg_t;
 struct ap_msg {
     ap_msg_t *next;
     size_t len, off; /* off: bytes already framed (send) */
+    size_t cap;      /* bytes allocated after the header */
     bool exempt;     /* the opener's first message (hello / request): no stream credit */
     bool started;
     uint8_t data[];
@@ -219,7 +225,9 @@ struct ap_node {
     uint64_t next_id;
     ap_rt_stats_t stats;
     struct ap_uv_work *works;
-    struct ap_uv_req *reqs;             /* RPC requests handed to handlers, unanswered */
+    struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
+    ap_msg_t *msg_cache;    /* recycled message buffers (mux.c) */
+    size_t msg_cache_bytes;
     ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
     ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
     ap_mconn_t *flushq;
@@ -240,6 +248,7 @@ ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
 void ap__mconn_flush(ap_mconn_t *c);
 void ap__mux_close_all(ap_node_t *n);
 void ap__mux_free_reqs(ap_node_t *n);
+void ap__mux_free_cache(ap_node_t *n);
 /* Test and fuzz hook: bytes as if read from c's transport. */
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
