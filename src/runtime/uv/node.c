@@ -188,7 +188,8 @@ static int uv_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, 
     if (max >= 1) {
         if (with_id) {
             char id[AP_PEER_ID_STR_MAX];
-            snprintf(addrs[0], AP_RT_ADDR_MAX, "%.180s/p2p/%s", n->addr, ap_peer_id_str(&rt->self, id));
+            snprintf(addrs[0], AP_RT_ADDR_MAX, "%.180s/p2p/%s", n->addr,
+                     ap_peer_id_str(&rt->self, id));
         } else {
             snprintf(addrs[0], AP_RT_ADDR_MAX, "%s", n->addr);
         }
@@ -252,7 +253,8 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     n->host = h;
     n->next_id = 1;
-    bool tcp = o.listen && (strncmp(o.listen, "/ip4/", 5) == 0 || strncmp(o.listen, "/ip6/", 5) == 0);
+    bool tcp =
+        o.listen && (strncmp(o.listen, "/ip4/", 5) == 0 || strncmp(o.listen, "/ip6/", 5) == 0);
     rc = tcp ? ap__tcpc_start(n, o.listen) : ap__mem_register(n, o.listen);
     if (rc < 0) {
         ap__rt_fini(&n->rt);
