@@ -455,7 +455,7 @@ static void test_bad_bytes(void **state)
 {
     (void)state;
     node_t a, b;
-    ap_tcp_cfg_t cfg = {.handshake_timeout_ms = 300};
+    ap_tcp_cfg_t cfg = {.handshake_timeout_ms = 500};
     node_init(&a, 1, &cfg, true);
     node_init(&b, 2, NULL, false);
     ap_tcp_conn_t *ba = connect_pair(&a, &b);
@@ -688,7 +688,13 @@ static void tamper_case(mitm_mode_t mode)
     for (int i = 0; i < 4; i++) {
         char msg[32];
         int n = snprintf(msg, sizeof msg, "message %d", i);
-        assert_ok(ap__tcp_send(r.c, (const uint8_t *)msg, (size_t)n));
+        int rc = ap__tcp_send(r.c, (const uint8_t *)msg, (size_t)n);
+        /* once the tampered message (index 1) arrived, A may close at once */
+        if (rc != 0) {
+            assert_int_equal(rc, AP_ECLOSED);
+            assert_true(i >= 2);
+            break;
+        }
         run_for(5);
     }
     assert_true(run_until(closed_one, &a, 3000));
@@ -733,14 +739,14 @@ static void test_altered(void **state)
 static void test_keepalive_and_dead_peer(void **state)
 {
     (void)state;
-    ap_tcp_cfg_t cfg = {.keepalive_ms = 40, .dead_ms = 200};
+    ap_tcp_cfg_t cfg = {.keepalive_ms = 50, .dead_ms = 600};
     node_t a, b;
     node_init(&a, 1, &cfg, true);
     node_init(&b, 2, &cfg, false);
     /* idle but alive: keepalives keep it open well past dead_ms */
     ap_tcp_conn_t *ba = connect_pair(&a, &b);
     nwarn = 0;
-    run_for(700);
+    run_for(1500);
     assert_int_equal(a.nclose + b.nclose, 0);
     assert_int_equal(nwarn, 0);
     ping(&b, ba, &a);
@@ -772,7 +778,7 @@ static void test_keepalive_and_dead_peer(void **state)
 static void test_peer_never_reads(void **state)
 {
     (void)state;
-    ap_tcp_cfg_t cfg = {.keepalive_ms = 50, .dead_ms = 400, .write_queue_max = 1 << 20};
+    ap_tcp_cfg_t cfg = {.keepalive_ms = 50, .dead_ms = 600, .write_queue_max = 1 << 20};
     node_t a, b;
     node_init(&a, 1, &cfg, true);
     node_init(&b, 2, &cfg, false);
