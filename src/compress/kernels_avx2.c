@@ -249,21 +249,6 @@ AVX static bool absmax(const float *src, size_t n, float *amax)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
-/* P(t) of kernels.h for t in 1..127; -inf below, +inf above */
-AVX static inline __m256 bw_probe_v(__m256i t)
-{
-    __m256 tf = _mm256_cvtepi32_ps(t);
-    __m256 num =
-        _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(tf, tf)),
-                                    _mm256_add_ps(tf, tf)),
-                      _mm256_set1_ps(1.0f));
-    __m256 p = _mm256_mul_ps(num, _mm256_set1_ps(1.0f / 32258.0f));
-    __m256 lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(1), t));
-    __m256 hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(t, _mm256_set1_epi32(127)));
-    p = _mm256_blendv_ps(p, _mm256_set1_ps(-INFINITY), lo);
-    return _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY), hi);
-}
-
 /* Blockwise codes without table lookups. The reference's code is the
  * largest j with P(j) < u, P(j) = ((j - 1/2)^2 + 1/4) / 127^2, i.e. in exact
  * arithmetic j = floor(s) with s = 1/2 + sqrt(max(0, 127^2 u - 1/4)),
