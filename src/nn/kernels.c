@@ -416,6 +416,9 @@ static void xent_fwd_rows(void *arg, size_t r0, size_t r1)
         float *p = a->probs + r * (size_t)V;
         float mx = l[0];
         for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        /* read the target logit before p (which may alias l) overwrites it */
+        const bool want_loss = a->losses && a->targets;
+        const float lt = want_loss ? l[a->targets[r]] : 0.0f;
         float sum = 0.0f;
         for (int v = 0; v < V; v++) {
             p[v] = expf(l[v] - mx);
@@ -423,12 +426,9 @@ static void xent_fwd_rows(void *arg, size_t r0, size_t r1)
         }
         float inv = 1.0f / sum;
         for (int v = 0; v < V; v++) p[v] *= inv;
-        if (a->losses && a->targets) {
-            /* log-sum-exp form keeps the loss finite when p[target] underflows */
-            float lt = l[a->targets[r]];
-            a->losses[r] = (mx - lt) + logf(sum);
-            if (lt != lt || mx != mx) a->losses[r] = NAN;
-        }
+        /* log-sum-exp form keeps the loss finite when p[target] underflows;
+         * NaN anywhere in the row propagates through sum */
+        if (want_loss) a->losses[r] = (mx - lt) + logf(sum);
     }
 }
 
