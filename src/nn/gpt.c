@@ -266,10 +266,12 @@ typedef struct add_args {
     const float *x;
 } add_args_t;
 
-static void add_range(void *arg, size_t i0, size_t i1)
+NN_SIMD static void add_range(void *arg, size_t i0, size_t i1)
 {
     const add_args_t *a = arg;
-    for (size_t i = i0; i < i1; i++) a->y[i] += a->x[i];
+    float *restrict y = a->y;
+    const float *restrict x = a->x;
+    for (size_t i = i0; i < i1; i++) y[i] += x[i];
 }
 
 /* y (n) += x (n) */
@@ -367,16 +369,15 @@ int ap_nn_gpt_forward(ap_nn_model_t *m, ap_nn_gpt_io_t *io)
     return 0;
 }
 
-/* d_tmp (n) = dropout_backward(dout) or a copy when dropout is off */
-static void drop_bwd_to(ap_nn_model_t *m, float *dst, const float *dout, size_t n, bool drop,
-                        int s, int site)
+/* Gradient through a residual-dropout site: dout itself when dropout is
+ * off, else dst = dropout_backward(dout). */
+static const float *drop_bwd(ap_nn_model_t *m, float *dst, const float *dout, size_t n,
+                             bool drop, int s, int site)
 {
-    if (!drop) {
-        memcpy(dst, dout, n * sizeof(float));
-        return;
-    }
+    if (!drop) return dout;
     memset(dst, 0, n * sizeof(float));
     ap_nn_dropout_backward(dst, dout, n, m->cfg.gpt.dropout, site_seed(m, s, site));
+    return dst;
 }
 
 int ap_nn_gpt_backward(ap_nn_model_t *m, const float *dout, float *din)
@@ -398,8 +399,8 @@ int ap_nn_gpt_backward(ap_nn_model_t *m, const float *dout, float *din)
     if (c->head) {
         /* dlogits overwrite the probabilities in place */
         ap_nn_xent_backward(m->probs, m->probs, m->targets, 1.0f / (float)N, N, V);
-        memset(m->d_tmp, 0, NC * sizeof(float));
-        ap_nn_linear_backward(m->d_tmp, m->glmw, NULL, m->probs, m->lnf, m->lmw, N, C, V);
+        ap__nn_linear_backward_ex(m->d_tmp, m->glmw, NULL, m->probs, m->lnf, m->lmw, N, C, V,
+                                  false);
         memset(G, 0, NC * sizeof(float));
         ap_nn_layernorm_backward(G, m->glnfw, m->glnfb, m->d_tmp, xlast, m->lnfw, m->lnf_mean,
                                  m->lnf_rstd, N, C);
@@ -412,25 +413,22 @@ int ap_nn_gpt_backward(ap_nn_model_t *m, const float *dout, float *din)
         const gpt_block_acts_t *A = &m->bacts[s];
         const float *xin = s ? m->bacts[s - 1].res3 : m->encoded;
         /* res3 = res2 + drop(fcproj(gelu(fc(ln2(res2))))) */
-        drop_bwd_to(m, m->d_tmp, G, NC, drop, s, 1);
-        memset(m->d_h4a, 0, 4 * NC * sizeof(float));
-        ap_nn_linear_backward(m->d_h4a, GP->fcprojw, GP->fcprojb, m->d_tmp, A->fch_gelu,
-                              P->fcprojw, N, 4 * C, C);
-        memset(m->d_h4b, 0, 4 * NC * sizeof(float));
-        ap_nn_gelu_backward(m->d_h4b, A->fch, m->d_h4a, 4 * NC);
-        memset(m->d_ln, 0, NC * sizeof(float));
-        ap_nn_linear_backward(m->d_ln, GP->fcw, GP->fcb, m->d_h4b, A->ln2, P->fcw, N, C, 4 * C);
+        const float *dproj = drop_bwd(m, m->d_tmp, G, NC, drop, s, 1);
+        ap__nn_linear_backward_ex(m->d_h4a, GP->fcprojw, GP->fcprojb, dproj, A->fch_gelu,
+                                  P->fcprojw, N, 4 * C, C, false);
+        ap__nn_gelu_backward_ex(m->d_h4b, A->fch, m->d_h4a, 4 * NC, false);
+        ap__nn_linear_backward_ex(m->d_ln, GP->fcw, GP->fcb, m->d_h4b, A->ln2, P->fcw, N, C,
+                                  4 * C, false);
         ap_nn_layernorm_backward(G, GP->ln2w, GP->ln2b, m->d_ln, A->res2, P->ln2w, A->ln2_mean,
                                  A->ln2_rstd, N, C);
         /* res2 = x + drop(proj(attn(qkv(ln1(x))))) */
-        drop_bwd_to(m, m->d_tmp, G, NC, drop, s, 0);
-        float *datty = m->d_ln, *dqkv = m->d_h4a, *dln1 = m->d_tmp;
-        memset(datty, 0, NC * sizeof(float));
-        ap_nn_linear_backward(datty, GP->projw, GP->projb, m->d_tmp, A->atty, P->projw, N, C, C);
-        memset(dqkv, 0, 3 * NC * sizeof(float));
-        ap_nn_attention_backward(dqkv, m->d_att, datty, A->qkv, A->att, B, T, C, NH);
-        memset(dln1, 0, NC * sizeof(float));
-        ap_nn_linear_backward(dln1, GP->qkvw, GP->qkvb, dqkv, A->ln1, P->qkvw, N, C, 3 * C);
+        dproj = drop_bwd(m, m->d_tmp, G, NC, drop, s, 0);
+        float *datty = m->d_ln, *dqkv = m->d_h4a, *dln1 = m->d_h4b;
+        ap__nn_linear_backward_ex(datty, GP->projw, GP->projb, dproj, A->atty, P->projw, N, C, C,
+                                  false);
+        ap__nn_attention_backward_ex(dqkv, m->d_att, datty, A->qkv, A->att, B, T, C, NH, false);
+        ap__nn_linear_backward_ex(dln1, GP->qkvw, GP->qkvb, dqkv, A->ln1, P->qkvw, N, C, 3 * C,
+                                  false);
         ap_nn_layernorm_backward(G, GP->ln1w, GP->ln1b, dln1, xin, P->ln1w, A->ln1_mean,
                                  A->ln1_rstd, N, C);
     }

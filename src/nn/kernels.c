@@ -7,10 +7,46 @@
 
 #include "base/pool.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+/* The element-wise loops below are written to vectorise; GCC's -O2 cost
+ * model leaves most of them scalar, and it will not if-convert float
+ * compares (clamps) while FP traps are modelled, nor call sqrtf without
+ * errno. We use neither traps nor errno, so this file asks for -O3,
+ * -fno-trapping-math and -fno-math-errno (clang vectorises them at -O2). */
+#pragma GCC optimize("O3", "no-trapping-math", "no-math-errno")
+#endif
+
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+
+/* exp(x) for float, vectorisable (no libm call, no branches): x = n ln2 + r
+ * with |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation
+ * error r^8/8! < 6e-9, below float rounding), 2^n through the exponent bits.
+ * Inputs are clamped to [-87, 88] (no overflow to inf, no denormals). */
+__attribute__((always_inline)) static inline float fast_expf(float x)
+{
+    x = x > -87.0f ? x : -87.0f; /* maxps/minps operand order: NaN stays NaN */
+    x = x < 88.0f ? x : 88.0f;
+    /* round to nearest by the 1.5 * 2^23 trick (branch-free, |t| < 2^22) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f; /* ln2 split in two parts */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    return p * scale;
+}
+
+float ap__nn_expf(float x) { return fast_expf(x); }
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_init_once(void) { openblas_set_num_threads(1); }
@@ -37,6 +73,7 @@ typedef struct lin_args {
     float *out, *din, *dw, *db;
     const float *in, *w, *b, *dout;
     int N, C, OC;
+    float beta; /* din accumulation: 1 = +=, 0 = overwrite */
 } lin_args_t;
 
 static void lin_fwd_rows(void *arg, size_t r0, size_t r1)
@@ -64,8 +101,8 @@ static void lin_bwd_din_rows(void *arg, size_t r0, size_t r1)
     const lin_args_t *a = arg;
     /* din (rows,C) += dout (rows,OC) @ w (OC,C) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), a->C, a->OC, 1.0f,
-                a->dout + r0 * (size_t)a->OC, a->OC, a->w, a->C, 1.0f, a->din + r0 * (size_t)a->C,
-                a->C);
+                a->dout + r0 * (size_t)a->OC, a->OC, a->w, a->C, a->beta,
+                a->din + r0 * (size_t)a->C, a->C);
 }
 
 static void lin_bwd_dw_cols(void *arg, size_t o0, size_t o1)
@@ -85,14 +122,28 @@ static void lin_bwd_dw_cols(void *arg, size_t o0, size_t o1)
     }
 }
 
+void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout,
+                               const float *in, const float *w, int N, int C, int OC, bool acc)
+{
+    ap__nn_blas_init();
+    lin_args_t a = {.din = din,
+                    .dw = dw,
+                    .db = db,
+                    .dout = dout,
+                    .in = in,
+                    .w = w,
+                    .N = N,
+                    .C = C,
+                    .OC = OC,
+                    .beta = acc ? 1.0f : 0.0f};
+    if (din) ap__nn_par((size_t)N, 16, 1, lin_bwd_din_rows, &a);
+    if (dw || db) ap__nn_par((size_t)OC, 16, 1, lin_bwd_dw_cols, &a);
+}
+
 void ap_nn_linear_backward(float *din, float *dw, float *db, const float *dout, const float *in,
                            const float *w, int N, int C, int OC)
 {
-    ap__nn_blas_init();
-    lin_args_t a = {
-        .din = din, .dw = dw, .db = db, .dout = dout, .in = in, .w = w, .N = N, .C = C, .OC = OC};
-    if (din) ap__nn_par((size_t)N, 16, 1, lin_bwd_din_rows, &a);
-    if (dw || db) ap__nn_par((size_t)OC, 16, 1, lin_bwd_dw_cols, &a);
+    ap__nn_linear_backward_ex(din, dw, db, dout, in, w, N, C, OC, true);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -159,24 +210,48 @@ typedef struct ln_args {
     int N, C;
 } ln_args_t;
 
-static void ln_fwd_rows(void *arg, size_t r0, size_t r1)
+/* Sums in 16 independent lanes so the compiler can vectorise them without
+ * reassociating (no -ffast-math); the lane order is fixed, so results do
+ * not depend on the thread count. */
+__attribute__((always_inline)) static inline float lane_sum(const float *restrict x, int n)
+{
+    float acc[16] = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[c + k];
+    float s = 0.0f;
+    for (; c < n; c++) s += x[c];
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return s;
+}
+
+__attribute__((always_inline)) static inline float lane_sqdev(const float *restrict x, float m, int n)
+{
+    float acc[16] = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int k = 0; k < 16; k++) {
+            float d = x[c + k] - m;
+            acc[k] += d * d;
+        }
+    float s = 0.0f;
+    for (; c < n; c++) s += (x[c] - m) * (x[c] - m);
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return s;
+}
+
+NN_SIMD static void ln_fwd_rows(void *arg, size_t r0, size_t r1)
 {
     const ln_args_t *a = arg;
     const int C = a->C;
+    const float *restrict w = a->w, *restrict b = a->b;
     for (size_t r = r0; r < r1; r++) {
-        const float *x = a->in + r * (size_t)C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            v += d * d;
-        }
-        v /= (float)C;
+        const float *restrict x = a->in + r * (size_t)C;
+        float m = lane_sum(x, C) / (float)C;
+        float v = lane_sqdev(x, m, C) / (float)C;
         float s = 1.0f / sqrtf(v + 1e-5f);
-        float *o = a->out + r * (size_t)C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * a->w[c] + a->b[c];
+        float *restrict o = a->out + r * (size_t)C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
         a->mean[r] = m;
         a->rstd[r] = s;
     }
@@ -189,41 +264,51 @@ void ap_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *
     ap__nn_par((size_t)N, 32, 0, ln_fwd_rows, &a);
 }
 
-static void ln_bwd_rows(void *arg, size_t r0, size_t r1)
+NN_SIMD static void ln_bwd_rows(void *arg, size_t r0, size_t r1)
 {
     const ln_args_t *a = arg;
     const int C = a->C;
+    const float *restrict w = a->w;
     for (size_t r = r0; r < r1; r++) {
-        const float *x = a->in + r * (size_t)C, *dy = a->dout + r * (size_t)C;
-        float m = a->cmean[r], s = a->crstd[r];
+        const float *restrict x = a->in + r * (size_t)C, *restrict dy = a->dout + r * (size_t)C;
+        const float m = a->cmean[r], s = a->crstd[r];
         /* dnorm = dy * w; din = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) */
-        float sd = 0.0f, sdn = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float n = (x[c] - m) * s, dn = dy[c] * a->w[c];
+        float acc1[16] = {0}, acc2[16] = {0}, sd = 0.0f, sdn = 0.0f;
+        int c = 0;
+        for (; c + 16 <= C; c += 16)
+            for (int k = 0; k < 16; k++) {
+                float n = (x[c + k] - m) * s, dn = dy[c + k] * w[c + k];
+                acc1[k] += dn;
+                acc2[k] += dn * n;
+            }
+        for (; c < C; c++) {
+            float n = (x[c] - m) * s, dn = dy[c] * w[c];
             sd += dn;
             sdn += dn * n;
         }
+        for (int k = 0; k < 16; k++) sd += acc1[k], sdn += acc2[k];
         sd /= (float)C;
         sdn /= (float)C;
-        float *dx = a->din + r * (size_t)C;
-        for (int c = 0; c < C; c++) {
-            float n = (x[c] - m) * s, dn = dy[c] * a->w[c];
+        float *restrict dx = a->din + r * (size_t)C;
+        for (c = 0; c < C; c++) {
+            float n = (x[c] - m) * s, dn = dy[c] * w[c];
             dx[c] += s * (dn - sd - n * sdn);
         }
     }
 }
 
-static void ln_bwd_cols(void *arg, size_t c0, size_t c1)
+NN_SIMD static void ln_bwd_cols(void *arg, size_t c0, size_t c1)
 {
     const ln_args_t *a = arg;
     const int C = a->C;
+    float *restrict dw = a->dw, *restrict db = a->db;
     for (int r = 0; r < a->N; r++) {
-        const float *x = a->in + (size_t)r * C, *dy = a->dout + (size_t)r * C;
-        float m = a->cmean[r], s = a->crstd[r];
-        for (size_t c = c0; c < c1; c++) {
-            if (a->dw) a->dw[c] += dy[c] * (x[c] - m) * s;
-            if (a->db) a->db[c] += dy[c];
-        }
+        const float *restrict x = a->in + (size_t)r * C, *restrict dy = a->dout + (size_t)r * C;
+        const float m = a->cmean[r], s = a->crstd[r];
+        if (dw)
+            for (size_t c = c0; c < c1; c++) dw[c] += dy[c] * (x[c] - m) * s;
+        if (db)
+            for (size_t c = c0; c < c1; c++) db[c] += dy[c];
     }
 }
 
@@ -257,13 +342,16 @@ typedef struct ew_args {
     uint64_t seed;
 } ew_args_t;
 
-static void gelu_fwd_range(void *arg, size_t i0, size_t i1)
+NN_SIMD static void gelu_fwd_range(void *arg, size_t i0, size_t i1)
 {
     const ew_args_t *a = arg;
+    float *restrict out = a->out;
+    const float *restrict in = a->in;
+    /* 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x */
     for (size_t i = i0; i < i1; i++) {
-        float x = a->in[i];
+        float x = in[i];
         float u = GELU_K * (x + 0.044715f * x * x * x);
-        a->out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = x / (1.0f + fast_expf(-2.0f * u));
     }
 }
 
@@ -273,23 +361,41 @@ void ap_nn_gelu_forward(float *out, const float *in, size_t n)
     ap__nn_par(n, 4096, 0, gelu_fwd_range, &a);
 }
 
-static void gelu_bwd_range(void *arg, size_t i0, size_t i1)
+NN_SIMD static void gelu_bwd_range(void *arg, size_t i0, size_t i1)
 {
     const ew_args_t *a = arg;
-    for (size_t i = i0; i < i1; i++) {
-        float x = a->in[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        a->out[i] += g * a->dout[i];
+    float *restrict out = a->out;
+    const float *restrict in = a->in, *restrict dout = a->dout;
+    /* gelu = x s, s = sigmoid(2u): gelu' = s + 2 x s (1-s) u' */
+#define GELU_GRAD(i)                                                                               \
+    float x = in[i];                                                                               \
+    float u = GELU_K * (x + 0.044715f * x * x * x);                                                \
+    float sg = 1.0f / (1.0f + fast_expf(-2.0f * u));                                               \
+    float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);                                         \
+    float g = (sg + 2.0f * x * sg * (1.0f - sg) * du) * dout[i]
+    if (a->p != 0.0f) {
+        for (size_t i = i0; i < i1; i++) {
+            GELU_GRAD(i);
+            out[i] += g;
+        }
+    } else {
+        for (size_t i = i0; i < i1; i++) {
+            GELU_GRAD(i);
+            out[i] = g;
+        }
     }
+#undef GELU_GRAD
+}
+
+void ap__nn_gelu_backward_ex(float *din, const float *in, const float *dout, size_t n, bool acc)
+{
+    ew_args_t a = {.out = din, .in = in, .dout = dout, .p = acc ? 1.0f : 0.0f};
+    ap__nn_par(n, 4096, 0, gelu_bwd_range, &a);
 }
 
 void ap_nn_gelu_backward(float *din, const float *in, const float *dout, size_t n)
 {
-    ew_args_t a = {.out = din, .in = in, .dout = dout};
-    ap__nn_par(n, 4096, 0, gelu_bwd_range, &a);
+    ap__nn_gelu_backward_ex(din, in, dout, n, true);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -300,11 +406,12 @@ typedef struct att_args {
     float *out, *att, *dqkv, *scratch;
     const float *qkv, *dout, *catt;
     int B, T, C, NH;
+    float beta; /* dqkv accumulation: 1 = +=, 0 = overwrite */
 } att_args_t;
 
 /* One (b,h) pair per item. q/k/v rows of head h live at qkv + (b*T+t)*3C +
  * {0,C,2C} + h*hs with row stride 3C, so BLAS reads them in place. */
-static void att_fwd_heads(void *arg, size_t i0, size_t i1)
+NN_SIMD static void att_fwd_heads(void *arg, size_t i0, size_t i1)
 {
     const att_args_t *a = arg;
     const int T = a->T, C = a->C, NH = a->NH, hs = C / NH, C3 = 3 * C;
@@ -321,12 +428,8 @@ static void att_fwd_heads(void *arg, size_t i0, size_t i1)
             float *row = P + (size_t)t * T;
             float mx = row[0];
             for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-            float sum = 0.0f;
-            for (int j = 0; j <= t; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
-            float inv = 1.0f / sum;
+            for (int j = 0; j <= t; j++) row[j] = fast_expf(row[j] - mx);
+            float inv = 1.0f / lane_sum(row, t + 1);
             for (int j = 0; j <= t; j++) row[j] *= inv;
             for (int j = t + 1; j < T; j++) row[j] = 0.0f;
         }
@@ -343,7 +446,7 @@ void ap_nn_attention_forward(float *out, float *att, const float *qkv, int B, in
     ap__nn_par((size_t)B * NH, 1, 0, att_fwd_heads, &a);
 }
 
-static void att_bwd_heads(void *arg, size_t i0, size_t i1)
+NN_SIMD static void att_bwd_heads(void *arg, size_t i0, size_t i1)
 {
     const att_args_t *a = arg;
     const int T = a->T, C = a->C, NH = a->NH, hs = C / NH, C3 = 3 * C;
@@ -360,8 +463,8 @@ static void att_bwd_heads(void *arg, size_t i0, size_t i1)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, C3, 0.0f,
                     dP, T);
         /* dV (T,hs) += P^T (T,T) @ dY (T,hs) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dy, C, 1.0f, dv,
-                    C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dy, C, a->beta,
+                    dv, C3);
         /* softmax backward, in place: dS = scale * P * (dP - sum_j P dP) */
         for (int t = 0; t < T; t++) {
             const float *p = P + (size_t)t * T;
@@ -372,9 +475,9 @@ static void att_bwd_heads(void *arg, size_t i0, size_t i1)
             for (int j = t + 1; j < T; j++) d[j] = 0.0f;
         }
         /* dQ (T,hs) += dS (T,T) @ K (T,hs);  dK (T,hs) += dS^T (T,T) @ Q (T,hs) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, k, C3, 1.0f,
-                    dq, C3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, q, C3, 1.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, k, C3,
+                    a->beta, dq, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, q, C3, a->beta,
                     dk, C3);
     }
 }
@@ -382,8 +485,16 @@ static void att_bwd_heads(void *arg, size_t i0, size_t i1)
 void ap_nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                               const float *att, int B, int T, int C, int NH)
 {
+    ap__nn_attention_backward_ex(dqkv, scratch, dout, qkv, att, B, T, C, NH, true);
+}
+
+void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout,
+                                  const float *qkv, const float *att, int B, int T, int C, int NH,
+                                  bool acc)
+{
     ap__nn_blas_init();
-    att_args_t a = {.dqkv = dqkv,
+    att_args_t a = {.beta = acc ? 1.0f : 0.0f,
+                    .dqkv = dqkv,
                     .scratch = scratch,
                     .dout = dout,
                     .qkv = qkv,
@@ -407,24 +518,20 @@ typedef struct xent_args {
     int N, V;
 } xent_args_t;
 
-static void xent_fwd_rows(void *arg, size_t r0, size_t r1)
+NN_SIMD static void xent_fwd_rows(void *arg, size_t r0, size_t r1)
 {
     const xent_args_t *a = arg;
     const int V = a->V;
     for (size_t r = r0; r < r1; r++) {
         const float *l = a->logits + r * (size_t)V;
-        float *p = a->probs + r * (size_t)V;
+        float *p = a->probs + r * (size_t)V; /* may alias l */
         float mx = l[0];
         for (int v = 1; v < V; v++) mx = l[v] > mx ? l[v] : mx;
         /* read the target logit before p (which may alias l) overwrites it */
         const bool want_loss = a->losses && a->targets;
         const float lt = want_loss ? l[a->targets[r]] : 0.0f;
-        float sum = 0.0f;
-        for (int v = 0; v < V; v++) {
-            p[v] = expf(l[v] - mx);
-            sum += p[v];
-        }
-        float inv = 1.0f / sum;
+        for (int v = 0; v < V; v++) p[v] = fast_expf(l[v] - mx);
+        float sum = lane_sum(p, V), inv = 1.0f / sum;
         for (int v = 0; v < V; v++) p[v] *= inv;
         /* log-sum-exp form keeps the loss finite when p[target] underflows;
          * NaN anywhere in the row propagates through sum */
@@ -448,14 +555,15 @@ float ap_nn_xent_forward(float *probs, float *losses, const float *logits, const
     return (float)(s / N);
 }
 
-static void xent_bwd_rows(void *arg, size_t r0, size_t r1)
+NN_SIMD static void xent_bwd_rows(void *arg, size_t r0, size_t r1)
 {
     const xent_args_t *a = arg;
     const int V = a->V;
+    const float dl = a->dloss;
     for (size_t r = r0; r < r1; r++) {
         const float *p = a->cprobs + r * (size_t)V;
-        float *d = a->dlogits + r * (size_t)V;
-        for (int v = 0; v < V; v++) d[v] = p[v] * a->dloss;
+        float *d = a->dlogits + r * (size_t)V; /* may alias p */
+        for (int v = 0; v < V; v++) d[v] = p[v] * dl;
         d[a->targets[r]] -= a->dloss;
     }
 }
@@ -472,7 +580,7 @@ void ap_nn_xent_backward(float *dlogits, const float *probs, const int32_t *targ
 /* dropout                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static inline float keep_scale(uint64_t seed, size_t i, float p)
+__attribute__((always_inline)) static inline float keep_scale(uint64_t seed, size_t i, float p)
 {
     uint64_t h = ap__nn_mix64(seed ^ ap__nn_mix64((uint64_t)i));
     float u = (float)(h >> 40) * (1.0f / 16777216.0f);

@@ -46,6 +46,15 @@ static inline float ap__nn_rng_normal(ap__nn_rng_t *r)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* Hot element-wise loops are compiled for AVX-512, AVX2+FMA and the
+ * baseline, picked at load time (GCC function multi-versioning; the Debian
+ * build targets baseline x86-64). Other compilers get the baseline. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(APIARY_SANITIZED)
+#define NN_SIMD __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define NN_SIMD
+#endif
+
 /* ---- threading ---- */
 /* Sets OpenBLAS to one thread per call (once per process). */
 void ap__nn_blas_init(void);
@@ -53,6 +62,16 @@ void ap__nn_blas_init(void);
  * min_grain and at most one chunk per thread when balanced = true. */
 void ap__nn_par(size_t n, size_t min_grain, int balanced,
                 void (*fn)(void *arg, size_t b, size_t e), void *arg);
+
+/* ---- kernel variants: acc = false overwrites the input gradient instead
+ * of accumulating (saves zeroing scratch buffers) ---- */
+void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout,
+                               const float *in, const float *w, int N, int C, int OC, bool acc);
+void ap__nn_gelu_backward_ex(float *din, const float *in, const float *dout, size_t n, bool acc);
+void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout,
+                                  const float *qkv, const float *att, int B, int T, int C, int NH,
+                                  bool acc);
+float ap__nn_expf(float x);
 
 /* ---- params arena ---- */
 typedef struct ap__nn_layout {

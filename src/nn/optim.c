@@ -12,6 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__GNUC__) && !defined(__clang__)
+/* vectorise the update loops (sqrtf without errno; see src/nn/kernels.c) */
+#pragma GCC optimize("O3", "no-trapping-math", "no-math-errno")
+#endif
+
 ap_nn_optim_config_t ap_nn_optim_defaults(ap_nn_optim_kind_t kind)
 {
     ap_nn_optim_config_t c = {.kind = kind, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
@@ -88,7 +93,7 @@ typedef struct ostep {
     float lr, bc1, bc2;
 } ostep_t;
 
-static void sgd_range(void *arg, size_t i0, size_t i1)
+NN_SIMD static void sgd_range(void *arg, size_t i0, size_t i1)
 {
     const ostep_t *s = arg;
     const ap_nn_optim_config_t *c = &s->o->cfg;
@@ -105,22 +110,25 @@ static void sgd_range(void *arg, size_t i0, size_t i1)
     }
 }
 
-static void adam_range(void *arg, size_t i0, size_t i1)
+NN_SIMD static void adam_range(void *arg, size_t i0, size_t i1)
 {
     const ostep_t *s = arg;
     const ap_nn_optim_config_t *c = &s->o->cfg;
-    float *mo = s->o->state, *ve = s->o->state + s->o->n;
-    const bool decoupled = c->kind == AP_NN_ADAMW;
+    float *restrict mo = s->o->state, *restrict ve = s->o->state + s->o->n;
+    float *restrict p = s->p;
+    const float *restrict gr = s->g;
+    const float b1 = c->beta1, b2 = c->beta2, lr = s->lr, eps = c->eps, bc1 = s->bc1,
+                bc2 = s->bc2;
+    /* AdamW decays the weights (decay < 1); Adam adds wd * p to the gradient (l2) */
+    const float decay = c->kind == AP_NN_ADAMW ? 1.0f - lr * c->weight_decay : 1.0f;
+    const float l2 = c->kind == AP_NN_ADAMW ? 0.0f : c->weight_decay;
     for (size_t i = i0; i < i1; i++) {
-        float g = s->g[i];
-        if (decoupled)
-            s->p[i] *= 1.0f - s->lr * c->weight_decay;
-        else
-            g += c->weight_decay * s->p[i];
-        mo[i] = c->beta1 * mo[i] + (1.0f - c->beta1) * g;
-        ve[i] = c->beta2 * ve[i] + (1.0f - c->beta2) * g * g;
-        float mh = mo[i] / s->bc1, vh = ve[i] / s->bc2;
-        s->p[i] -= s->lr * mh / (sqrtf(vh) + c->eps);
+        float g = gr[i] + l2 * p[i];
+        float w = p[i] * decay;
+        mo[i] = b1 * mo[i] + (1.0f - b1) * g;
+        ve[i] = b2 * ve[i] + (1.0f - b2) * g * g;
+        float mh = mo[i] / bc1, vh = ve[i] / bc2;
+        p[i] = w - lr * mh / (sqrtf(vh) + eps);
     }
 }
 
