@@ -46,11 +46,12 @@ static inline float ap__nn_rng_normal(ap__nn_rng_t *r)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-/* Hot element-wise loops are compiled for AVX-512, AVX2+FMA and the
- * baseline, picked at load time (GCC function multi-versioning; the Debian
+/* Hot element-wise loops are compiled for AVX-512F, AVX2 and the
+ * baseline, picked at load time by CPU feature (not model: "arch=" clones
+ * only match that exact CPU model) via GCC function multi-versioning; the Debian
  * build targets baseline x86-64). Other compilers get the baseline. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(APIARY_SANITIZED)
-#define NN_SIMD __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define NN_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define NN_SIMD
 #endif
