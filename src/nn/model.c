@@ -137,9 +137,14 @@ void ap_nn_model_init(ap_nn_model_t *m, uint64_t seed)
     }
 }
 
+static void zero_range(void *arg, size_t i0, size_t i1)
+{
+    memset((float *)arg + i0, 0, (i1 - i0) * sizeof(float));
+}
+
 void ap_nn_model_zero_grad(ap_nn_model_t *m)
 {
-    memset(m->params.grad, 0, m->params.count * sizeof(float));
+    ap__nn_par(m->params.count, 1 << 16, 1, zero_range, m->params.grad);
 }
 
 void ap_nn_model_set_train(ap_nn_model_t *m, bool train, uint64_t seed)

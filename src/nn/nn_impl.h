@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define NN_LOG "nn"
 
@@ -55,6 +56,24 @@ static inline float ap__nn_rng_normal(ap__nn_rng_t *r)
 #else
 #define NN_SIMD
 #endif
+
+/* sqrt(x) for x >= 0 without the errno path GCC attaches to sqrtf (which
+ * keeps loops scalar; `#pragma GCC optimize("no-math-errno")` does not
+ * remove it): a bit-level 1/sqrt estimate refined by three Newton steps
+ * (relative error < 1e-7 after the third), times x. sqrt(0) = 0. */
+__attribute__((always_inline)) static inline float ap__nn_sqrtf(float x)
+{
+    int32_t i;
+    memcpy(&i, &x, 4);
+    i = 0x5f3759df - (i >> 1);
+    float y;
+    memcpy(&y, &i, 4);
+    float hx = 0.5f * x;
+    y = y * (1.5f - hx * y * y);
+    y = y * (1.5f - hx * y * y);
+    y = y * (1.5f - hx * y * y);
+    return x * y;
+}
 
 /* ---- threading ---- */
 /* Sets OpenBLAS to one thread per call (once per process). */

@@ -128,7 +128,7 @@ NN_SIMD static void adam_range(void *arg, size_t i0, size_t i1)
         mo[i] = b1 * mo[i] + (1.0f - b1) * g;
         ve[i] = b2 * ve[i] + (1.0f - b2) * g * g;
         float mh = mo[i] / bc1, vh = ve[i] / bc2;
-        p[i] = w - lr * mh / (sqrtf(vh) + eps);
+        p[i] = w - lr * mh / (ap__nn_sqrtf(vh) + eps);
     }
 }
 
@@ -184,21 +184,49 @@ int ap_nn_optim_step(ap_nn_optim_t *o, float *params, const float *grads, float 
 }
 
 
+/* Fixed 64 parts, each summed in double over 8 lanes: the result does not
+ * depend on the thread count. */
+enum { NORM_PARTS = 64 };
+
+typedef struct norm_args {
+    float *g;
+    size_t n, per;
+    double *part;
+    float scale;
+} norm_args_t;
+
+NN_SIMD static void norm_parts(void *arg, size_t k0, size_t k1)
+{
+    const norm_args_t *a = arg;
+    for (size_t k = k0; k < k1; k++) {
+        size_t b = k * a->per, e = b + a->per < a->n ? b + a->per : a->n;
+        const float *restrict g = a->g;
+        double acc[8] = {0}, s = 0.0;
+        size_t i = b;
+        for (; i + 8 <= e; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)g[i + l] * g[i + l];
+        for (; i < e; i++) s += (double)g[i] * g[i];
+        for (int l = 0; l < 8; l++) s += acc[l];
+        a->part[k] = s;
+    }
+}
+
 double ap_nn_grad_norm(const float *g, size_t n)
 {
-    /* fixed 64 partial sums: the result does not depend on the thread count */
-    enum { PARTS = 64 };
-    double part[PARTS] = {0};
-    size_t per = (n + PARTS - 1) / PARTS;
-    for (size_t k = 0; k < PARTS; k++) {
-        size_t b = k * per, e = b + per < n ? b + per : n;
-        double s = 0.0;
-        for (size_t i = b; i < e; i++) s += (double)g[i] * g[i];
-        part[k] = s;
-    }
+    double part[NORM_PARTS] = {0};
+    norm_args_t a = {(float *)g, n, (n + NORM_PARTS - 1) / NORM_PARTS, part, 0};
+    if (n > 0) ap__nn_par(NORM_PARTS, 1, 1, norm_parts, &a);
     double s = 0.0;
-    for (size_t k = 0; k < PARTS; k++) s += part[k];
+    for (size_t k = 0; k < NORM_PARTS; k++) s += part[k];
     return sqrt(s);
+}
+
+NN_SIMD static void scale_range(void *arg, size_t i0, size_t i1)
+{
+    const norm_args_t *a = arg;
+    float *restrict g = a->g;
+    const float k = a->scale;
+    for (size_t i = i0; i < i1; i++) g[i] *= k;
 }
 
 double ap_nn_clip_grad_norm(float *g, size_t n, double max_norm)
@@ -206,8 +234,8 @@ double ap_nn_clip_grad_norm(float *g, size_t n, double max_norm)
     double norm = ap_nn_grad_norm(g, n);
     if (!isfinite(norm)) return norm;
     if (max_norm > 0.0 && norm > max_norm) {
-        float k = (float)(max_norm / (norm + 1e-6));
-        for (size_t i = 0; i < n; i++) g[i] *= k;
+        norm_args_t a = {g, n, 0, NULL, (float)(max_norm / (norm + 1e-6))};
+        ap__nn_par(n, 16384, 0, scale_range, &a);
     }
     return norm;
 }
