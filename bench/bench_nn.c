@@ -36,8 +36,8 @@ static long rss_bytes(void)
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-static int train_step(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok,
-                      const int32_t *tg, int B, int T)
+static int train_step(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok, const int32_t *tg,
+                      int B, int T)
 {
     ap_nn_params_t *p = ap_nn_model_params(m);
     float loss;
@@ -121,8 +121,8 @@ static double run_torch(const char *py, const char *script, const nn_size_t *s, 
 static int bench_one(ap_bench_ctx_t *c, const nn_size_t *s, const char *py, const char *script,
                      int threads, double secs)
 {
-    ap_nn_gpt_config_t cfg = ap_nn_gpt_config_default(s->ctx, s->layers, s->heads, s->embd,
-                                                      s->batch);
+    ap_nn_gpt_config_t cfg =
+        ap_nn_gpt_config_default(s->ctx, s->layers, s->heads, s->embd, s->batch);
     long rss0 = rss_bytes();
     ap_nn_model_t *m;
     int rc = ap_nn_gpt_new(&cfg, &m);
@@ -160,8 +160,8 @@ static int bench_one(ap_bench_ctx_t *c, const nn_size_t *s, const char *py, cons
         if (base > 0) {
             ap_bench_report_vs(c, "tokens_per_s", tps, "tok/s", base, fields);
             snprintf(fields, sizeof fields,
-                     "\"model\":\"%s\",\"impl\":\"torch\",\"threads\":%d,\"env\":\"%s\"",
-                     s->name, threads, env);
+                     "\"model\":\"%s\",\"impl\":\"torch\",\"threads\":%d,\"env\":\"%s\"", s->name,
+                     threads, env);
             ap_bench_report(c, "tokens_per_s", base, "tok/s", fields);
         } else {
             ap_bench_report(c, "tokens_per_s", tps, "tok/s", fields);
@@ -197,9 +197,8 @@ static int bench_nn(ap_bench_ctx_t *c, int argc, char **argv)
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr,
-                    "usage: apiary bench nn [--json] [--quick] [--seconds S] "
-                    "[--model gpt-1m|gpt-10m] [--no-torch]\n");
+            fprintf(stderr, "usage: apiary bench nn [--json] [--quick] [--seconds S] "
+                            "[--model gpt-1m|gpt-10m] [--no-torch]\n");
             return 2;
         }
     }

@@ -31,8 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ap_log_set_level(AP_LOG_OFF);
         if (sodium_init() < 0) abort();
         ap_nn_gpt_config_t gc = fuzz_gpt_config();
-        ap_nn_mlp_config_t mc = {.in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2,
-                                 .max_batch = 1};
+        ap_nn_mlp_config_t mc = {
+            .in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2, .max_batch = 1};
         if (ap_nn_gpt_new(&gc, &gpt) || ap_nn_mlp_new(&mc, &mlp)) abort();
         ap_nn_params_t *p = ap_nn_model_params(gpt);
         ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
@@ -48,9 +48,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         crypto_generichash(buf + len - 32, 32, buf, len - 32, NULL, 0);
     uint64_t step;
     switch (sel & 3) {
-    case 0: (void)ap_nn_checkpoint_decode(buf, len, gpt, opt, &step); break;
-    case 1: (void)ap_nn_checkpoint_decode(buf, len, gpt, NULL, &step); break;
-    default: (void)ap_nn_checkpoint_decode(buf, len, mlp, NULL, NULL); break;
+    case 0:
+        (void)ap_nn_checkpoint_decode(buf, len, gpt, opt, &step);
+        break;
+    case 1:
+        (void)ap_nn_checkpoint_decode(buf, len, gpt, NULL, &step);
+        break;
+    default:
+        (void)ap_nn_checkpoint_decode(buf, len, mlp, NULL, NULL);
+        break;
     }
     free(buf);
     return 0;

@@ -122,8 +122,7 @@ AP_EXPORT void ap_nn_xent_backward(float *dlogits, const float *probs, const int
 /* Inverted dropout with a counter-based RNG: the mask of element i is a pure
  * function of (seed, i), so backward regenerates it and nothing is stored.
  * out (n) = in * keep(seed,i) / (1-p); out may alias in. 0 <= p < 1. */
-AP_EXPORT void ap_nn_dropout_forward(float *out, const float *in, size_t n, float p,
-                                     uint64_t seed);
+AP_EXPORT void ap_nn_dropout_forward(float *out, const float *in, size_t n, float p, uint64_t seed);
 /* din (n) += dout * keep(seed,i) / (1-p). din must not alias dout. */
 AP_EXPORT void ap_nn_dropout_backward(float *din, const float *dout, size_t n, float p,
                                       uint64_t seed);
@@ -159,21 +158,21 @@ typedef struct ap_nn_mlp_config {
  * {0, n_layer, true, true}; ap_nn_gpt_config_default() fills that. Parameter
  * names use global layer indices, so stage views match the whole model's. */
 typedef struct ap_nn_gpt_config {
-    int vocab;     /* V; 256 for bytes */
-    int ctx;       /* max T */
-    int n_layer;   /* L of the whole model */
-    int n_head;    /* NH */
-    int n_embd;    /* C, multiple of n_head */
-    int max_batch; /* max B; activations are allocated once for (max_batch, ctx) */
-    bool share_layers; /* ALBERT-style: all blocks use one set of block weights */
-    float dropout;     /* residual dropout probability in training mode, [0, 1) */
+    int vocab;                  /* V; 256 for bytes */
+    int ctx;                    /* max T */
+    int n_layer;                /* L of the whole model */
+    int n_head;                 /* NH */
+    int n_embd;                 /* C, multiple of n_head */
+    int max_batch;              /* max B; activations are allocated once for (max_batch, ctx) */
+    bool share_layers;          /* ALBERT-style: all blocks use one set of block weights */
+    float dropout;              /* residual dropout probability in training mode, [0, 1) */
     int layer_begin, layer_end; /* this stage's blocks */
     bool embed, head;           /* first / last stage */
 } ap_nn_gpt_config_t;
 
 /* A whole-model config: V=256, the given sizes, layers [0,L), embed+head, no dropout. */
-AP_EXPORT ap_nn_gpt_config_t ap_nn_gpt_config_default(int ctx, int n_layer, int n_head,
-                                                      int n_embd, int max_batch);
+AP_EXPORT ap_nn_gpt_config_t ap_nn_gpt_config_default(int ctx, int n_layer, int n_head, int n_embd,
+                                                      int max_batch);
 
 /* Creates a model with zero parameters (call ap_nn_model_init). All memory
  * (parameters, gradients, activations, scratch) is allocated here, once,
@@ -235,8 +234,8 @@ AP_EXPORT int ap_nn_gpt_forward(ap_nn_model_t *m, ap_nn_gpt_io_t *io);
  * (non-first stages). AP_ESTATE if no forward with a loss/output preceded it. */
 AP_EXPORT int ap_nn_gpt_backward(ap_nn_model_t *m, const float *dout, float *din);
 /* Convenience for a whole model: forward with tokens and targets. */
-AP_EXPORT int ap_nn_gpt_loss(ap_nn_model_t *m, const int32_t *tokens, const int32_t *targets,
-                             int B, int T, float *loss);
+AP_EXPORT int ap_nn_gpt_loss(ap_nn_model_t *m, const int32_t *tokens, const int32_t *targets, int B,
+                             int T, float *loss);
 /* Probabilities (B,T,V) of the last forward of a last stage (valid until the
  * next forward or backward, which reuses the buffer). NULL otherwise. */
 AP_EXPORT const float *ap_nn_gpt_probs(const ap_nn_model_t *m);
@@ -273,8 +272,8 @@ AP_EXPORT const uint8_t *ap_nn_text_bytes(const ap_nn_text_t *d);
  * = window[1..T]. `cursor` is the caller's position (start at 0; it counts
  * windows served, so epoch = cursor / windows). AP_EINVAL if the text has no
  * full window for this T. */
-AP_EXPORT int ap_nn_text_batch(const ap_nn_text_t *d, uint64_t seed, uint64_t *cursor, int B,
-                               int T, int32_t *inputs, int32_t *targets);
+AP_EXPORT int ap_nn_text_batch(const ap_nn_text_t *d, uint64_t seed, uint64_t *cursor, int B, int T,
+                               int32_t *inputs, int32_t *targets);
 /* Windows per epoch for this T (0 if the text is too short). */
 AP_EXPORT size_t ap_nn_text_windows(const ap_nn_text_t *d, int T);
 
@@ -282,8 +281,8 @@ AP_EXPORT size_t ap_nn_text_windows(const ap_nn_text_t *d, int T);
  * whose centres are a function of task_seed (distance ~3 sigma apart); sample
  * i of the stream sample_seed is a pure function of (task_seed, sample_seed, i).
  * x (n,dim), y (n). */
-AP_EXPORT void ap_nn_synth_classify(uint64_t task_seed, uint64_t sample_seed, uint64_t first,
-                                    int n, int dim, int classes, float *x, int32_t *y);
+AP_EXPORT void ap_nn_synth_classify(uint64_t task_seed, uint64_t sample_seed, uint64_t first, int n,
+                                    int dim, int classes, float *x, int32_t *y);
 
 /* Path of the small corpus shipped in data/ (build-tree path baked in at
  * compile time; APIARY_DATA overrides the directory). Static string. */

@@ -55,8 +55,8 @@ typedef struct ap_nn_optim {
 /* Creates an optimizer for n parameters. views/nviews (may be NULL/0) give
  * LAMB its per-layer segments; without them LAMB uses one segment.
  * AP_EINVAL on a bad config, AP_ENOMEM. Free with ap_nn_optim_free. */
-AP_EXPORT int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n,
-                              const ap_nn_view_t *views, size_t nviews, ap_nn_optim_t **out);
+AP_EXPORT int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n, const ap_nn_view_t *views,
+                              size_t nviews, ap_nn_optim_t **out);
 AP_EXPORT void ap_nn_optim_free(ap_nn_optim_t *o);
 /* Zeroes the state and the step counter. */
 AP_EXPORT void ap_nn_optim_reset(ap_nn_optim_t *o);
@@ -80,9 +80,9 @@ typedef enum ap_nn_lr_kind {
 
 typedef struct ap_nn_lr_schedule {
     ap_nn_lr_kind_t kind;
-    float base, min;       /* peak and final rate */
-    uint64_t warmup;       /* steps of linear warm-up from base/warmup to base */
-    uint64_t total;        /* steps at which the decay reaches min (then stays) */
+    float base, min; /* peak and final rate */
+    uint64_t warmup; /* steps of linear warm-up from base/warmup to base */
+    uint64_t total;  /* steps at which the decay reaches min (then stays) */
 } ap_nn_lr_schedule_t;
 
 /* Learning rate for step (0-based). */
@@ -108,7 +108,7 @@ AP_EXPORT float ap_nn_lr_at(const ap_nn_lr_schedule_t *s, uint64_t step);
  * each logged with the reason. The model and optimizer are left untouched on
  * any error. */
 #define AP_NN_CKPT_VERSION 1
-#define AP_NN_CKPT_HEADER 160
+#define AP_NN_CKPT_HEADER  160
 
 /* Writes model params (+ optimizer state if o != NULL) and step to path,
  * atomically (temp file + rename). AP_EIO on failure. */

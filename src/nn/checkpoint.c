@@ -24,8 +24,8 @@
 #endif
 
 #define MAGIC "APNNCKPT"
-#define HDR AP_NN_CKPT_HEADER
-#define SUM 32
+#define HDR   AP_NN_CKPT_HEADER
+#define SUM   32
 
 typedef struct hdr {
     uint32_t version, hsize, kind, words[16];
@@ -177,8 +177,8 @@ static bool all_finite(const uint8_t *p, size_t n)
     return true;
 }
 
-int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step,
-                            uint8_t **buf, size_t *len)
+int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step, uint8_t **buf,
+                            size_t *len)
 {
     *buf = NULL;
     *len = 0;
@@ -193,8 +193,7 @@ int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t s
         h.oflags = o->cfg.nesterov ? 1u : 0u;
         h.ostate = o->state_count;
         h.ostep = o->step;
-        float c[5] = {o->cfg.momentum, o->cfg.beta1, o->cfg.beta2, o->cfg.eps,
-                      o->cfg.weight_decay};
+        float c[5] = {o->cfg.momentum, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay};
         memcpy(h.ocfg, c, sizeof c);
     }
     size_t total = HDR + 4 * (size_t)(h.nparams + h.ostate) + SUM;
@@ -219,8 +218,8 @@ int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m, ap
     int rc = hdr_read(buf, len, &h);
     if (rc || (rc = hdr_check(&h, m, o, &total))) return rc;
     if (len != total) {
-        ap_warn(NN_LOG, "checkpoint: %zu bytes, its header implies %zu (truncated or padded)",
-                len, total);
+        ap_warn(NN_LOG, "checkpoint: %zu bytes, its header implies %zu (truncated or padded)", len,
+                total);
         return AP_ECORRUPT;
     }
     uint8_t sum[SUM];
@@ -243,8 +242,7 @@ int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m, ap
     return 0;
 }
 
-int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_optim_t *o,
-                          uint64_t step)
+int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step)
 {
     uint8_t *b;
     size_t len;

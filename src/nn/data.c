@@ -95,8 +95,14 @@ void ap_nn_text_free(ap_nn_text_t *d)
     free(d);
 }
 
-size_t ap_nn_text_size(const ap_nn_text_t *d) { return d->len; }
-const uint8_t *ap_nn_text_bytes(const ap_nn_text_t *d) { return d->bytes; }
+size_t ap_nn_text_size(const ap_nn_text_t *d)
+{
+    return d->len;
+}
+const uint8_t *ap_nn_text_bytes(const ap_nn_text_t *d)
+{
+    return d->bytes;
+}
 
 size_t ap_nn_text_windows(const ap_nn_text_t *d, int T)
 {
@@ -150,8 +156,8 @@ int ap_nn_text_batch(const ap_nn_text_t *d, uint64_t seed, uint64_t *cursor, int
     return 0;
 }
 
-void ap_nn_synth_classify(uint64_t task_seed, uint64_t sample_seed, uint64_t first, int n,
-                          int dim, int classes, float *x, int32_t *y)
+void ap_nn_synth_classify(uint64_t task_seed, uint64_t sample_seed, uint64_t first, int n, int dim,
+                          int classes, float *x, int32_t *y)
 {
     for (int i = 0; i < n; i++) {
         ap__nn_rng_t r = {ap__nn_mix64(task_seed * 31 + 7) ^ ap__nn_mix64(sample_seed) ^

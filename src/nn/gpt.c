@@ -52,9 +52,9 @@ static int check_config(const ap_nn_gpt_config_t *c)
 #undef BAD
 }
 
-static const char *blk_names[12] = {"ln1.w",     "ln1.b",     "attn.qkv.w", "attn.qkv.b",
+static const char *blk_names[12] = {"ln1.w",       "ln1.b",       "attn.qkv.w", "attn.qkv.b",
                                     "attn.proj.w", "attn.proj.b", "ln2.w",      "ln2.b",
-                                    "mlp.fc.w",  "mlp.fc.b",  "mlp.proj.w", "mlp.proj.b"};
+                                    "mlp.fc.w",    "mlp.fc.b",    "mlp.proj.w", "mlp.proj.b"};
 
 static void blk_shapes(int C, int rows[12], int cols[12])
 {
@@ -332,8 +332,8 @@ int ap_nn_gpt_forward(ap_nn_model_t *m, ap_nn_gpt_io_t *io)
         ap_nn_linear_forward(A->res2, A->atty, P->projw, P->projb, (int)N, C, C);
         if (drop) ap_nn_dropout_forward(A->res2, A->res2, NC, c->dropout, site_seed(m, s, 0));
         vec_add(A->res2, x, NC);
-        ap_nn_layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, P->ln2w, P->ln2b,
-                                (int)N, C);
+        ap_nn_layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, P->ln2w, P->ln2b, (int)N,
+                                C);
         ap_nn_linear_forward(A->fch, A->ln2, P->fcw, P->fcb, (int)N, C, 4 * C);
         ap_nn_gelu_forward(A->fch_gelu, A->fch, 4 * NC);
         ap_nn_linear_forward(A->res3, A->fch_gelu, P->fcprojw, P->fcprojb, (int)N, 4 * C, C);
@@ -371,8 +371,8 @@ int ap_nn_gpt_forward(ap_nn_model_t *m, ap_nn_gpt_io_t *io)
 
 /* Gradient through a residual-dropout site: dout itself when dropout is
  * off, else dst = dropout_backward(dout). */
-static const float *drop_bwd(ap_nn_model_t *m, float *dst, const float *dout, size_t n,
-                             bool drop, int s, int site)
+static const float *drop_bwd(ap_nn_model_t *m, float *dst, const float *dout, size_t n, bool drop,
+                             int s, int site)
 {
     if (!drop) return dout;
     memset(dst, 0, n * sizeof(float));
@@ -417,8 +417,8 @@ int ap_nn_gpt_backward(ap_nn_model_t *m, const float *dout, float *din)
         ap__nn_linear_backward_ex(m->d_h4a, GP->fcprojw, GP->fcprojb, dproj, A->fch_gelu,
                                   P->fcprojw, N, 4 * C, C, false);
         ap__nn_gelu_backward_ex(m->d_h4b, A->fch, m->d_h4a, 4 * NC, false);
-        ap__nn_linear_backward_ex(m->d_ln, GP->fcw, GP->fcb, m->d_h4b, A->ln2, P->fcw, N, C,
-                                  4 * C, false);
+        ap__nn_linear_backward_ex(m->d_ln, GP->fcw, GP->fcb, m->d_h4b, A->ln2, P->fcw, N, C, 4 * C,
+                                  false);
         ap_nn_layernorm_backward(G, GP->ln2w, GP->ln2b, m->d_ln, A->res2, P->ln2w, A->ln2_mean,
                                  A->ln2_rstd, N, C);
         /* res2 = x + drop(proj(attn(qkv(ln1(x))))) */

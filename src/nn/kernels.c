@@ -46,14 +46,23 @@ __attribute__((always_inline)) static inline float fast_expf(float x)
     return p * scale;
 }
 
-float ap__nn_expf(float x) { return fast_expf(x); }
+float ap__nn_expf(float x)
+{
+    return fast_expf(x);
+}
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_init_once(void) { openblas_set_num_threads(1); }
-void ap__nn_blas_init(void) { pthread_once(&blas_once, blas_init_once); }
+static void blas_init_once(void)
+{
+    openblas_set_num_threads(1);
+}
+void ap__nn_blas_init(void)
+{
+    pthread_once(&blas_once, blas_init_once);
+}
 
-void ap__nn_par(size_t n, size_t min_grain, int balanced,
-                void (*fn)(void *arg, size_t b, size_t e), void *arg)
+void ap__nn_par(size_t n, size_t min_grain, int balanced, void (*fn)(void *arg, size_t b, size_t e),
+                void *arg)
 {
     ap_pool_t *p = ap__pool_global();
     size_t nt = (size_t)ap__pool_size(p) + 1;
@@ -88,8 +97,8 @@ static void lin_fwd_rows(void *arg, size_t r0, size_t r1)
                 a->in + r0 * (size_t)a->C, a->C, a->w, a->C, a->b ? 1.0f : 0.0f, out, a->OC);
 }
 
-void ap_nn_linear_forward(float *out, const float *in, const float *w, const float *b, int N,
-                          int C, int OC)
+void ap_nn_linear_forward(float *out, const float *in, const float *w, const float *b, int N, int C,
+                          int OC)
 {
     ap__nn_blas_init();
     lin_args_t a = {.out = out, .in = in, .w = w, .b = b, .N = N, .C = C, .OC = OC};
@@ -109,8 +118,7 @@ static void lin_bwd_dw_cols(void *arg, size_t o0, size_t o1)
 {
     const lin_args_t *a = arg;
     int no = (int)(o1 - o0);
-    if (a->dw)
-        /* dw[o0:o1] (no,C) += dout[:, o0:o1]^T (no,N) @ in (N,C) */
+    if (a->dw) /* dw[o0:o1] (no,C) += dout[:, o0:o1]^T (no,N) @ in (N,C) */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, a->C, a->N, 1.0f, a->dout + o0,
                     a->OC, a->in, a->C, 1.0f, a->dw + o0 * (size_t)a->C, a->C);
     if (a->db) {
@@ -122,8 +130,8 @@ static void lin_bwd_dw_cols(void *arg, size_t o0, size_t o1)
     }
 }
 
-void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout,
-                               const float *in, const float *w, int N, int C, int OC, bool acc)
+void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout, const float *in,
+                               const float *w, int N, int C, int OC, bool acc)
 {
     ap__nn_blas_init();
     lin_args_t a = {.din = din,
@@ -193,10 +201,11 @@ static void emb_bwd_cols(void *arg, size_t c0, size_t c1)
         }
 }
 
-void ap_nn_embed_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                          int B, int T, int C)
+void ap_nn_embed_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
+                          int T, int C)
 {
-    emb_args_t a = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .tok = tokens, .B = B, .T = T, .C = C};
+    emb_args_t a = {
+        .dwte = dwte, .dwpe = dwpe, .dout = dout, .tok = tokens, .B = B, .T = T, .C = C};
     ap__nn_par((size_t)C, 16, 1, emb_bwd_cols, &a);
 }
 
@@ -225,7 +234,8 @@ __attribute__((always_inline)) static inline float lane_sum(const float *restric
     return s;
 }
 
-__attribute__((always_inline)) static inline float lane_sqdev(const float *restrict x, float m, int n)
+__attribute__((always_inline)) static inline float lane_sqdev(const float *restrict x, float m,
+                                                              int n)
 {
     float acc[16] = {0};
     int c = 0;
@@ -260,7 +270,8 @@ NN_SIMD static void ln_fwd_rows(void *arg, size_t r0, size_t r1)
 void ap_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *in, const float *w,
                              const float *b, int N, int C)
 {
-    ln_args_t a = {.out = out, .mean = mean, .rstd = rstd, .in = in, .w = w, .b = b, .N = N, .C = C};
+    ln_args_t a = {
+        .out = out, .mean = mean, .rstd = rstd, .in = in, .w = w, .b = b, .N = N, .C = C};
     ap__nn_par((size_t)N, 32, 0, ln_fwd_rows, &a);
 }
 
@@ -422,8 +433,8 @@ NN_SIMD static void att_fwd_heads(void *arg, size_t i0, size_t i1)
         const float *k = q + C, *v = q + 2 * C;
         float *P = a->att + i * (size_t)T * T; /* (T,T) */
         /* S (T,T) = scale * Q (T,hs) @ K^T (hs,T) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f,
-                    P, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, P,
+                    T);
         for (int t = 0; t < T; t++) {
             float *row = P + (size_t)t * T;
             float mx = row[0];
@@ -460,8 +471,8 @@ NN_SIMD static void att_bwd_heads(void *arg, size_t i0, size_t i1)
         const float *P = a->catt + i * (size_t)T * T;
         float *dP = a->scratch + i * (size_t)T * T;
         /* dP (T,T) = dY (T,hs) @ V^T (hs,T) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, C3, 0.0f,
-                    dP, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, dP,
+                    T);
         /* dV (T,hs) += P^T (T,T) @ dY (T,hs) */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dy, C, a->beta,
                     dv, C3);
@@ -488,9 +499,8 @@ void ap_nn_attention_backward(float *dqkv, float *scratch, const float *dout, co
     ap__nn_attention_backward_ex(dqkv, scratch, dout, qkv, att, B, T, C, NH, true);
 }
 
-void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout,
-                                  const float *qkv, const float *att, int B, int T, int C, int NH,
-                                  bool acc)
+void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                  const float *att, int B, int T, int C, int NH, bool acc)
 {
     ap__nn_blas_init();
     att_args_t a = {.beta = acc ? 1.0f : 0.0f,
@@ -542,12 +552,8 @@ NN_SIMD static void xent_fwd_rows(void *arg, size_t r0, size_t r1)
 float ap_nn_xent_forward(float *probs, float *losses, const float *logits, const int32_t *targets,
                          int N, int V)
 {
-    xent_args_t a = {.probs = probs,
-                     .losses = losses,
-                     .logits = logits,
-                     .targets = targets,
-                     .N = N,
-                     .V = V};
+    xent_args_t a = {
+        .probs = probs, .losses = losses, .logits = logits, .targets = targets, .N = N, .V = V};
     ap__nn_par((size_t)N, 8, 0, xent_fwd_rows, &a);
     if (!losses || !targets || N <= 0) return 0.0f;
     double s = 0.0;

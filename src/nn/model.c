@@ -80,8 +80,14 @@ void ap_nn_model_free(ap_nn_model_t *m)
     free(m);
 }
 
-ap_nn_kind_t ap_nn_model_kind(const ap_nn_model_t *m) { return m->kind; }
-ap_nn_params_t *ap_nn_model_params(ap_nn_model_t *m) { return &m->params; }
+ap_nn_kind_t ap_nn_model_kind(const ap_nn_model_t *m)
+{
+    return m->kind;
+}
+ap_nn_params_t *ap_nn_model_params(ap_nn_model_t *m)
+{
+    return &m->params;
+}
 
 int ap_nn_model_gpt_config(const ap_nn_model_t *m, ap_nn_gpt_config_t *cfg)
 {

@@ -80,17 +80,16 @@ __attribute__((always_inline)) static inline float ap__nn_sqrtf(float x)
 void ap__nn_blas_init(void);
 /* parallel_for over [0,n) on the global pool with chunks of at least
  * min_grain and at most one chunk per thread when balanced = true. */
-void ap__nn_par(size_t n, size_t min_grain, int balanced,
-                void (*fn)(void *arg, size_t b, size_t e), void *arg);
+void ap__nn_par(size_t n, size_t min_grain, int balanced, void (*fn)(void *arg, size_t b, size_t e),
+                void *arg);
 
 /* ---- kernel variants: acc = false overwrites the input gradient instead
  * of accumulating (saves zeroing scratch buffers) ---- */
-void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout,
-                               const float *in, const float *w, int N, int C, int OC, bool acc);
+void ap__nn_linear_backward_ex(float *din, float *dw, float *db, const float *dout, const float *in,
+                               const float *w, int N, int C, int OC, bool acc);
 void ap__nn_gelu_backward_ex(float *din, const float *in, const float *dout, size_t n, bool acc);
-void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout,
-                                  const float *qkv, const float *att, int B, int T, int C, int NH,
-                                  bool acc);
+void ap__nn_attention_backward_ex(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                  const float *att, int B, int T, int C, int NH, bool acc);
 float ap__nn_expf(float x);
 
 /* ---- params arena ---- */
@@ -107,8 +106,7 @@ void ap__nn_layout_free(ap__nn_layout_t *l);
 #define NN_MAX_LAYERS 256
 
 typedef struct gpt_block_ptrs {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
-        *fcprojb;
+    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } gpt_block_ptrs_t;
 
 typedef struct gpt_block_acts {
@@ -126,13 +124,13 @@ struct ap_nn_model {
     ap_nn_kind_t kind;
     ap_nn_params_t params;
     ap__nn_layout_t layout;
-    ap_arena_t pg;    /* params | grads */
-    ap_arena_t acts;  /* activations saved for backward */
-    ap_arena_t scr;   /* backward scratch */
+    ap_arena_t pg;   /* params | grads */
+    ap_arena_t acts; /* activations saved for backward */
+    ap_arena_t scr;  /* backward scratch */
     bool train;
     uint64_t drop_seed, drop_ctr, cur_drop; /* dropout stream */
-    int fwd_B, fwd_T; /* shape of the last forward; 0 = none */
-    bool fwd_loss;    /* last forward computed a loss */
+    int fwd_B, fwd_T;                       /* shape of the last forward; 0 = none */
+    bool fwd_loss;                          /* last forward computed a loss */
     union {
         ap_nn_gpt_config_t gpt;
         ap_nn_mlp_config_t mlp;
@@ -144,23 +142,23 @@ struct ap_nn_model {
     float *gwte, *gwpe, *glnfw, *glnfb, *glmw;
     gpt_block_acts_t *bacts; /* [nblk] */
     int nblk;
-    float *encoded;                  /* (B,T,C) stage input */
+    float *encoded;                   /* (B,T,C) stage input */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *probs, *losses;           /* (B,T,V), (B,T) */
-    int32_t *tokens, *targets;       /* (B,T) copies */
+    float *probs, *losses;            /* (B,T,V), (B,T) */
+    int32_t *tokens, *targets;        /* (B,T) copies */
     /* scratch */
     float *d_res, *d_tmp, *d_ln, *d_h4a, *d_h4b, *d_att; /* BTC,BTC,BTC,BT4C,BT4C,BNHTT */
     /* MLP */
-    int nlin;                 /* linear layers */
+    int nlin; /* linear layers */
     float *mw[AP_NN_MLP_MAX_HIDDEN + 1], *mb[AP_NN_MLP_MAX_HIDDEN + 1];
     float *gmw[AP_NN_MLP_MAX_HIDDEN + 1], *gmb[AP_NN_MLP_MAX_HIDDEN + 1];
-    float *mx;                              /* (B,in) input copy */
-    float *mpre[AP_NN_MLP_MAX_HIDDEN];      /* (B,h) pre-activation */
-    float *mpost[AP_NN_MLP_MAX_HIDDEN];     /* (B,h) post-GELU */
-    float *mlogits;                          /* (B,classes) -> probs */
-    float *mlosses;                          /* (B) */
-    int32_t *mlabels;                        /* (B) */
-    float *mda, *mdb;                        /* (B,maxw) scratch */
+    float *mx;                          /* (B,in) input copy */
+    float *mpre[AP_NN_MLP_MAX_HIDDEN];  /* (B,h) pre-activation */
+    float *mpost[AP_NN_MLP_MAX_HIDDEN]; /* (B,h) post-GELU */
+    float *mlogits;                     /* (B,classes) -> probs */
+    float *mlosses;                     /* (B) */
+    int32_t *mlabels;                   /* (B) */
+    float *mda, *mdb;                   /* (B,maxw) scratch */
 };
 
 /* Allocates params+grads for m->layout into m->pg and sets m->params. */

@@ -33,8 +33,8 @@ static bool valid(const ap_nn_optim_config_t *c)
 {
     if (c->kind < AP_NN_SGD || c->kind > AP_NN_LAMB) return false;
     if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay)) return false;
-    if (c->kind == AP_NN_SGD) return c->momentum >= 0.0f && c->momentum < 1.0f &&
-                                     (!c->nesterov || c->momentum > 0.0f);
+    if (c->kind == AP_NN_SGD)
+        return c->momentum >= 0.0f && c->momentum < 1.0f && (!c->nesterov || c->momentum > 0.0f);
     return c->beta1 >= 0.0f && c->beta1 < 1.0f && c->beta2 >= 0.0f && c->beta2 < 1.0f &&
            c->eps > 0.0f && isfinite(c->eps);
 }
@@ -117,8 +117,7 @@ NN_SIMD static void adam_range(void *arg, size_t i0, size_t i1)
     float *restrict mo = s->o->state, *restrict ve = s->o->state + s->o->n;
     float *restrict p = s->p;
     const float *restrict gr = s->g;
-    const float b1 = c->beta1, b2 = c->beta2, lr = s->lr, eps = c->eps, bc1 = s->bc1,
-                bc2 = s->bc2;
+    const float b1 = c->beta1, b2 = c->beta2, lr = s->lr, eps = c->eps, bc1 = s->bc1, bc2 = s->bc2;
     /* AdamW decays the weights (decay < 1); Adam adds wd * p to the gradient (l2) */
     const float decay = c->kind == AP_NN_ADAMW ? 1.0f - lr * c->weight_decay : 1.0f;
     const float l2 = c->kind == AP_NN_ADAMW ? 0.0f : c->weight_decay;
@@ -145,8 +144,8 @@ static void lamb_segs(void *arg, size_t j0, size_t j1)
             float g = s->g[i];
             mo[i] = c->beta1 * mo[i] + (1.0f - c->beta1) * g;
             ve[i] = c->beta2 * ve[i] + (1.0f - c->beta2) * g * g;
-            float u = (mo[i] / s->bc1) / (sqrtf(ve[i] / s->bc2) + c->eps) +
-                      c->weight_decay * s->p[i];
+            float u =
+                (mo[i] / s->bc1) / (sqrtf(ve[i] / s->bc2) + c->eps) + c->weight_decay * s->p[i];
             pn += (double)s->p[i] * s->p[i];
             un += (double)u * u;
         }
@@ -154,8 +153,8 @@ static void lamb_segs(void *arg, size_t j0, size_t j1)
         un = sqrt(un);
         float trust = (pn > 0.0 && un > 0.0) ? (float)(pn / un) : 1.0f;
         for (size_t i = v->offset; i < v->offset + v->count; i++) {
-            float u = (mo[i] / s->bc1) / (sqrtf(ve[i] / s->bc2) + c->eps) +
-                      c->weight_decay * s->p[i];
+            float u =
+                (mo[i] / s->bc1) / (sqrtf(ve[i] / s->bc2) + c->eps) + c->weight_decay * s->p[i];
             s->p[i] -= s->lr * trust * u;
         }
     }
@@ -174,15 +173,20 @@ int ap_nn_optim_step(ap_nn_optim_t *o, float *params, const float *grads, float 
     s.bc1 = (float)(1.0 - pow(c->beta1, t));
     s.bc2 = (float)(1.0 - pow(c->beta2, t));
     switch (c->kind) {
-    case AP_NN_SGD: ap__nn_par(o->n, 8192, 0, sgd_range, &s); break;
+    case AP_NN_SGD:
+        ap__nn_par(o->n, 8192, 0, sgd_range, &s);
+        break;
     case AP_NN_ADAM:
-    case AP_NN_ADAMW: ap__nn_par(o->n, 8192, 0, adam_range, &s); break;
-    case AP_NN_LAMB: ap__nn_par(o->nsegs, 1, 0, lamb_segs, &s); break;
+    case AP_NN_ADAMW:
+        ap__nn_par(o->n, 8192, 0, adam_range, &s);
+        break;
+    case AP_NN_LAMB:
+        ap__nn_par(o->nsegs, 1, 0, lamb_segs, &s);
+        break;
     }
     o->step++;
     return 0;
 }
-
 
 /* Fixed 64 parts, each summed in double over 8 lanes: the result does not
  * depend on the thread count. */
@@ -242,8 +246,7 @@ double ap_nn_clip_grad_norm(float *g, size_t n, double max_norm)
 
 float ap_nn_lr_at(const ap_nn_lr_schedule_t *s, uint64_t step)
 {
-    if (s->warmup > 0 && step < s->warmup)
-        return s->base * (float)(step + 1) / (float)s->warmup;
+    if (s->warmup > 0 && step < s->warmup) return s->base * (float)(step + 1) / (float)s->warmup;
     if (s->kind == AP_NN_LR_CONSTANT) return s->base;
     if (s->total <= s->warmup || step >= s->total) return s->min;
     double frac = (double)(step - s->warmup) / (double)(s->total - s->warmup);

@@ -24,7 +24,10 @@ static double urand(void)
     rs ^= rs << 17;
     return (double)(rs >> 11) * (1.0 / 9007199254740992.0);
 }
-static float frand(float scale) { return (float)((urand() * 2.0 - 1.0) * scale); }
+static float frand(float scale)
+{
+    return (float)((urand() * 2.0 - 1.0) * scale);
+}
 static void fill(float *p, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++) p[i] = frand(scale);
@@ -60,8 +63,8 @@ static double fd(double *x, size_t i, objective_fn f, void *ctx)
     return (fp - fm) / (2 * h);
 }
 
-static void check_grad(const char *what, double *x, const float *analytic, size_t n,
-                       objective_fn f, void *ctx, double rtol, double atol)
+static void check_grad(const char *what, double *x, const float *analytic, size_t n, objective_fn f,
+                       void *ctx, double rtol, double atol)
 {
     for (size_t i = 0; i < n; i++) expect_close(what, i, analytic[i], fd(x, i, f, ctx), rtol, atol);
 }
@@ -169,8 +172,14 @@ static void test_linear(void **state)
     float in[37 * 11], w[19 * 11], b[19], R[37 * 19], out[37 * 19];
     fill(in, sizeof in / 4, 1), fill(w, sizeof w / 4, 1), fill(b, 19, 1), fill(R, sizeof R / 4, 1);
     ap_nn_linear_forward(out, in, w, b, N, C, OC);
-    lin_ctx_t c = {todouble(in, N * C), todouble(w, OC * C), todouble(b, OC),
-                   malloc(sizeof(double) * N * OC), R, N, C, OC};
+    lin_ctx_t c = {todouble(in, N * C),
+                   todouble(w, OC * C),
+                   todouble(b, OC),
+                   malloc(sizeof(double) * N * OC),
+                   R,
+                   N,
+                   C,
+                   OC};
     lin_obj(&c);
     for (int i = 0; i < N * OC; i++) expect_close("linear.out", i, out[i], c.out[i], 1e-5, 1e-5);
     float din[37 * 11], dw[19 * 11], db[19];
@@ -207,8 +216,13 @@ static void test_layernorm(void **state)
     float in[N * C], w[C], b[C], R[N * C], out[N * C], mean[N], rstd[N];
     fill(in, N * C, 2), fill(w, C, 1.5f), fill(b, C, 1), fill(R, N * C, 1);
     ap_nn_layernorm_forward(out, mean, rstd, in, w, b, N, C);
-    ln_ctx_t c = {todouble(in, N * C), todouble(w, C), todouble(b, C),
-                  malloc(sizeof(double) * N * C), R, N, C};
+    ln_ctx_t c = {todouble(in, N * C),
+                  todouble(w, C),
+                  todouble(b, C),
+                  malloc(sizeof(double) * N * C),
+                  R,
+                  N,
+                  C};
     ln_obj(&c);
     for (int i = 0; i < N * C; i++) expect_close("ln.out", i, out[i], c.out[i], 1e-4, 1e-5);
     float din[N * C] = {0}, dw[C] = {0}, db[C] = {0};
@@ -241,7 +255,8 @@ static void test_gelu(void **state)
     fill(in, n, 4), fill(R, n, 1);
     ap_nn_gelu_forward(out, in, n);
     gelu_ctx_t c = {todouble(in, n), R, n};
-    for (size_t i = 0; i < n; i++) expect_close("gelu.out", i, out[i], ref_gelu1(c.in[i]), 1e-5, 1e-6);
+    for (size_t i = 0; i < n; i++)
+        expect_close("gelu.out", i, out[i], ref_gelu1(c.in[i]), 1e-5, 1e-6);
     ap_nn_gelu_backward(din, in, R, n);
     for (size_t i = 0; i < n; i += 7) /* FD per element: f is separable */
         expect_close("gelu.din", i, din[i], fd(c.in, i, gelu_obj, &c), 1e-3, 1e-4);
@@ -269,7 +284,8 @@ static void test_attention(void **state)
         scr[B * NH * T * T], dqkv[B * T * 3 * C] = {0};
     fill(qkv, sizeof qkv / 4, 1.5f), fill(R, sizeof R / 4, 1);
     ap_nn_attention_forward(out, att, qkv, B, T, C, NH);
-    att_ctx_t c = {todouble(qkv, sizeof qkv / 4), malloc(sizeof(double) * B * T * C), R, B, T, C, NH};
+    att_ctx_t c = {
+        todouble(qkv, sizeof qkv / 4), malloc(sizeof(double) * B * T * C), R, B, T, C, NH};
     att_obj(&c);
     for (int i = 0; i < B * T * C; i++) expect_close("att.out", i, out[i], c.out[i], 1e-4, 1e-5);
     /* causal: probabilities above the diagonal are exactly zero, rows sum to 1 */
@@ -344,7 +360,7 @@ static void test_embedding(void **state)
     (void)state;
     enum { B = 3, T = 5, C = 20, V = 7 };
     float wte[V * C], wpe[T * C], out[B * T * C], R[B * T * C], dwte[V * C] = {0},
-        dwpe[T * C] = {0};
+                                                                         dwpe[T * C] = {0};
     int32_t tok[B * T];
     fill(wte, V * C, 1), fill(wpe, T * C, 1), fill(R, B * T * C, 1);
     for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(urand() * 4); /* repeats on purpose */
@@ -511,7 +527,8 @@ static void test_gpt_stages(void **state)
     assert_null(ap_nn_params_find(p0, "lm_head.w"));
     assert_null(ap_nn_params_find(p1, "wte"));
     int32_t tok[24], tg[24];
-    for (int i = 0; i < 24; i++) tok[i] = (int32_t)(urand() * 256), tg[i] = (int32_t)(urand() * 256);
+    for (int i = 0; i < 24; i++)
+        tok[i] = (int32_t)(urand() * 256), tg[i] = (int32_t)(urand() * 256);
     float lw, act[24 * 16], dact[24 * 16];
     ap_nn_model_zero_grad(mw), ap_nn_model_zero_grad(m0), ap_nn_model_zero_grad(m1);
     assert_ok(ap_nn_gpt_loss(mw, tok, tg, 3, 8, &lw));
@@ -534,8 +551,7 @@ static void test_gpt_stages(void **state)
         seen++;
         for (size_t i = 0; i < a->count; i++) {
             assert_true(pw->data[a->offset + i] == ps->data[b->offset + i]);
-            expect_close(a->name, i, ps->grad[b->offset + i], pw->grad[a->offset + i], 1e-4,
-                         1e-7);
+            expect_close(a->name, i, ps->grad[b->offset + i], pw->grad[a->offset + i], 1e-4, 1e-7);
         }
     }
     assert_int_equal(seen, p0->nviews + p1->nviews);
@@ -600,7 +616,8 @@ static void test_gpt_dropout(void **state)
     assert_ok(ap_nn_gpt_new(&cfg, &m));
     ap_nn_model_init(m, 9);
     int32_t tok[16], tg[16];
-    for (int i = 0; i < 16; i++) tok[i] = (int32_t)(urand() * 256), tg[i] = (int32_t)(urand() * 256);
+    for (int i = 0; i < 16; i++)
+        tok[i] = (int32_t)(urand() * 256), tg[i] = (int32_t)(urand() * 256);
     float le, l1, l2, l3;
     assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &le));
     ap_nn_model_set_train(m, true, 77);
@@ -699,8 +716,8 @@ static double mref_loss(void *ctx)
 static void test_mlp(void **state)
 {
     (void)state;
-    ap_nn_mlp_config_t cfg = {.in_dim = 6, .n_hidden = 2, .hidden = {16, 12}, .n_classes = 4,
-                              .max_batch = 256};
+    ap_nn_mlp_config_t cfg = {
+        .in_dim = 6, .n_hidden = 2, .hidden = {16, 12}, .n_classes = 4, .max_batch = 256};
     ap_nn_model_t *m;
     assert_ok(ap_nn_mlp_new(&cfg, &m));
     ap_nn_model_init(m, 11);
@@ -854,8 +871,8 @@ static void test_clip_and_schedule(void **state)
     assert_false(isfinite(ap_nn_clip_grad_norm(gn, 2, 1.0)));
     assert_true(gn[0] == 1.0f);
 
-    ap_nn_lr_schedule_t s = {.kind = AP_NN_LR_COSINE, .base = 1.0f, .min = 0.1f, .warmup = 10,
-                             .total = 110};
+    ap_nn_lr_schedule_t s = {
+        .kind = AP_NN_LR_COSINE, .base = 1.0f, .min = 0.1f, .warmup = 10, .total = 110};
     expect_close("warm0", 0, ap_nn_lr_at(&s, 0), 0.1, 1e-6, 0);
     expect_close("warm9", 0, ap_nn_lr_at(&s, 9), 1.0, 1e-6, 0);
     expect_close("cos10", 0, ap_nn_lr_at(&s, 10), 1.0, 1e-6, 0);
@@ -910,7 +927,7 @@ static void test_text_data(void **state)
     assert_true(memcmp(in, in2, sizeof in) != 0); /* next epoch reshuffles */
     cur2 = 0;
     assert_ok(ap_nn_text_batch(d, 6, &cur2, 10, 8, in2, tg2));
-    assert_true(memcmp(in, in2, sizeof in) != 0); /* another seed */
+    assert_true(memcmp(in, in2, sizeof in) != 0);                             /* another seed */
     assert_int_equal(ap_nn_text_batch(d, 5, &cur, 1, 81, in, tg), AP_EINVAL); /* no window */
     ap_nn_text_free(d);
     /* the shipped corpus loads */

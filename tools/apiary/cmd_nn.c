@@ -48,11 +48,16 @@ static void usage(FILE *f)
 
 static int parse_optim(const char *s, ap_nn_optim_kind_t *k)
 {
-    if (!strcmp(s, "adamw")) *k = AP_NN_ADAMW;
-    else if (!strcmp(s, "adam")) *k = AP_NN_ADAM;
-    else if (!strcmp(s, "sgd")) *k = AP_NN_SGD;
-    else if (!strcmp(s, "lamb")) *k = AP_NN_LAMB;
-    else return -1;
+    if (!strcmp(s, "adamw"))
+        *k = AP_NN_ADAMW;
+    else if (!strcmp(s, "adam"))
+        *k = AP_NN_ADAM;
+    else if (!strcmp(s, "sgd"))
+        *k = AP_NN_SGD;
+    else if (!strcmp(s, "lamb"))
+        *k = AP_NN_LAMB;
+    else
+        return -1;
     return 0;
 }
 
@@ -61,8 +66,8 @@ static int write_fuzz_corpus(const char *dir)
 {
     ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(4, 1, 1, 4, 1);
     gc.vocab = 8;
-    ap_nn_mlp_config_t mc = {.in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2,
-                             .max_batch = 1};
+    ap_nn_mlp_config_t mc = {
+        .in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2, .max_batch = 1};
     ap_nn_model_t *g = NULL, *m = NULL;
     ap_nn_optim_t *o = NULL;
     int rc = ap_nn_gpt_new(&gc, &g);
@@ -82,8 +87,11 @@ static int write_fuzz_corpus(const char *dir)
         uint8_t sel;
         ap_nn_model_t *model;
         ap_nn_optim_t *opt;
-    } seeds[] = {{"gpt_adamw", 0, g, o}, {"gpt_weights", 1, g, NULL}, {"mlp", 2, m, NULL},
-                 {"gpt_adamw_fixsum", 4, g, o}, {"mlp_fixsum", 6, m, NULL}};
+    } seeds[] = {{"gpt_adamw", 0, g, o},
+                 {"gpt_weights", 1, g, NULL},
+                 {"mlp", 2, m, NULL},
+                 {"gpt_adamw_fixsum", 4, g, o},
+                 {"mlp_fixsum", 6, m, NULL}};
     for (size_t i = 0; i < sizeof seeds / sizeof seeds[0] && !rc; i++) {
         uint8_t *buf;
         size_t len;
@@ -113,33 +121,77 @@ static int nn_train_main(int argc, char **argv)
     uint64_t seed = 1;
     ap_nn_optim_kind_t okind = AP_NN_ADAMW;
     ap_nn_lr_kind_t sched = AP_NN_LR_COSINE;
-    enum { O_DATA = 256, O_LAYERS, O_EMBD, O_HEADS, O_CTX, O_BATCH, O_STEPS, O_OPTIM, O_LR,
-           O_SCHED, O_WARMUP, O_CLIP, O_DROPOUT, O_SHARE, O_SEED, O_SAVE, O_SAVE_EVERY,
-           O_RESUME, O_SAMPLE, O_LOG, O_FUZZ };
-    static const struct option opts[] = {
-        {"data", required_argument, 0, O_DATA},       {"layers", required_argument, 0, O_LAYERS},
-        {"embd", required_argument, 0, O_EMBD},       {"heads", required_argument, 0, O_HEADS},
-        {"ctx", required_argument, 0, O_CTX},         {"batch", required_argument, 0, O_BATCH},
-        {"steps", required_argument, 0, O_STEPS},     {"optim", required_argument, 0, O_OPTIM},
-        {"lr", required_argument, 0, O_LR},           {"schedule", required_argument, 0, O_SCHED},
-        {"warmup", required_argument, 0, O_WARMUP},   {"clip", required_argument, 0, O_CLIP},
-        {"dropout", required_argument, 0, O_DROPOUT}, {"share-layers", no_argument, 0, O_SHARE},
-        {"seed", required_argument, 0, O_SEED},       {"save", required_argument, 0, O_SAVE},
-        {"save-every", required_argument, 0, O_SAVE_EVERY},
-        {"resume", required_argument, 0, O_RESUME},   {"sample", required_argument, 0, O_SAMPLE},
-        {"log-level", required_argument, 0, O_LOG},   {"fuzz-corpus", required_argument, 0, O_FUZZ},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+    enum {
+        O_DATA = 256,
+        O_LAYERS,
+        O_EMBD,
+        O_HEADS,
+        O_CTX,
+        O_BATCH,
+        O_STEPS,
+        O_OPTIM,
+        O_LR,
+        O_SCHED,
+        O_WARMUP,
+        O_CLIP,
+        O_DROPOUT,
+        O_SHARE,
+        O_SEED,
+        O_SAVE,
+        O_SAVE_EVERY,
+        O_RESUME,
+        O_SAMPLE,
+        O_LOG,
+        O_FUZZ
+    };
+    static const struct option opts[] = {{"data", required_argument, 0, O_DATA},
+                                         {"layers", required_argument, 0, O_LAYERS},
+                                         {"embd", required_argument, 0, O_EMBD},
+                                         {"heads", required_argument, 0, O_HEADS},
+                                         {"ctx", required_argument, 0, O_CTX},
+                                         {"batch", required_argument, 0, O_BATCH},
+                                         {"steps", required_argument, 0, O_STEPS},
+                                         {"optim", required_argument, 0, O_OPTIM},
+                                         {"lr", required_argument, 0, O_LR},
+                                         {"schedule", required_argument, 0, O_SCHED},
+                                         {"warmup", required_argument, 0, O_WARMUP},
+                                         {"clip", required_argument, 0, O_CLIP},
+                                         {"dropout", required_argument, 0, O_DROPOUT},
+                                         {"share-layers", no_argument, 0, O_SHARE},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"save", required_argument, 0, O_SAVE},
+                                         {"save-every", required_argument, 0, O_SAVE_EVERY},
+                                         {"resume", required_argument, 0, O_RESUME},
+                                         {"sample", required_argument, 0, O_SAMPLE},
+                                         {"log-level", required_argument, 0, O_LOG},
+                                         {"fuzz-corpus", required_argument, 0, O_FUZZ},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case O_DATA: data = optarg; break;
-        case O_LAYERS: layers = atoi(optarg); break;
-        case O_EMBD: embd = atoi(optarg); break;
-        case O_HEADS: heads = atoi(optarg); break;
-        case O_CTX: ctx = atoi(optarg); break;
-        case O_BATCH: batch = atoi(optarg); break;
-        case O_STEPS: steps = atoi(optarg); break;
+        case O_DATA:
+            data = optarg;
+            break;
+        case O_LAYERS:
+            layers = atoi(optarg);
+            break;
+        case O_EMBD:
+            embd = atoi(optarg);
+            break;
+        case O_HEADS:
+            heads = atoi(optarg);
+            break;
+        case O_CTX:
+            ctx = atoi(optarg);
+            break;
+        case O_BATCH:
+            batch = atoi(optarg);
+            break;
+        case O_STEPS:
+            steps = atoi(optarg);
+            break;
         case O_OPTIM:
             if (parse_optim(optarg, &okind)) {
                 fprintf(stderr, "apiary nn-train: unknown optimizer '%s' (adamw|adam|sgd|lamb)\n",
@@ -147,31 +199,59 @@ static int nn_train_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_LR: lr = strtof(optarg, NULL); break;
+        case O_LR:
+            lr = strtof(optarg, NULL);
+            break;
         case O_SCHED:
-            if (!strcmp(optarg, "cosine")) sched = AP_NN_LR_COSINE;
-            else if (!strcmp(optarg, "linear")) sched = AP_NN_LR_LINEAR;
-            else if (!strcmp(optarg, "constant")) sched = AP_NN_LR_CONSTANT;
+            if (!strcmp(optarg, "cosine"))
+                sched = AP_NN_LR_COSINE;
+            else if (!strcmp(optarg, "linear"))
+                sched = AP_NN_LR_LINEAR;
+            else if (!strcmp(optarg, "constant"))
+                sched = AP_NN_LR_CONSTANT;
             else {
                 fprintf(stderr, "apiary nn-train: unknown schedule '%s'\n", optarg);
                 return 2;
             }
             break;
-        case O_WARMUP: warmup = atoi(optarg); break;
-        case O_CLIP: clip = strtof(optarg, NULL); break;
-        case O_DROPOUT: dropout = strtof(optarg, NULL); break;
-        case O_SHARE: share = true; break;
-        case O_SEED: seed = strtoull(optarg, NULL, 10); break;
-        case O_SAVE: save = optarg; break;
-        case O_SAVE_EVERY: save_every = atoi(optarg); break;
-        case O_RESUME: resume = optarg; break;
-        case O_SAMPLE: sample = atoi(optarg); break;
+        case O_WARMUP:
+            warmup = atoi(optarg);
+            break;
+        case O_CLIP:
+            clip = strtof(optarg, NULL);
+            break;
+        case O_DROPOUT:
+            dropout = strtof(optarg, NULL);
+            break;
+        case O_SHARE:
+            share = true;
+            break;
+        case O_SEED:
+            seed = strtoull(optarg, NULL, 10);
+            break;
+        case O_SAVE:
+            save = optarg;
+            break;
+        case O_SAVE_EVERY:
+            save_every = atoi(optarg);
+            break;
+        case O_RESUME:
+            resume = optarg;
+            break;
+        case O_SAMPLE:
+            sample = atoi(optarg);
+            break;
         case O_LOG:
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;
-        case O_FUZZ: return write_fuzz_corpus(optarg);
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case O_FUZZ:
+            return write_fuzz_corpus(optarg);
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc || steps < 0 || sample < 0 || warmup < 0 || !(lr > 0) || !(clip >= 0)) {
@@ -213,10 +293,13 @@ static int nn_train_main(int argc, char **argv)
         rc = AP_ENOMEM;
         goto out;
     }
-    ap_nn_lr_schedule_t ls = {.kind = sched, .base = lr, .min = lr * 0.1f,
-                              .warmup = (uint64_t)warmup, .total = (uint64_t)steps};
-    fprintf(stderr, "nn-train: %zu parameters, %zu bytes of text, %zu windows of %d\n",
-            p->count, ap_nn_text_size(text), ap_nn_text_windows(text, ctx), ctx);
+    ap_nn_lr_schedule_t ls = {.kind = sched,
+                              .base = lr,
+                              .min = lr * 0.1f,
+                              .warmup = (uint64_t)warmup,
+                              .total = (uint64_t)steps};
+    fprintf(stderr, "nn-train: %zu parameters, %zu bytes of text, %zu windows of %d\n", p->count,
+            ap_nn_text_size(text), ap_nn_text_windows(text, ctx), ctx);
     uint64_t cursor = step * (uint64_t)batch, skipped = 0;
     double t0 = now_s(), ema = 0;
     uint64_t done = 0;
