@@ -141,22 +141,30 @@ static int bench_one(ap_bench_ctx_t *c, const nn_size_t *s, const char *py, cons
     for (int i = 0; i < B * T; i++) tok[i] = (i * 37 + 11) % 256, tg[i] = (i * 53 + 7) % 256;
     for (int i = 0; i < 2 && !rc; i++) rc = train_step(m, o, tok, tg, B, T); /* warm-up */
     long rss1 = rss_bytes();
-    int steps = 0;
-    double t0 = ap_bench_now(), dt = 0;
-    while (!rc) {
-        rc = train_step(m, o, tok, tg, B, T);
-        steps++;
-        dt = ap_bench_now() - t0;
-        if (dt >= secs && steps >= 2) break;
+    /* Best of two windows, one before and one after the PyTorch runs, as the
+     * baseline gets the best of its two settings: on a shared machine the
+     * load changes between windows. */
+    double tps = 0;
+    const char *env = "";
+    double base = 0;
+    const int rounds = py && script ? 2 : 1;
+    for (int round = 0; round < rounds && !rc; round++) {
+        int steps = 0;
+        double t0 = ap_bench_now(), dt = 0;
+        while (!rc) {
+            rc = train_step(m, o, tok, tg, B, T);
+            steps++;
+            dt = ap_bench_now() - t0;
+            if (dt >= secs && steps >= 2) break;
+        }
+        if (!rc && (double)steps * B * T / dt > tps) tps = (double)steps * B * T / dt;
+        if (round == 0 && !rc && py && script) base = run_torch(py, script, s, threads, secs, &env);
     }
     if (!rc) {
-        double tps = (double)steps * B * T / dt;
         char fields[256];
         snprintf(fields, sizeof fields,
                  "\"model\":\"%s\",\"impl\":\"apiary\",\"params\":%zu,\"threads\":%d", s->name,
                  p->count, threads);
-        const char *env = "";
-        double base = py && script ? run_torch(py, script, s, threads, secs, &env) : 0;
         if (base > 0) {
             ap_bench_report_vs(c, "tokens_per_s", tps, "tok/s", base, fields);
             snprintf(fields, sizeof fields,
