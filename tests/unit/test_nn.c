@@ -627,27 +627,39 @@ static void test_gpt_dropout(void **state)
     assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &l3)); /* replay */
     assert_true(l1 != le && l1 != l2);
     assert_true(l1 == l3);
-    /* backward with dropout: FD on the float model along a random direction */
+    /* backward with dropout (fixed masks): central differences of the float
+     * model along unit directions, the gradient's own and three random ones;
+     * error bounded relative to |g| (float loss, h = 1e-3) */
     ap_nn_params_t *p = ap_nn_model_params(m);
-    float *dir = malloc(p->count * 4), *w0 = malloc(p->count * 4);
-    fill(dir, p->count, 1);
-    memcpy(w0, p->data, p->count * 4);
+    const size_t n = p->count;
+    float *dir = malloc(n * 4), *w0 = malloc(n * 4), *g = malloc(n * 4);
+    memcpy(w0, p->data, n * 4);
     ap_nn_model_set_train(m, true, 5);
     ap_nn_model_zero_grad(m);
     assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &l1));
     assert_ok(ap_nn_gpt_backward(m, NULL, NULL));
-    double an = 0;
-    for (size_t i = 0; i < p->count; i++) an += (double)p->grad[i] * dir[i];
-    const float h = 1e-3f;
-    float lp, lm;
-    for (size_t i = 0; i < p->count; i++) p->data[i] = w0[i] + h * dir[i];
-    ap_nn_model_set_train(m, true, 5);
-    assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &lp));
-    for (size_t i = 0; i < p->count; i++) p->data[i] = w0[i] - h * dir[i];
-    ap_nn_model_set_train(m, true, 5);
-    assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &lm));
-    expect_close("dropout.dirderiv", 0, an, ((double)lp - lm) / (2 * h), 0.03, 1e-3);
-    free(dir), free(w0);
+    memcpy(g, p->grad, n * 4);
+    double gn = ap_nn_grad_norm(g, n);
+    assert_true(gn > 0.1);
+    for (int d = 0; d < 4; d++) {
+        if (d == 0)
+            memcpy(dir, g, n * 4);
+        else
+            fill(dir, n, 1);
+        double dn = ap_nn_grad_norm(dir, n), an = 0;
+        for (size_t i = 0; i < n; i++) dir[i] = (float)(dir[i] / dn), an += (double)g[i] * dir[i];
+        const float h = 1e-3f;
+        float lp, lm;
+        for (size_t i = 0; i < n; i++) p->data[i] = w0[i] + h * dir[i];
+        ap_nn_model_set_train(m, true, 5);
+        assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &lp));
+        for (size_t i = 0; i < n; i++) p->data[i] = w0[i] - h * dir[i];
+        ap_nn_model_set_train(m, true, 5);
+        assert_ok(ap_nn_gpt_loss(m, tok, tg, 2, 8, &lm));
+        expect_close("dropout.dirderiv", (size_t)d, an, ((double)lp - lm) / (2 * h), 0,
+                     0.002 * gn + 2e-4);
+    }
+    free(dir), free(w0), free(g);
     ap_nn_model_free(m);
 }
 
