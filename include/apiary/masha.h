@@ -124,11 +124,30 @@ typedef struct ap_masha_node ap_masha_node_t;
  * phase is refused (AP_EPROTO). */
 AP_EXPORT int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc,
                                     const ap_masha_opts_t *o, ap_masha_node_t **out);
+typedef void (*ap_masha_done_fn)(void *arg, int status, const ap_masha_result_t *r);
+
+/* Makes the server follow the run, so a server process knows when it is
+ * over. The server rebuilds the problem from its pc and applies every reply
+ * it sends to a shadow copy of worker 0's state machine (whose z, iteration
+ * and byte counts equal every worker's). done(arg, status, r) runs once, on
+ * the loop thread:
+ *   - status 0 right after the replies that end the run were handed to the
+ *     runtime (the workers stop on them: target met, max_iters or
+ *     divergence; r->converged tells which); r holds the per-worker counts,
+ *     equal to ap_masha_run's result for the same config;
+ *   - AP_ECLOSED when a worker that took part disconnected before the end
+ *     (no fault tolerance: the run cannot complete);
+ *   - AP_EPROTO when the completed phases disagree with the server's copy.
+ * Afterwards the server refuses requests (AP_ESTATE). Call right after
+ * ap_masha_server_start, before any request arrives (else AP_ESTATE). Loop
+ * thread. (Independently of tracking, a worker index is bound to the PeerID
+ * that first used it; another peer claiming it gets AP_EPERM.) */
+AP_EXPORT int ap_masha_server_track(ap_masha_node_t *server, ap_masha_done_fn done, void *arg);
+
 /* Starts worker `index` (0..M-1) talking to server. done(arg, result) runs on
  * the loop thread when the worker stops (converged: it sees the target is
  * met from its own copy of z, which equals every other worker's; or
  * max_iters; or an error, then status < 0). */
-typedef void (*ap_masha_done_fn)(void *arg, int status, const ap_masha_result_t *r);
 AP_EXPORT int ap_masha_worker_start(ap_rt_t *rt, const ap_peer_id_t *server,
                                     const ap_masha_bilinear_cfg_t *pc, const ap_masha_opts_t *o,
                                     int index, ap_masha_done_fn done, void *arg,

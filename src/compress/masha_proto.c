@@ -15,6 +15,14 @@ struct ap_masha_node {
     ap__masha_server_t *srv;
     ap_rpc_req_t **pending; /* per worker index */
     int M;
+    ap_peer_id_t *owner; /* per worker index: the peer that first used it */
+    bool *bound;
+    ap_masha_bilinear_cfg_t pc;
+    ap_masha_opts_t o;
+    bool started;           /* a request was accepted */
+    bool finished;          /* tracked run over: refuse further requests */
+    ap__masha_worker_t *sh; /* tracking: shadow of worker 0 (needs p) */
+    uint64_t watch;
     /* worker */
     ap__masha_worker_t *wk;
     ap_peer_id_t server;
@@ -32,6 +40,37 @@ static size_t msg_cap(size_t d)
 
 /* ---- server ---- */
 
+/* Tracked run over (status 0) or broken (< 0): report once. */
+static void server_finish(ap_masha_node_t *n, int status)
+{
+    if (n->finished) return;
+    n->finished = true;
+    if (n->watch) {
+        ap_rt_peer_unwatch(n->rt, n->watch);
+        n->watch = 0;
+    }
+    ap_masha_result_t r;
+    ap__masha_worker_counts(n->sh, &r);
+    if (n->done) n->done(n->done_arg, status, &r);
+}
+
+static void server_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, ap_peer_event_t ev)
+{
+    (void)rt;
+    ap_masha_node_t *n = arg;
+    if (ev != AP_PEER_DISCONNECTED || n->finished) return;
+    for (int i = 0; i < n->M; i++) {
+        if (!n->bound[i] || !ap_peer_id_eq(&n->owner[i], peer)) continue;
+        char sid[AP_PEER_SHORT_LEN];
+        ap_peer_id_short(peer, sid);
+        ap_log(AP_LOG_WARN, "masha",
+               "worker %d (%s) disconnected at iteration %llu: the run cannot complete", i, sid,
+               (unsigned long long)ap__masha_worker_iter(n->sh));
+        server_finish(n, AP_ECLOSED);
+        return;
+    }
+}
+
 static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
     ap_masha_node_t *n = arg;
@@ -45,6 +84,19 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         return;
     }
     unsigned m = (unsigned)data[2] | ((unsigned)data[3] << 8);
+    const ap_peer_id_t *peer = ap_rpc_req_peer(req);
+    if (n->finished) {
+        ap_peer_id_short(peer, sid);
+        ap_log(AP_LOG_WARN, "masha", "request from %s after the run ended", sid);
+        ap_rpc_respond_error(req, AP_ESTATE, "run is over");
+        return;
+    }
+    if (m < (unsigned)n->M && n->bound[m] && !ap_peer_id_eq(&n->owner[m], peer)) {
+        ap_peer_id_short(peer, sid);
+        ap_log(AP_LOG_WARN, "masha", "%s claims worker index %u held by another peer", sid, m);
+        ap_rpc_respond_error(req, AP_EPERM, "worker index held by another peer");
+        return;
+    }
     int rc = ap__masha_server_add(n->srv, data, len);
     if (rc < 0) {
         ap_peer_id_short(ap_rpc_req_peer(req), sid);
@@ -53,6 +105,11 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         return;
     }
     n->pending[m] = req; /* add() checked m < M and no duplicate */
+    n->started = true;
+    if (!n->bound[m]) {
+        n->bound[m] = true;
+        n->owner[m] = *peer;
+    }
     if (rc == 0) return;
     size_t rlen;
     const uint8_t *rep = ap__masha_server_reply(n->srv, &rlen);
@@ -62,6 +119,16 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         if (r) ap_rpc_respond(r, rep, rlen);
     }
     (void)rt;
+    if (!n->sh) return;
+    bool it_done;
+    rc = ap__masha_worker_on_reply(n->sh, rep, rlen, &it_done);
+    if (rc) {
+        ap_log(AP_LOG_WARN, "masha", "server: workers out of step with the run: %s",
+               ap_err_name(rc));
+        server_finish(n, rc);
+        return;
+    }
+    if (!ap__masha_worker_msg(n->sh, &rlen)) server_finish(n, 0);
 }
 
 int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const ap_masha_opts_t *o,
@@ -75,8 +142,13 @@ int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const 
     n->M = pc->workers;
     size_t d = 2 * (size_t)pc->n;
     n->srv = ap__masha_server_new(d, pc->workers, o);
-    n->pending = calloc((size_t)(pc->workers > 0 ? pc->workers : 1), sizeof *n->pending);
-    if (!n->srv || !n->pending) {
+    n->pc = *pc;
+    n->o = *o;
+    size_t nw = (size_t)(pc->workers > 0 ? pc->workers : 1);
+    n->pending = calloc(nw, sizeof *n->pending);
+    n->owner = calloc(nw, sizeof *n->owner);
+    n->bound = calloc(nw, sizeof *n->bound);
+    if (!n->srv || !n->pending || !n->owner || !n->bound) {
         ap_masha_node_free(n);
         return AP_ENOMEM;
     }
@@ -88,6 +160,30 @@ int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const 
         return rc;
     }
     *out = n;
+    return 0;
+}
+
+int ap_masha_server_track(ap_masha_node_t *n, ap_masha_done_fn done, void *arg)
+{
+    if (!n || !n->is_server || !done) return AP_EINVAL;
+    if (n->started || n->sh) return AP_ESTATE;
+    n->p = ap_masha_bilinear_new(&n->pc);
+    if (!n->p) return AP_ENOMEM;
+    n->sh = ap__masha_worker_new(n->p, &n->o, 0);
+    int rc = n->sh ? ap__masha_worker_start(n->sh) : AP_ENOMEM;
+    if (!rc) {
+        n->watch = ap_rt_peer_watch(n->rt, server_peer_event, n);
+        if (!n->watch) rc = AP_ENOMEM;
+    }
+    if (rc) {
+        ap__masha_worker_free(n->sh);
+        n->sh = NULL;
+        ap_masha_problem_free(n->p);
+        n->p = NULL;
+        return rc;
+    }
+    n->done = done;
+    n->done_arg = arg;
     return 0;
 }
 
@@ -174,8 +270,13 @@ void ap_masha_node_free(ap_masha_node_t *n)
         if (n->srv) ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO);
         for (int i = 0; n->pending && i < n->M; i++)
             if (n->pending[i]) ap_rpc_respond_error(n->pending[i], AP_ESHUTDOWN, "server stopped");
+        if (n->watch) ap_rt_peer_unwatch(n->rt, n->watch);
         ap__masha_server_free(n->srv);
+        ap__masha_worker_free(n->sh);
+        ap_masha_problem_free(n->p);
         free(n->pending);
+        free(n->owner);
+        free(n->bound);
     } else {
         n->done = NULL;
         if (n->call) ap_rt_rpc_cancel(n->rt, n->call);
