@@ -448,6 +448,7 @@ struct ap__masha_server {
     int M;
     double tau;
     float *agg;
+    float *scratch; /* check(): validation decode */
     uint8_t *seen;
     int count;
     uint8_t phase;
@@ -469,13 +470,14 @@ ap__masha_server_t *ap__masha_server_new(size_t d, int workers, const ap_masha_o
     s->M = workers;
     s->tau = tau_of(o, d);
     s->agg = calloc(d, sizeof(float));
+    s->scratch = calloc(d, sizeof(float));
     s->seen = calloc((size_t)workers, 1);
     ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
     s->rep_cap = AP__MASHA_HDR + ap_compress_size(&none, d);
     s->rep = malloc(s->rep_cap);
     if (o->method == AP_MASHA_2 && o->server_fraction > 0) s->ef = ap_compress_ef_new(d);
     ap__rng_seed(s->rng, o->seed ^ 0x5e5e5e5e5e5e5e5eull);
-    if (!s->agg || !s->seen || !s->rep ||
+    if (!s->agg || !s->scratch || !s->seen || !s->rep ||
         (o->method == AP_MASHA_2 && o->server_fraction > 0 && !s->ef)) {
         ap__masha_server_free(s);
         return NULL;
@@ -487,13 +489,15 @@ void ap__masha_server_free(ap__masha_server_t *s)
 {
     if (!s) return;
     free(s->agg);
+    free(s->scratch);
     free(s->seen);
     free(s->rep);
     ap_compress_ef_free(s->ef);
     free(s);
 }
 
-int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
+/* Validates a request's header and phase; sets *m. */
+static int server_admit(ap__masha_server_t *s, const uint8_t *req, size_t len, unsigned *mo)
 {
     if (len < AP__MASHA_HDR || req[0] != AP__MASHA_VERSION) return AP_EPROTO;
     uint8_t ph = req[1];
@@ -501,24 +505,22 @@ int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
     uint32_t it;
     memcpy(&it, req + 4, 4);
     if (ph < AP__MP_FULL || ph > AP__MP_EG_B || m >= (unsigned)s->M) return AP_EPROTO;
-    if (s->count == 0) {
-        s->phase = ph;
-        s->iter = it;
-    } else if (ph != s->phase || it != s->iter || s->seen[m]) {
-        return AP_EPROTO;
-    }
+    if (s->count > 0 && (ph != s->phase || it != s->iter || s->seen[m])) return AP_EPROTO;
     ap_compress_hdr_t h;
     int rc = ap_compress_parse(req + AP__MASHA_HDR, len - AP__MASHA_HDR, &h);
     if (rc) return rc;
     if (h.offset != 0 || h.count != s->d) return AP_EPROTO;
-    if (s->count == 0) memset(s->agg, 0, s->d * sizeof(float));
-    rc = ap_compress_decode_add(req + AP__MASHA_HDR, len - AP__MASHA_HDR, 1.0f / (float)s->M,
-                                s->agg, s->d, NULL);
-    if (rc) return rc;
-    s->seen[m] = 1;
-    s->count++;
-    if (s->count < s->M) return 0;
-    /* complete: build the reply */
+    if (s->count == 0) {
+        s->phase = ph;
+        s->iter = it;
+    }
+    *mo = m;
+    return 0;
+}
+
+/* All M requests are in agg: builds the reply, resets for the next phase. */
+static int server_reply_build(ap__masha_server_t *s)
+{
     uint8_t *r = s->rep;
     r[0] = AP__MASHA_VERSION;
     r[1] = s->phase;
@@ -538,15 +540,54 @@ int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
         }
     }
     size_t l;
-    rc = ef ? ap_compress_ef_encode(s->ef, &c, s->agg, s->d, 0, r + AP__MASHA_HDR,
-                                    s->rep_cap - AP__MASHA_HDR, &l)
-            : ap_compress_encode(&c, s->agg, s->d, 0, r + AP__MASHA_HDR, s->rep_cap - AP__MASHA_HDR,
-                                 &l);
+    int rc = ef ? ap_compress_ef_encode(s->ef, &c, s->agg, s->d, 0, r + AP__MASHA_HDR,
+                                        s->rep_cap - AP__MASHA_HDR, &l)
+                : ap_compress_encode(&c, s->agg, s->d, 0, r + AP__MASHA_HDR,
+                                     s->rep_cap - AP__MASHA_HDR, &l);
     if (rc) return rc;
     s->rep_len = AP__MASHA_HDR + l;
     s->count = 0;
     memset(s->seen, 0, (size_t)s->M);
     return 1;
+}
+
+int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
+{
+    unsigned m;
+    int rc = server_admit(s, req, len, &m);
+    if (rc) return rc;
+    if (s->count == 0) memset(s->agg, 0, s->d * sizeof(float));
+    rc = ap_compress_decode_add(req + AP__MASHA_HDR, len - AP__MASHA_HDR, 1.0f / (float)s->M,
+                                s->agg, s->d, NULL);
+    if (rc) return rc;
+    s->seen[m] = 1;
+    s->count++;
+    if (s->count < s->M) return 0;
+    return server_reply_build(s);
+}
+
+int ap__masha_server_check(ap__masha_server_t *s, const uint8_t *req, size_t len)
+{
+    unsigned m;
+    int rc = server_admit(s, req, len, &m);
+    if (rc) return rc;
+    rc = ap_compress_decode(req + AP__MASHA_HDR, len - AP__MASHA_HDR, s->scratch, s->d, NULL);
+    if (rc) return rc;
+    s->seen[m] = 1;
+    s->count++;
+    return s->count < s->M ? 0 : 1;
+}
+
+int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs, const size_t *lens)
+{
+    if (s->count != s->M) return AP_ESTATE;
+    memset(s->agg, 0, s->d * sizeof(float));
+    for (int m = 0; m < s->M; m++) {
+        int rc = ap_compress_decode_add(reqs[m] + AP__MASHA_HDR, lens[m] - AP__MASHA_HDR,
+                                        1.0f / (float)s->M, s->agg, s->d, NULL);
+        if (rc) return rc; /* cannot happen: check() decoded it */
+    }
+    return server_reply_build(s);
 }
 
 const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, size_t *len)

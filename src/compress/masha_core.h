@@ -43,6 +43,15 @@ void ap__masha_server_free(ap__masha_server_t *s);
  * in (then call ap__masha_server_reply), 0 when more are expected, or an
  * error (AP_EPROTO / AP_ECORRUPT: bad or duplicate request). */
 int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len);
+/* The same in two steps, so that the average does not depend on the order
+ * in which requests arrive (float sums are not associative): check()
+ * validates a request fully (returns 1 when all M are in, 0 when more are
+ * expected, or an error as add()); the caller keeps the requests, then
+ * complete() sums them in worker-index order — exactly what add() computes
+ * when called in index order — and builds the reply (returns 1). */
+int ap__masha_server_check(ap__masha_server_t *s, const uint8_t *req, size_t len);
+int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs,
+                              const size_t *lens);
 /* The reply for the completed phase (valid until the next add). */
 const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, size_t *len);
 

@@ -15,6 +15,8 @@ struct ap_masha_node {
     ap__masha_server_t *srv;
     ap_rpc_req_t **pending; /* per worker index */
     int M;
+    const uint8_t **reqs; /* per worker index: pending request data */
+    size_t *lens;
     ap_peer_id_t *owner; /* per worker index: the peer that first used it */
     bool *bound;
     ap_masha_bilinear_cfg_t pc;
@@ -97,7 +99,7 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         ap_rpc_respond_error(req, AP_EPERM, "worker index held by another peer");
         return;
     }
-    int rc = ap__masha_server_add(n->srv, data, len);
+    int rc = ap__masha_server_check(n->srv, data, len);
     if (rc < 0) {
         ap_peer_id_short(ap_rpc_req_peer(req), sid);
         ap_log(AP_LOG_WARN, "masha", "bad request from %s: %s", sid, ap_err_name(rc));
@@ -109,8 +111,22 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     if (!n->bound[m]) {
         n->bound[m] = true;
         n->owner[m] = *peer;
+        ap_peer_id_short(peer, sid);
+        ap_log(AP_LOG_INFO, "masha", "worker %u joined from %s", m, sid);
     }
     if (rc == 0) return;
+    /* all in: sum in index order (arrival order must not change the bits) */
+    for (int i = 0; i < n->M; i++) n->reqs[i] = ap_rpc_req_data(n->pending[i], &n->lens[i]);
+    rc = ap__masha_server_complete(n->srv, n->reqs, n->lens);
+    if (rc < 0) {
+        ap_log(AP_LOG_WARN, "masha", "server: cannot complete the phase: %s", ap_err_name(rc));
+        for (int i = 0; i < n->M; i++) {
+            ap_rpc_respond_error(n->pending[i], rc, "server failed");
+            n->pending[i] = NULL;
+        }
+        if (n->sh) server_finish(n, rc);
+        return;
+    }
     size_t rlen;
     const uint8_t *rep = ap__masha_server_reply(n->srv, &rlen);
     for (int i = 0; i < n->M; i++) {
@@ -147,8 +163,10 @@ int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const 
     size_t nw = (size_t)(pc->workers > 0 ? pc->workers : 1);
     n->pending = calloc(nw, sizeof *n->pending);
     n->owner = calloc(nw, sizeof *n->owner);
+    n->reqs = calloc(nw, sizeof *n->reqs);
+    n->lens = calloc(nw, sizeof *n->lens);
     n->bound = calloc(nw, sizeof *n->bound);
-    if (!n->srv || !n->pending || !n->owner || !n->bound) {
+    if (!n->srv || !n->pending || !n->owner || !n->bound || !n->reqs || !n->lens) {
         ap_masha_node_free(n);
         return AP_ENOMEM;
     }
@@ -276,6 +294,8 @@ void ap_masha_node_free(ap_masha_node_t *n)
         ap_masha_problem_free(n->p);
         free(n->pending);
         free(n->owner);
+        free(n->reqs);
+        free(n->lens);
         free(n->bound);
     } else {
         n->done = NULL;

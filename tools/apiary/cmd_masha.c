@@ -552,13 +552,18 @@ static int worker_main(masha_args_t *a)
     if (!run.dialed || run.dial_status) {
         int st = run.dialed ? run.dial_status : AP_ETIMEDOUT;
         ap_multiaddr_t ma;
-        char want[AP_PEER_ID_STR_MAX] = "?";
-        if (!ap_multiaddr_parse(&ma, a->server_addr)) ap_peer_id_str(&ma.peer, want);
+        char want[AP_PEER_ID_STR_MAX] = "?", host[AP_MA_TEXT_MAX] = "?";
+        if (!ap_multiaddr_parse(&ma, a->server_addr)) {
+            ap_peer_id_str(&ma.peer, want);
+            ma.has_peer = false;
+            ap_multiaddr_print(&ma, host, sizeof host);
+        }
         if (st == AP_EAUTH)
             fprintf(stderr,
-                    "apiary masha worker: the peer at %s is not %s (%s): check the /p2p/ part "
-                    "of --server against the server's first output line\n",
-                    a->server_addr, want, ap_err_name(st));
+                    "apiary masha worker: the node at %s is not the server %s: it proved "
+                    "another PeerID (EAUTH). Check the /p2p/ part of --server against the "
+                    "server's first output line\n",
+                    host, want);
         else
             fprintf(stderr, "apiary masha worker: cannot reach the server at %s: %s (%s)\n",
                     a->server_addr, ap_strerror(st), ap_err_name(st));
