@@ -212,6 +212,78 @@ static void test_server_rejects(void **state)
     ap_masha_problem_free(p);
 }
 
+/* The protocol server's two-step path (check in any arrival order, then
+ * complete) gives bit-identical replies to add() in worker-index order (the
+ * in-process solver), while add() in arrival order would not: float sums
+ * are not associative, and a flipped last bit changes top-k picks. */
+static void test_server_order_independent(void **state)
+{
+    (void)state;
+    enum { M = 10 };
+    ap_masha_problem_t *p = make(0.1);
+    ap_masha_opts_t o = {.method = AP_MASHA_2,
+                         .gamma = 0.2,
+                         .fraction = 0.1,
+                         .server_fraction = 0.5,
+                         .seed = ap_test_seed(5),
+                         .target = 1e-6,
+                         .max_iters = 150};
+    size_t d = ap_masha_dim(p);
+    ap__masha_server_t *ref = ap__masha_server_new(d, M, &o), *two = ap__masha_server_new(d, M, &o),
+                       *naive = ap__masha_server_new(d, M, &o);
+    ap__masha_worker_t *w[M];
+    for (int m = 0; m < M; m++) {
+        w[m] = ap__masha_worker_new(p, &o, m);
+        assert_non_null(w[m]);
+        assert_ok(ap__masha_worker_start(w[m]));
+    }
+    uint64_t rng = ap_test_seed(5) | 1;
+    int phases = 0, naive_differs = 0;
+    for (;;) {
+        size_t len[M];
+        const uint8_t *msg[M];
+        for (int m = 0; m < M; m++) msg[m] = ap__masha_worker_msg(w[m], &len[m]);
+        if (!msg[0]) break;
+        int perm[M];
+        for (int m = 0; m < M; m++) perm[m] = m;
+        for (int m = M - 1; m > 0; m--) { /* xorshift Fisher-Yates */
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            int j = (int)(rng % (uint64_t)(m + 1)), t = perm[m];
+            perm[m] = perm[j];
+            perm[j] = t;
+        }
+        int rc = 0, rn = 0, rt = 0;
+        for (int m = 0; m < M; m++) {
+            rc = ap__masha_server_add(ref, msg[m], len[m]);
+            rt = ap__masha_server_check(two, msg[perm[m]], len[perm[m]]);
+            rn = ap__masha_server_add(naive, msg[perm[m]], len[perm[m]]);
+            assert_true(rc >= 0 && rt >= 0 && rn >= 0);
+        }
+        assert_int_equal(rc, 1);
+        assert_int_equal(rt, 1);
+        assert_int_equal(rn, 1);
+        assert_int_equal(ap__masha_server_complete(two, msg, len), 1);
+        size_t l1, l2, l3;
+        const uint8_t *r1 = ap__masha_server_reply(ref, &l1),
+                      *r2 = ap__masha_server_reply(two, &l2),
+                      *r3 = ap__masha_server_reply(naive, &l3);
+        assert_int_equal(l1, l2);
+        assert_memory_equal(r1, r2, l1);
+        if (l1 != l3 || memcmp(r1, r3, l1)) naive_differs++;
+        bool it_done;
+        for (int m = 0; m < M; m++) assert_ok(ap__masha_worker_on_reply(w[m], r1, l1, &it_done));
+        phases++;
+    }
+    print_message("%d phases, arrival-order sum differs in %d\n", phases, naive_differs);
+    assert_true(phases > 100);
+    assert_true(naive_differs > 0); /* the hazard is real */
+    for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
+    ap__masha_server_free(ref);
+    ap__masha_server_free(two);
+    ap__masha_server_free(naive);
+    ap_masha_problem_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_convergence_and_target),
         cmocka_unit_test(test_server_compression),
         cmocka_unit_test(test_server_rejects),
+        cmocka_unit_test(test_server_order_independent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  * lands on main.) */
 #include "aptest.h"
 
+#include "apiary/compress.h"
 #include "apiary/masha.h"
 #include "runtime/rt_impl.h"
 
@@ -275,8 +276,10 @@ static void run_distributed(ap_masha_method_t method, double gamma, double frac,
         nodes[i].idx = i;
     }
     ap_masha_node_t *srv, *wk[MAXN];
-    wres_t res[MAXN] = {{0}};
+    wres_t res[MAXN] = {{0}}, sres = {0};
     assert_ok(ap_masha_server_start(&nodes[0].rt, &pc, &o, &srv));
+    assert_ok(ap_masha_server_track(srv, on_done, &sres));
+    assert_int_equal(ap_masha_server_track(srv, on_done, &sres), AP_ESTATE);
     for (int m = 0; m < M; m++)
         assert_ok(ap_masha_worker_start(&nodes[1 + m].rt, &nodes[0].rt.self, &pc, &o, m, on_done,
                                         &res[m], &wk[m]));
@@ -299,6 +302,16 @@ static void run_distributed(ap_masha_method_t method, double gamma, double frac,
         assert_int_equal(st.bytes_sent, ap_masha_upload_bytes(p, &o, ref.iters, ref.refreshes));
         assert_int_equal(st.bytes_received, ref.bytes_down);
     }
+    /* the server followed the run and saw the same end */
+    assert_true(sres.finished);
+    assert_int_equal(sres.status, 0);
+    assert_true(sres.r.converged);
+    assert_int_equal(sres.r.iters, ref.iters);
+    assert_int_equal(sres.r.refreshes, ref.refreshes);
+    assert_int_equal(sres.r.floats_up, ref.floats_up);
+    assert_int_equal(sres.r.bytes_up, ref.bytes_up);
+    assert_int_equal(sres.r.bytes_down, ref.bytes_down);
+    assert_true(sres.r.rel_dist2 == ref.rel_dist2);
     ap_rt_get_stats(&nodes[0].rt, &st);
     assert_int_equal(st.bytes_sent, (uint64_t)M * ref.bytes_down);
     print_message("method %d: %llu iterations, %llu B up per worker\n", (int)method,
@@ -363,7 +376,31 @@ static void test_bad_request(void **state)
         run_queue();
         assert_true(bad_status < 0);
     }
-    ap_masha_node_free(srv);
+    /* a worker index belongs to the peer that first used it */
+    nnodes = 3;
+    memset(&nodes[2], 0, sizeof nodes[2]);
+    uint8_t seed2[32] = {3, 9};
+    assert_ok(ap__rt_init(&nodes[2].rt, &lops, seed2, 7));
+    nodes[2].idx = 2;
+    uint8_t req[8 + 24 + 32] = {1, 1, 0, 0, 0, 0, 0, 0};
+    float zero[8] = {0};
+    size_t clen;
+    ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
+    assert_ok(ap_compress_encode(&none, zero, 8, 0, req + 8, sizeof req - 8, &clen));
+    assert_int_equal(8 + clen, sizeof req);
+    ap_rpc_opts_t ro = {0};
+    bad_status = 1;
+    assert_true(ap_rt_rpc_call(&nodes[1].rt, &nodes[0].rt.self, AP_MASHA_PROTO, req, sizeof req,
+                               &ro, bad_done, NULL) != 0);
+    run_queue();
+    assert_int_equal(bad_status, 1); /* held: waiting for worker 1 */
+    assert_true(ap_rt_rpc_call(&nodes[2].rt, &nodes[0].rt.self, AP_MASHA_PROTO, req, sizeof req,
+                               &ro, bad_done, NULL) != 0);
+    run_queue();
+    assert_int_equal(bad_status, AP_EPERM);
+    ap_masha_node_free(srv); /* the held request gets AP_ESHUTDOWN */
+    run_queue();
+    assert_int_equal(bad_status, AP_ESHUTDOWN);
     for (int i = 0; i < nnodes; i++) ap__rt_fini(&nodes[i].rt);
 }
 
