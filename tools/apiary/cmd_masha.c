@@ -387,20 +387,26 @@ static bool is_finished(void *arg)
     return ((run_t *)arg)->finished;
 }
 
-static void print_summary(const masha_args_t *a, const char *role, const ap_masha_result_t *r,
-                          double secs)
+/* r: the MASHA protocol counts (per worker); the runtime's counters add
+ * what TCP + Noise + mux framing cost on the wire (incl. handshakes). */
+static void print_summary(const masha_args_t *a, ap_rt_t *rt, const char *role,
+                          const ap_masha_result_t *r, double secs)
 {
+    ap_rt_stats_t st;
+    ap_rt_get_stats(rt, &st);
     printf("{\"role\":\"%s\",", role);
     if (!a->server) printf("\"index\":%d,", a->index);
     printf("\"method\":\"%s\",\"workers\":%d,\"dim\":%d,\"h\":%g,\"seed\":%llu,\"gamma\":%g,"
            "\"fraction\":%g,\"converged\":%s,\"iterations\":%llu,\"refreshes\":%llu,"
            "\"floats_per_worker\":%llu,\"bytes_per_worker\":%llu,\"bytes_down_per_worker\":%llu,"
-           "\"rel_dist2\":%.6g,\"seconds\":%.3f}\n",
+           "\"rel_dist2\":%.6g,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
+           "\"seconds\":%.3f}\n",
            method_name(a->o.method), a->pc.workers, a->pc.n, a->pc.h,
            (unsigned long long)a->pc.seed, a->o.gamma, a->o.fraction,
            r->converged ? "true" : "false", (unsigned long long)r->iters,
            (unsigned long long)r->refreshes, (unsigned long long)r->floats_up,
-           (unsigned long long)r->bytes_up, (unsigned long long)r->bytes_down, r->rel_dist2, secs);
+           (unsigned long long)r->bytes_up, (unsigned long long)r->bytes_down, r->rel_dist2,
+           (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_received, secs);
     fflush(stdout);
 }
 
@@ -487,7 +493,7 @@ static int server_main(masha_args_t *a)
     if (!ap_host_run_until(h, no_connections, rt, GRACE_US))
         fprintf(stderr, "masha server: some workers did not hang up within %llu s\n",
                 (unsigned long long)(GRACE_US / 1000000));
-    print_summary(a, "server", &run.r, secs);
+    print_summary(a, rt, "server", &run.r, secs);
     ret = run.r.converged ? 0 : EXIT_NOCONVERGE;
     if (!run.r.converged)
         fprintf(stderr, "masha server: stopped without converging (rel_dist2 %.3g)\n",
@@ -588,7 +594,7 @@ static int worker_main(masha_args_t *a)
                 ap_strerror(run.status), ap_err_name(run.status));
         goto out;
     }
-    print_summary(a, "worker", &run.r, now_s() - t0);
+    print_summary(a, rt, "worker", &run.r, now_s() - t0);
     ret = run.r.converged ? 0 : EXIT_NOCONVERGE;
 out:
     ap_masha_node_free(run.node);
