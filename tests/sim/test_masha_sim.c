@@ -21,7 +21,7 @@ typedef struct wres {
     ap_masha_result_t r;
 } wres_t;
 
-static wres_t res[M];
+static wres_t res[M], sres; /* workers, tracked server */
 
 static void on_done(void *arg, int status, const ap_masha_result_t *r)
 {
@@ -34,6 +34,7 @@ static void on_done(void *arg, int status, const ap_masha_result_t *r)
 static bool all_done(void *arg)
 {
     (void)arg;
+    if (!sres.finished) return false;
     for (int m = 0; m < M; m++)
         if (!res[m].finished) return false;
     return true;
@@ -49,10 +50,12 @@ static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double ga
                          .target = 1e-6,
                          .max_iters = 100000};
     memset(res, 0, sizeof res);
+    memset(&sres, 0, sizeof sres);
     ap_testbed_t *tb = tbo->create(M + 1, ap_test_seed(7));
     assert_non_null(tb);
     ap_masha_node_t *srv, *wk[M];
     assert_ok(ap_masha_server_start(tbo->node(tb, 0), &pc, &o, &srv));
+    assert_ok(ap_masha_server_track(srv, on_done, &sres));
     const ap_peer_id_t *sid = ap_rt_self(tbo->node(tb, 0));
     char addr[1][AP_RT_ADDR_MAX];
     assert_true(ap_rt_listen_addrs(tbo->node(tb, 0), addr, 1, false) >= 1);
@@ -84,6 +87,13 @@ static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double ga
             assert_int_equal(st.bytes_sent, want);
         }
     }
+    /* the tracked server saw the same end as every worker */
+    assert_int_equal(sres.status, 0);
+    assert_true(sres.r.converged);
+    assert_int_equal(sres.r.iters, ref.iters);
+    assert_int_equal(sres.r.refreshes, ref.refreshes);
+    assert_int_equal(sres.r.bytes_up, ref.bytes_up);
+    assert_int_equal(sres.r.bytes_down, ref.bytes_down);
     print_message("%s: method %d, %llu iterations, %llu B of MASHA messages up per worker\n",
                   tbo->name, (int)method, (unsigned long long)ref.iters,
                   (unsigned long long)ref.bytes_up);
