@@ -121,7 +121,10 @@ typedef struct ap_masha_node ap_masha_node_t;
 
 /* Starts the server on rt. peers are not needed: workers identify
  * themselves by index; a second request for a worker index in the same
- * phase is refused (AP_EPROTO). */
+ * phase is refused (AP_EPROTO), and an index is bound to the PeerID that
+ * first used it (AP_EPERM for another peer). The average of a phase is
+ * summed in worker-index order whatever the arrival order, so a run is
+ * bit-identical to ap_masha_run of the same config on any driver. */
 AP_EXPORT int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc,
                                     const ap_masha_opts_t *o, ap_masha_node_t **out);
 typedef void (*ap_masha_done_fn)(void *arg, int status, const ap_masha_result_t *r);
