@@ -204,12 +204,13 @@ static void test_known_instances(void **state)
     assert_true(teq / t > 1.5);
     /* slow peer as auxiliary: T = 1/12.5e6 (the 100 Mbit senders' own upload);
      * they have no slack left, so the 1000 Mbit peer reduces almost all and
-     * the aux what its link allows at T: b·T/|S| = 2.5·0.08/4 = 0.05 */
+     * the aux up to what its link allows at T: b·T/|S| = 2.5·0.08/4 = 0.05 */
     het[3].role = AP_AVG_AUX;
     assert_ok(ap_avg_balance(het, 5, NULL, a, &t));
     assert_true(fabs(t - 1 / 12.5e6) < 1e-6 * t);
     assert_true(a[1] == 0 && a[2] == 0 && a[4] == 0);
-    assert_true(fabs(a[3] - 0.05) < 1e-6 && fabs(a[0] - 0.95) < 1e-6);
+    /* canonical: both at θ = 1/1.05 of their intervals [0,1] and [0,0.05] */
+    assert_true(fabs(a[3] - 0.05 / 1.05) < 1e-6 && fabs(a[0] - 1 / 1.05) < 1e-6);
 }
 
 static void test_min_share(void **state)
