@@ -993,3 +993,35 @@ int ap_avg_service_free(ap_avg_service_t *svc)
     free(svc);
     return 0;
 }
+
+/* ---- test hooks ------------------------------------------------------------------ */
+
+void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->reduced = ar->reduced;
+    p->my_chunks = ar->my_chunks;
+    for (int k = 0; ar->sends && k < ar->n; k++) {
+        if (k == ar->self || !ar->cnt[k]) continue;
+        p->data_chunks_sent += ar->out[k].next_send;
+        p->data_chunks_total += nchunks(ar, ar->cnt[k]);
+        p->results_recv += ar->out[k].next_recv;
+        p->results_total += nchunks(ar, ar->cnt[k]);
+    }
+}
+
+void ap__avg_service_abandon(ap_avg_service_t *svc)
+{
+    if (!svc) return;
+    while (svc->rounds) {
+        ap_allreduce_t *ar = svc->rounds;
+        svc->rounds = ar->next;
+        round_free(ar);
+    }
+    while (svc->parked) {
+        parked_t *pk = svc->parked;
+        svc->parked = pk->next;
+        free(pk);
+    }
+    free(svc);
+}

@@ -38,3 +38,14 @@ void ap__avg_frame_header(uint8_t *out, uint8_t type, uint8_t codec, uint32_t in
 int ap__avg_frame_parse(const uint8_t *b, size_t len, ap__avg_frame_t *out);
 
 #endif
+
+/* Test hooks. */
+typedef struct ap__avg_progress {
+    uint32_t data_chunks_sent, data_chunks_total; /* as sender, over all parts */
+    uint32_t results_recv, results_total;         /* as receiver */
+    uint32_t reduced, my_chunks;                  /* as reducer */
+} ap__avg_progress_t;
+void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p);
+/* Frees a service and its rounds without touching the runtime: for a node
+ * that crashed in a test (its runtime is gone). */
+void ap__avg_service_abandon(ap_avg_service_t *svc);

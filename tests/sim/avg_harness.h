@@ -1,0 +1,159 @@
+/* Shared harness of the all-reduce scenario tests: N nodes on a testbed, one
+ * averaging service each, rounds started on a chosen subset, results
+ * collected, and the reference weighted mean computed in double. */
+#ifndef AP_AVG_HARNESS_H
+#define AP_AVG_HARNESS_H
+
+#include "aptest.h"
+
+#include "apiary/averager.h"
+#include "apiary/log.h"
+#include "averaging/allreduce.h"
+#include "avg_minisim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct avg_node {
+    ap_avg_service_t *svc;
+    ap_allreduce_t *ar;
+    float *data, *orig;
+    double weight;
+    ap_avg_role_t role;
+    bool in_round, done, crashed;
+    ap_allreduce_result_t res;
+} avg_node_t;
+
+typedef struct avg_env {
+    const ap_testbed_ops_t *ops;
+    ap_testbed_t *tb;
+    int n;
+    uint64_t elems;
+    avg_node_t *nd;
+    uint64_t rng;
+    int running;
+} avg_env_t;
+
+static uint64_t avg_rnd(avg_env_t *e)
+{
+    uint64_t z = (e->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double avg_rnd01(avg_env_t *e)
+{
+    return (double)(avg_rnd(e) >> 11) / 9007199254740992.0;
+}
+
+static void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->ops = &ms_testbed;
+    e->tb = e->ops->create(n, seed);
+    assert_non_null(e->tb);
+    e->n = n;
+    e->elems = elems;
+    e->rng = seed * 7919 + 1;
+    e->nd = calloc((size_t)n, sizeof *e->nd);
+    for (int i = 0; i < n; i++) {
+        avg_node_t *d = &e->nd[i];
+        assert_ok(ap_avg_service_new(e->ops->node(e->tb, i), &d->svc));
+        d->data = malloc(elems * sizeof(float) + 4);
+        d->orig = malloc(elems * sizeof(float) + 4);
+        for (uint64_t k = 0; k < elems; k++)
+            d->orig[k] = d->data[k] = (float)(avg_rnd01(e) * 200 - 100);
+        d->weight = 0.5 + 4 * avg_rnd01(e);
+    }
+}
+
+static void avg_env_free(avg_env_t *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        avg_node_t *d = &e->nd[i];
+        if (d->crashed)
+            ap__avg_service_abandon(d->svc);
+        else
+            assert_ok(ap_avg_service_free(d->svc));
+        free(d->data);
+        free(d->orig);
+    }
+    e->ops->destroy(e->tb);
+    free(e->nd);
+}
+
+static void avg_on_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
+{
+    (void)rt;
+    avg_node_t *d = arg;
+    d->res = *res;
+    d->done = true;
+    d->ar = NULL;
+}
+
+/* Starts a round among members idx[0..m) (group order = idx order) with the
+ * roles in e->nd[*].role and declared bandwidths up/down (NULL = 125e6). */
+static inline void avg_start(avg_env_t *e, const int *idx, int m, const uint8_t gid[32],
+                             const double *up, const double *down, const ap_allreduce_opts_t *o)
+{
+    ap_avg_member_t *mem = calloc((size_t)m, sizeof *mem);
+    for (int k = 0; k < m; k++) {
+        ap_rt_t *rt = e->ops->node(e->tb, idx[k]);
+        ms_node_t *node = MS_NODE(rt);
+        mem[k].id = *ap_rt_self(rt);
+        mem[k].role = e->nd[idx[k]].role;
+        mem[k].up = up ? up[k] : node->up;
+        mem[k].down = down ? down[k] : node->down;
+    }
+    ap_avg_group_t g = {.members = mem, .n = (size_t)m};
+    memcpy(g.id, gid, 32);
+    for (int k = 0; k < m; k++) {
+        avg_node_t *d = &e->nd[idx[k]];
+        d->done = false;
+        d->in_round = true;
+        float *buf = d->role == AP_AVG_AUX ? NULL : d->data;
+        assert_ok(
+            ap_allreduce_start(d->svc, &g, buf, e->elems, d->weight, o, avg_on_done, d, &d->ar));
+    }
+    free(mem);
+}
+
+static bool avg_all_done(void *arg)
+{
+    avg_env_t *e = arg;
+    for (int i = 0; i < e->n; i++)
+        if (e->nd[i].in_round && !e->nd[i].crashed && !e->nd[i].done) return false;
+    return true;
+}
+
+static inline void avg_crash(avg_env_t *e, int i)
+{
+    e->nd[i].crashed = true;
+    e->ops->crash(e->tb, i);
+}
+
+/* Weighted mean over the senders among idx (skipping crashed unless
+ * include_crashed), from the original data. */
+static inline void avg_reference(avg_env_t *e, const int *idx, int m, const bool *include,
+                                 double *out)
+{
+    for (uint64_t k = 0; k < e->elems; k++) {
+        double s = 0, w = 0;
+        for (int j = 0; j < m; j++) {
+            avg_node_t *d = &e->nd[idx[j]];
+            if (d->role == AP_AVG_AUX || (include && !include[j])) continue;
+            s += d->weight * d->orig[k];
+            w += d->weight;
+        }
+        out[k] = s / w;
+    }
+}
+
+static inline bool close_rel(double got, double want, double tol)
+{
+    return fabs(got - want) <= tol * (fabs(want) > 1 ? fabs(want) : 1);
+}
+
+#endif
