@@ -157,7 +157,7 @@ struct ap_allreduce {
     uint8_t *frame;
     link_t *links;
     int live_links;
-    uint64_t start_us, deadline_us, tick_timer, finish_timer;
+    uint64_t start_us, deadline_us, tick_timer, finish_timer, watch_id;
     bool finishing, stopped;
     ap_allreduce_result_t res;
     ap_allreduce_done_fn done;
@@ -622,6 +622,27 @@ static void tick_cb(ap_rt_t *rt, void *arg)
     check_done(ar);
 }
 
+/* A member whose connection dropped cannot deliver or reduce any more: act at
+ * once instead of waiting for the stall rule. */
+static void on_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, ap_peer_event_t ev)
+{
+    ap_allreduce_t *ar = arg;
+    (void)rt;
+    if (ev != AP_PEER_DISCONNECTED || ar->stopped || ar->finishing) return;
+    for (int j = 0; j < ar->n; j++) {
+        if (j == ar->self || !ap_peer_id_eq(&ar->m[j].id, peer)) continue;
+        if (ar->in && ar->m[j].role != AP_AVG_AUX &&
+            (ar->in[j].state == SLOT_WAITING ||
+             (ar->in[j].state == SLOT_ACTIVE && ar->in[j].next_in < ar->my_chunks)))
+            drop_sender(ar, j, AP_ECLOSED, "disconnected");
+        if (ar->out && ar->cnt[j] && ar->out[j].state == SLOT_ACTIVE)
+            fail_part(ar, j, AP_ECLOSED, "disconnected");
+    }
+    finalise_chunks(ar);
+    pump_results(ar);
+    check_done(ar);
+}
+
 static void unregister_round(ap_allreduce_t *ar)
 {
     for (ap_allreduce_t **p = &ar->svc->rounds; *p; p = &(*p)->next)
@@ -655,6 +676,7 @@ static void finish_cb(ap_rt_t *rt, void *arg)
 {
     ap_allreduce_t *ar = arg;
     if (ar->tick_timer) ap_rt_timer_stop(rt, ar->tick_timer);
+    if (ar->watch_id) ap_rt_peer_unwatch(rt, ar->watch_id);
     unregister_round(ar);
     ar->res.elapsed_us = ap_rt_now_us(rt) - ar->start_us;
     ar->res.elems = ar->total;
@@ -868,6 +890,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     }
     ar->tick_timer = ap_rt_timer_start(rt, o.stall_min_us / 4 ? o.stall_min_us / 4 : 1,
                                        o.stall_min_us / 4 ? o.stall_min_us / 4 : 1, tick_cb, ar);
+    ar->watch_id = ap_rt_peer_watch(rt, on_peer_event, ar);
     for (int k = 0; sends && k < ar->n; k++)
         if (k != self && ar->cnt[k]) pump_send(ar, k);
     finalise_chunks(ar);

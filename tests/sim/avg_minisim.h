@@ -53,7 +53,18 @@ typedef struct ms_msg {
     uint8_t data[];
 } ms_msg_t;
 
-enum { EV_TIMER, EV_OPEN, EV_MSG, EV_RESET, EV_CLOSE, EV_WRITABLE, EV_CREDIT, EV_POST, EV_WORK };
+enum {
+    EV_DISCONNECT,
+    EV_TIMER,
+    EV_OPEN,
+    EV_MSG,
+    EV_RESET,
+    EV_CLOSE,
+    EV_WRITABLE,
+    EV_CREDIT,
+    EV_POST,
+    EV_WORK
+};
 
 typedef struct ms_ev {
     uint64_t t, seq;
@@ -459,6 +470,11 @@ static void ms_dispatch(ms_world_t *w, ms_ev_t *ev)
         tm->cb(&tm->node->rt, tm->arg);
         return;
     }
+    case EV_DISCONNECT:
+        for (int i = 0; i < w->n; i++)
+            if (w->nodes[i]->alive)
+                ap__rt_peer_event(&w->nodes[i]->rt, &ev->node->rt.self, AP_PEER_DISCONNECTED);
+        return;
     case EV_POST:
         if (ev->node->alive) ((ap_post_fn)ev->fn)(&ev->node->rt, ev->arg);
         return;
@@ -642,7 +658,9 @@ static void ms_crash(ap_testbed_t *tb, int i)
         if (!o && s->opener) s->refused = true;
     }
     /* openers elsewhere whose EV_OPEN to this node is still in flight get
-     * refused in EV_OPEN (the node is not alive) */
+     * refused in EV_OPEN (the node is not alive); everyone sees the
+     * connection drop one latency later */
+    ms_push(w, (ms_ev_t){.t = w->now + w->latency_us, .type = EV_DISCONNECT, .node = nd});
     ap__rt_fini(&nd->rt);
 }
 
