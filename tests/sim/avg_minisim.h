@@ -681,7 +681,7 @@ static const ap_testbed_ops_t ms_testbed = {
     .virtual_time = true,
 };
 
-static void ms_set_bw(ap_testbed_t *tb, int i, double up, double down)
+static inline void ms_set_bw(ap_testbed_t *tb, int i, double up, double down)
 {
     ms_world_t *w = (ms_world_t *)tb;
     w->nodes[i]->up = up;
