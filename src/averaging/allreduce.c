@@ -199,7 +199,7 @@ static uint32_t chunk_len(const ap_allreduce_t *ar, uint64_t count, uint32_t c)
 
 static void check_done(ap_allreduce_t *ar);
 static void pump_results(ap_allreduce_t *ar);
-static void pump_send(ap_allreduce_t *ar, int k);
+static void pump_send_all(ap_allreduce_t *ar);
 
 /* ---- reducer side ------------------------------------------------------------ */
 
@@ -324,7 +324,7 @@ static void send_results_to(ap_allreduce_t *ar, int j)
 static void pump_results(ap_allreduce_t *ar)
 {
     if (!ar->in) return;
-    for (int j = 0; j < ar->n; j++) send_results_to(ar, j);
+    for (int r = 1; r <= ar->n; r++) send_results_to(ar, (ar->self + r) % ar->n);
 }
 
 static void on_in_writable(ap_stream_t *s, void *arg)
@@ -447,13 +447,14 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
     check_done(ar);
 }
 
-static void pump_send(ap_allreduce_t *ar, int k)
+/* Sends the next data chunk of part k: 1 if sent, 0 if blocked or finished. */
+static int send_one(ap_allreduce_t *ar, int k)
 {
     out_slot_t *os = &ar->out[k];
-    if (os->state != SLOT_ACTIVE || !os->link || !os->link->s || os->sent_all) return;
+    if (os->state != SLOT_ACTIVE || !os->link || !os->link->s || os->sent_all) return 0;
     ap_stream_t *s = os->link->s;
     uint32_t nc = nchunks(ar, ar->cnt[k]);
-    while (os->next_send < nc) {
+    if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
         ap__avg_frame_header(ar->frame, AP__AVG_FRAME_DATA, ar->codec->id, c, len);
@@ -461,23 +462,42 @@ static void pump_send(ap_allreduce_t *ar, int k)
                           ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
         int rc = ap_stream_send(s, ar->frame, fl);
-        if (rc == AP_EAGAIN) return;
+        if (rc == AP_EAGAIN) return 0;
         if (rc) {
             fail_part(ar, k, AP_ERESET, "cannot send data");
-            return;
+            return 0;
         }
         ar->res.bytes_sent += fl;
         os->next_send++;
     }
-    os->sent_all = true;
-    ap_stream_close(s);
+    if (os->next_send == nc) {
+        os->sent_all = true;
+        ap_stream_close(s);
+        return 0;
+    }
+    return 1;
+}
+
+/* Interleaves the parts chunk by chunk, starting after this peer's own index,
+ * so every reducer receives data from the start and no reducer's results
+ * wait behind all the others' (docs/averaging.md, "Scheduling"). */
+static void pump_send_all(ap_allreduce_t *ar)
+{
+    if (!ar->out) return;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int r = 1; r <= ar->n; r++) {
+            int k = (ar->self + r) % ar->n;
+            if (k != ar->self && ar->cnt[k]) progress |= send_one(ar, k);
+        }
+    }
 }
 
 static void on_out_writable(ap_stream_t *s, void *arg)
 {
     link_t *l = arg;
     (void)s;
-    if (l->ar->out[l->peer].link == l) pump_send(l->ar, l->peer);
+    if (l->ar->out[l->peer].link == l) pump_send_all(l->ar);
     check_done(l->ar);
 }
 
@@ -891,8 +911,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     ar->tick_timer = ap_rt_timer_start(rt, o.stall_min_us / 4 ? o.stall_min_us / 4 : 1,
                                        o.stall_min_us / 4 ? o.stall_min_us / 4 : 1, tick_cb, ar);
     ar->watch_id = ap_rt_peer_watch(rt, on_peer_event, ar);
-    for (int k = 0; sends && k < ar->n; k++)
-        if (k != self && ar->cnt[k]) pump_send(ar, k);
+    pump_send_all(ar);
     finalise_chunks(ar);
     pump_results(ar);
     check_done(ar);

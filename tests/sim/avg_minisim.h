@@ -31,6 +31,8 @@ typedef struct ms_node {
     bool alive;
     double up, down;             /* bytes/s */
     uint64_t up_free, down_free; /* when the links are next idle */
+    double up_busy_s, down_busy_s;
+    uint64_t up_last_us, down_last_us; /* end of the last transfer */
 } ms_node_t;
 
 struct ms_stream {
@@ -76,6 +78,8 @@ typedef struct ms_ev {
     int err;
     size_t len;
     void *fn, *arg;
+    size_t wire;  /* bytes on the wire: first the event is the arrival at */
+    bool arrived; /* the receiver's downlink, then the delivery after it */
 } ms_ev_t;
 
 typedef struct ms_timer {
@@ -244,19 +248,18 @@ static ms_node_t *ms_find(ms_world_t *w, const ap_peer_id_t *id)
     return NULL;
 }
 
-/* Time at which a message of len bytes from a to b is delivered. */
+/* Time at which a message of len bytes from a reaches b's downlink: a's
+ * uplink is a FIFO serialiser, then a fixed latency. The downlink is a FIFO
+ * in arrival order (ms_dispatch queues the message there on arrival). */
 static uint64_t ms_transfer(ms_world_t *w, ms_node_t *a, ms_node_t *b, size_t len)
 {
+    (void)b;
     uint64_t t = w->now > a->up_free ? w->now : a->up_free;
     t += (uint64_t)((double)len / a->up * 1e6);
     a->up_free = t;
-    t += w->latency_us;
-    if (b) {
-        if (b->down_free > t) t = b->down_free;
-        t += (uint64_t)((double)len / b->down * 1e6);
-        b->down_free = t;
-    }
-    return t;
+    a->up_busy_s += (double)len / a->up;
+    a->up_last_us = t;
+    return t + w->latency_us;
 }
 
 static ms_stream_t *ms_new_stream(ms_world_t *w, ms_node_t *node, const ap_peer_id_t *peer,
@@ -301,7 +304,7 @@ static int ms_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
     if (len) memcpy(m->data, hello, len);
     ms_node_t *b = ms_find(w, peer);
     uint64_t t = ms_transfer(w, a, b, len + 64);
-    ms_push(w, (ms_ev_t){.t = t, .type = EV_OPEN, .node = b, .s = s, .msg = m});
+    ms_push(w, (ms_ev_t){.t = t, .type = EV_OPEN, .node = b, .s = s, .msg = m, .wire = len + 64});
     *out = &s->base;
     return 0;
 }
@@ -327,7 +330,7 @@ static int ms_stream_send(ap_stream_t *bs, const uint8_t *data, size_t len)
     ms_node_t *b = s->other ? s->other->node : ms_find(w, &s->base.peer);
     if (s->other && !s->other->node->alive) b = NULL;
     uint64_t t = ms_transfer(w, s->node, b, len + 16);
-    ms_push(w, (ms_ev_t){.t = t, .type = EV_MSG, .node = b, .s = s, .msg = m});
+    ms_push(w, (ms_ev_t){.t = t, .type = EV_MSG, .node = b, .s = s, .msg = m, .wire = len + 16});
     return 0;
 }
 
@@ -369,7 +372,7 @@ static int ms_stream_close(ap_stream_t *bs)
     m->end = true;
     ms_node_t *b = s->other ? s->other->node : ms_find(w, &s->base.peer);
     uint64_t t = ms_transfer(w, s->node, b, 16);
-    ms_push(w, (ms_ev_t){.t = t, .type = EV_MSG, .node = b, .s = s, .msg = m});
+    ms_push(w, (ms_ev_t){.t = t, .type = EV_MSG, .node = b, .s = s, .msg = m, .wire = 16});
     return 0;
 }
 
@@ -456,6 +459,19 @@ static void ms_enqueue(ms_stream_t *r, ms_msg_t *m)
 
 static void ms_dispatch(ms_world_t *w, ms_ev_t *ev)
 {
+    if (ev->wire && !ev->arrived && ev->node && ev->node->alive) {
+        ms_node_t *b = ev->node;
+        uint64_t t = w->now > b->down_free ? w->now : b->down_free;
+        t += (uint64_t)((double)ev->wire / b->down * 1e6);
+        b->down_free = t;
+        b->down_busy_s += (double)ev->wire / b->down;
+        b->down_last_us = t;
+        ms_ev_t next = *ev;
+        next.t = t;
+        next.arrived = true;
+        ms_push(w, next);
+        return;
+    }
     switch (ev->type) {
     case EV_TIMER: {
         ms_timer_t *tm = &w->timers[ev->id - 1];
