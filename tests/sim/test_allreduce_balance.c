@@ -23,7 +23,7 @@ static outcome_t run(int n, const ap_avg_role_t *roles, const double *up, const 
         ms_set_bw(e.tb, i, up[i], down[i]);
     }
     uint8_t gid[32] = {1, 2, 3};
-    ap_allreduce_opts_t o = {.chunk_elems = 16384};
+    ap_allreduce_opts_t o = {.chunk_elems = (uint32_t)(elems / 64)}; /* tail = 1/64 part */
     avg_start(&e, idx, n, gid, decl_up, decl_down, &o);
     assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 3600000000ull));
     outcome_t r = {0, 0};

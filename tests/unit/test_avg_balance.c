@@ -112,7 +112,7 @@ static void test_lp_matches_closed_form(void **state)
     rng_state = ap_test_seed(6);
     ap_avg_bw_t p[40];
     double a1[40], a2[40];
-    for (int trial = 0; trial < 300; trial++) {
+    for (int trial = 0; trial < (ap_test_sanitized() ? 60 : 300); trial++) {
         size_t n = 2 + rnd() % 39;
         random_peers(p, n, true);
         double t1, t2;
@@ -134,7 +134,7 @@ static void test_lp_optimal_asymmetric(void **state)
     rng_state = ap_test_seed(7) + 1;
     ap_avg_bw_t p[32];
     double a[32], b[32];
-    for (int trial = 0; trial < 300; trial++) {
+    for (int trial = 0; trial < (ap_test_sanitized() ? 60 : 300); trial++) {
         size_t n = 1 + rnd() % 32;
         random_peers(p, n, false);
         if (n == 1) p[0].role = AP_AVG_NORMAL;
