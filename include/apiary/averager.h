@@ -21,9 +21,9 @@
  * and uses nothing but runtime.h, so it runs unchanged on the simulator and on
  * the real driver.
  *
- * Not here yet (see docs/averaging.md, "What is left"): the Averager object
- * (owned tensors, step() with async handle and blocking form) and matchmaking
- * over the DHT. ap_allreduce_start() is the round those will drive. */
+ * Not here yet (see docs/averaging.md, "What is left"): matchmaking over the
+ * DHT. Until it lands a step runs in a group the caller supplies
+ * (ap_averager_step_group); matchmaking will produce exactly that group. */
 #ifndef APIARY_AVERAGER_H
 #define APIARY_AVERAGER_H
 
@@ -124,6 +124,8 @@ typedef struct ap_allreduce_opts {
      * (0 = 500 ms and 10). */
     uint64_t stall_min_us;
     double stall_factor;
+    /* Absolute cap on the round deadline in ap_rt_now_us() time (0 = none). */
+    uint64_t deadline_at_us;
 } ap_allreduce_opts_t;
 
 typedef struct ap_allreduce_result {
@@ -173,6 +175,69 @@ AP_EXPORT int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g,
 /* Aborts the round: every stream is reset, the parts not yet averaged keep
  * their local values, done runs later with status AP_ECANCELED. Loop thread. */
 AP_EXPORT void ap_allreduce_cancel(ap_allreduce_t *ar);
+
+/* ---- the Averager ------------------------------------------------------------
+ *
+ * Owns a fixed set of float32 tensors (one contiguous, pre-faulted buffer) and
+ * averages them with a group, in place, one step at a time. The user writes
+ * the tensors through ap_averager_tensor() only while no step runs. */
+
+typedef enum ap_avg_stage {
+    AP_AVG_STAGE_LOOKING = 1, /* looking for a group (matchmaking; not yet used) */
+    AP_AVG_STAGE_RUNNING = 2, /* the all-reduce round runs */
+    AP_AVG_STAGE_DONE = 3,    /* finished; see the result for the averaged fraction */
+    AP_AVG_STAGE_FAILED = 4,  /* canceled or could not run */
+} ap_avg_stage_t;
+
+typedef struct ap_averager_opts {
+    ap_avg_role_t role;
+    /* Declared bandwidth in bytes/s. 0 = the measured estimate: an EWMA of
+     * the payload rates of this peer's past rounds (starts at 1 MB/s). */
+    double up, down;
+    ap_allreduce_opts_t round; /* chunk size, codec, min share, deadlines */
+} ap_averager_opts_t;
+
+typedef struct ap_averager ap_averager_t;
+typedef struct ap_avg_step ap_avg_step_t;
+
+/* Creates an averager over ntensors tensors of sizes[i] elements (zeroed).
+ * Loop thread. AP_EINVAL if the total exceeds AP_AVG_MAX_ELEMS. */
+AP_EXPORT int ap_averager_new(ap_avg_service_t *svc, const size_t *sizes, size_t ntensors,
+                              const ap_averager_opts_t *opts, ap_averager_t **out);
+/* AP_EBUSY while a step runs. Loop thread. */
+AP_EXPORT int ap_averager_free(ap_averager_t *av);
+/* Tensor i (owned by the averager, valid until ap_averager_free); NULL if out
+ * of range. Write it only while no step runs. */
+AP_EXPORT float *ap_averager_tensor(ap_averager_t *av, size_t i, size_t *n_elems);
+/* The bandwidth this peer declares in its next group (configured or measured). */
+AP_EXPORT void ap_averager_bandwidth(const ap_averager_t *av, double *up, double *down);
+/* The member entry this peer contributes to a group (id, role, bandwidth). */
+AP_EXPORT void ap_averager_member(const ap_averager_t *av, ap_avg_member_t *out);
+
+typedef void (*ap_avg_step_fn)(ap_rt_t *rt, void *arg, ap_avg_step_t *step);
+
+/* Starts one step in group g (copied) with this peer's weight; deadline_at_us
+ * (ap_rt_now_us time, 0 = none) caps the round. cb (may be NULL) runs on the
+ * loop thread when the step is DONE or FAILED. *out is the handle: poll it,
+ * cancel it, and free it with ap_avg_step_free. AP_EBUSY if a step runs.
+ * Loop thread. */
+AP_EXPORT int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double weight,
+                                     uint64_t deadline_at_us, ap_avg_step_fn cb, void *arg,
+                                     ap_avg_step_t **out);
+AP_EXPORT ap_avg_stage_t ap_avg_step_stage(const ap_avg_step_t *st);
+/* The round's result once DONE or FAILED, else NULL. Valid until freed. */
+AP_EXPORT const ap_allreduce_result_t *ap_avg_step_result(const ap_avg_step_t *st);
+/* Cancels a running step (it ends FAILED with AP_ECANCELED; cb still runs). */
+AP_EXPORT void ap_avg_step_cancel(ap_avg_step_t *st);
+/* Frees the handle; a running step is canceled and freed when it ends. */
+AP_EXPORT void ap_avg_step_free(ap_avg_step_t *st);
+
+/* Blocking form for a user thread (NOT the loop thread): runs
+ * ap_averager_step_group on the loop thread through ap_rt_post and waits for
+ * the end. g is copied before returning. Returns the start error, or the
+ * round's status; *res (may be NULL) gets the result. */
+AP_EXPORT int ap_averager_step_group_wait(ap_averager_t *av, const ap_avg_group_t *g, double weight,
+                                          uint64_t deadline_at_us, ap_allreduce_result_t *res);
 
 #ifdef __cplusplus
 }

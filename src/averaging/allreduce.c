@@ -879,6 +879,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     }
     double dl = o.deadline_factor * ar->t_lp_s * 1e6 + (double)o.deadline_slack_us;
     ar->deadline_us = ar->start_us + (dl > 1e15 ? (uint64_t)1e15 : (uint64_t)dl);
+    if (o.deadline_at_us && o.deadline_at_us < ar->deadline_us) ar->deadline_us = o.deadline_at_us;
     ar->next = svc->rounds;
     svc->rounds = ar;
 
@@ -999,6 +1000,11 @@ static int on_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t 
     ap_stream_set_cbs(s, &parked_cbs, pk);
     ap_stream_pause(s, true);
     return 0;
+}
+
+ap_rt_t *ap__avg_service_rt(ap_avg_service_t *svc)
+{
+    return svc->rt;
 }
 
 int ap_avg_service_new(ap_rt_t *rt, ap_avg_service_t **out)

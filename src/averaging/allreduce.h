@@ -39,6 +39,9 @@ int ap__avg_frame_parse(const uint8_t *b, size_t len, ap__avg_frame_t *out);
 
 #endif
 
+/* The runtime a service runs on. */
+ap_rt_t *ap__avg_service_rt(ap_avg_service_t *svc);
+
 /* Test hooks. */
 typedef struct ap__avg_progress {
     uint32_t data_chunks_sent, data_chunks_total; /* as sender, over all parts */

@@ -48,7 +48,7 @@ static double avg_rnd01(avg_env_t *e)
     return (double)(avg_rnd(e) >> 11) / 9007199254740992.0;
 }
 
-static void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
+static inline void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
 {
     memset(e, 0, sizeof *e);
     e->ops = &ms_testbed;
@@ -69,7 +69,7 @@ static void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
     }
 }
 
-static void avg_env_free(avg_env_t *e)
+static inline void avg_env_free(avg_env_t *e)
 {
     for (int i = 0; i < e->n; i++) {
         avg_node_t *d = &e->nd[i];
@@ -84,7 +84,7 @@ static void avg_env_free(avg_env_t *e)
     free(e->nd);
 }
 
-static void avg_on_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
+static inline void avg_on_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
 {
     (void)rt;
     avg_node_t *d = arg;
@@ -120,7 +120,7 @@ static inline void avg_start(avg_env_t *e, const int *idx, int m, const uint8_t 
     free(mem);
 }
 
-static bool avg_all_done(void *arg)
+static inline bool avg_all_done(void *arg)
 {
     avg_env_t *e = arg;
     for (int i = 0; i < e->n; i++)

@@ -17,6 +17,7 @@
 #include "runtime/rt_impl.h"
 #include "testbed.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,17 @@ struct ms_world {
     uint64_t latency_us;
     ms_stream_t *all;
     uint64_t next_stream_id;
+    /* ap_rt_post from other threads */
+    pthread_mutex_t post_mu;
+    struct ms_post *posts;
 };
+
+typedef struct ms_post {
+    struct ms_post *next;
+    ms_node_t *node;
+    ap_post_fn fn;
+    void *arg;
+} ms_post_t;
 
 static ms_world_t *ms_current; /* one world per test process */
 
@@ -177,13 +188,39 @@ static bool ms_timer_stop(ap_rt_t *rt, uint64_t id)
     return true;
 }
 
+/* Any thread: queued under a lock, moved into the event heap by the loop. */
 static int ms_post(ap_rt_t *rt, ap_post_fn fn, void *arg)
 {
     ms_world_t *w = MS_NODE(rt)->w;
-    ms_push(
-        w,
-        (ms_ev_t){.t = w->now, .type = EV_POST, .node = MS_NODE(rt), .fn = (void *)fn, .arg = arg});
+    ms_post_t *p = malloc(sizeof *p);
+    if (!p) return AP_ENOMEM;
+    p->node = MS_NODE(rt);
+    p->fn = fn;
+    p->arg = arg;
+    pthread_mutex_lock(&w->post_mu);
+    ms_post_t **tail = &w->posts;
+    while (*tail) tail = &(*tail)->next;
+    p->next = NULL;
+    *tail = p;
+    pthread_mutex_unlock(&w->post_mu);
     return 0;
+}
+
+static void ms_take_posts(ms_world_t *w)
+{
+    pthread_mutex_lock(&w->post_mu);
+    ms_post_t *p = w->posts;
+    w->posts = NULL;
+    pthread_mutex_unlock(&w->post_mu);
+    while (p) {
+        ms_post_t *next = p->next;
+        ms_push(
+            w,
+            (ms_ev_t){
+                .t = w->now, .type = EV_POST, .node = p->node, .fn = (void *)p->fn, .arg = p->arg});
+        free(p);
+        p = next;
+    }
 }
 
 typedef struct ms_work {
@@ -590,6 +627,7 @@ static ap_testbed_t *ms_create(int n, uint64_t seed)
     w->nodes = calloc((size_t)n, sizeof *w->nodes);
     w->n = n;
     w->latency_us = 1000;
+    pthread_mutex_init(&w->post_mu, NULL);
     for (int i = 0; i < n; i++) {
         ms_node_t *nd = calloc(1, sizeof *nd);
         uint8_t key[32] = {0};
@@ -628,8 +666,14 @@ static void ms_destroy(ap_testbed_t *tb)
         free(w->nodes[i]);
     }
     free(w->nodes);
-    free(w->heap);
     free(w->timers);
+    ms_take_posts(w);
+    while (w->nheap) {
+        ms_ev_t ev = ms_pop(w);
+        if (ev.msg) free(ev.msg);
+    }
+    free(w->heap);
+    pthread_mutex_destroy(&w->post_mu);
     free(w);
     ms_current = NULL;
 }
@@ -645,7 +689,9 @@ static bool ms_run_until(ap_testbed_t *tb, ap_tb_pred_fn pred, void *arg, uint64
     ms_world_t *w = (ms_world_t *)tb;
     uint64_t end = w->now + timeout_us;
     if (pred && pred(arg)) return true;
-    while (w->nheap && w->heap[0].t <= end) {
+    for (;;) {
+        ms_take_posts(w);
+        if (!w->nheap || w->heap[0].t > end) break;
         ms_ev_t ev = ms_pop(w);
         w->now = ev.t;
         ms_dispatch(w, &ev);
