@@ -105,6 +105,7 @@ struct ms_world {
     /* ap_rt_post from other threads */
     pthread_mutex_t post_mu;
     struct ms_post *posts;
+    uint64_t posts_run; /* posted functions that ran */
 };
 
 typedef struct ms_post {
@@ -529,6 +530,7 @@ static void ms_dispatch(ms_world_t *w, ms_ev_t *ev)
                 ap__rt_peer_event(&w->nodes[i]->rt, &ev->node->rt.self, AP_PEER_DISCONNECTED);
         return;
     case EV_POST:
+        w->posts_run++;
         if (ev->node->alive) ((ap_post_fn)ev->fn)(&ev->node->rt, ev->arg);
         return;
     case EV_WORK:

@@ -193,9 +193,16 @@ static void test_blocking_form(void **state)
         assert_ok(ap_averager_step_group(f.av[i], &u.g, f.w[i], 0, NULL, NULL, &f.st[i]));
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, user_thread, &u), 0);
-    /* this thread is the loop thread: run it until the user thread returns */
+    /* this thread is the loop thread. Virtual time must not run ahead of the
+     * user thread: hold it until the step was posted, then run to the end */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    ms_world_t *w = (ms_world_t *)f.e.tb;
+    while (w->posts_run == 0) {
+        ap_tb_run_for(f.e.ops, f.e.tb, 0);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (t1.tv_sec - t0.tv_sec > 60) fail_msg("blocking step never posted");
+    }
     for (;;) {
         ap_tb_run_for(f.e.ops, f.e.tb, 1000);
         if (atomic_load(&u.finished) && steps_over(&f)) break;
