@@ -209,6 +209,8 @@ AP_EXPORT int ap_averager_free(ap_averager_t *av);
 /* Tensor i (owned by the averager, valid until ap_averager_free); NULL if out
  * of range. Write it only while no step runs. */
 AP_EXPORT float *ap_averager_tensor(ap_averager_t *av, size_t i, size_t *n_elems);
+/* Whether a step runs (loop thread). */
+AP_EXPORT bool ap_averager_running(const ap_averager_t *av);
 /* The bandwidth this peer declares in its next group (configured or measured). */
 AP_EXPORT void ap_averager_bandwidth(const ap_averager_t *av, double *up, double *down);
 /* The member entry this peer contributes to a group (id, role, bandwidth). */

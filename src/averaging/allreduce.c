@@ -1058,6 +1058,12 @@ void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p)
     }
 }
 
+void ap__allreduce_sender_progress(const ap_allreduce_t *ar, int j, uint32_t *got, uint32_t *total)
+{
+    *got = ar->in && j >= 0 && j < ar->n ? ar->in[j].next_in : 0;
+    *total = ar->in ? ar->my_chunks : 0;
+}
+
 void ap__avg_service_abandon(ap_avg_service_t *svc)
 {
     if (!svc) return;

@@ -49,6 +49,9 @@ typedef struct ap__avg_progress {
     uint32_t reduced, my_chunks;                  /* as reducer */
 } ap__avg_progress_t;
 void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p);
+/* Data chunks this node (as reducer) has received from group member j, and
+ * how many its part has; both 0 if it reduces nothing. */
+void ap__allreduce_sender_progress(const ap_allreduce_t *ar, int j, uint32_t *got, uint32_t *total);
 /* Frees a service and its rounds without touching the runtime: for a node
  * that crashed in a test (its runtime is gone). */
 void ap__avg_service_abandon(ap_avg_service_t *svc);

@@ -97,6 +97,11 @@ float *ap_averager_tensor(ap_averager_t *av, size_t i, size_t *n_elems)
     return av->buf + av->off[i];
 }
 
+bool ap_averager_running(const ap_averager_t *av)
+{
+    return av && av->running;
+}
+
 void ap_averager_bandwidth(const ap_averager_t *av, double *up, double *down)
 {
     if (up) *up = av->o.up > 0 ? av->o.up : av->up_est;

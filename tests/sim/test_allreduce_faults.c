@@ -22,11 +22,16 @@ static bool reached(void *arg)
     ap__avg_progress_t p;
     ap__allreduce_progress(d->ar, &p);
     if (w->ph == WHILE_SENDING) {
-        /* chunks sit in the stream buffers at once; "sending" is the uplink
-         * still busy with them, a third of the way in */
-        ms_world_t *mw = (ms_world_t *)w->e->tb;
-        ms_node_t *nd = mw->nodes[w->victim];
-        return mw->now >= 20000 && nd->up_free > mw->now + 20000 && p.data_chunks_sent > 0;
+        /* the reducers have part of the victim's data, not all of it */
+        uint32_t got = 0, total = 0;
+        for (int r = 0; r < w->e->n; r++) {
+            if (r == w->victim || !w->e->nd[r].ar) continue;
+            uint32_t g, t;
+            ap__allreduce_sender_progress(w->e->nd[r].ar, w->victim, &g, &t);
+            got += g;
+            total += t;
+        }
+        return got > 0 && got < total / 2;
     }
     return p.reduced > 0 && p.reduced < p.my_chunks;
 }

@@ -197,8 +197,7 @@ static void test_blocking_form(void **state)
      * user thread: hold it until the step was posted, then run to the end */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    ms_world_t *w = (ms_world_t *)f.e.tb;
-    while (w->posts_run == 0) {
+    while (!ap_averager_running(f.av[3])) {
         ap_tb_run_for(f.e.ops, f.e.tb, 0);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (t1.tv_sec - t0.tv_sec > 60) fail_msg("blocking step never posted");
