@@ -18,6 +18,7 @@
 #include "apiary/log.h"
 #include "averaging/avg_codec.h"
 #include "averaging/balance.h"
+#include "base/arena.h"
 #include "base/buf.h"
 
 #include "averaging.pb-c.h"
@@ -146,9 +147,11 @@ struct ap_allreduce {
     double t_lp_s;
     /* reducer */
     uint32_t my_chunks, reduced;
-    double *acc, *wsum;
-    float *result; /* where means go: data + off[self], or aux_buf */
-    float *aux_buf;
+    double *acc, *wsum; /* acc: acc_bytes from the service's cache */
+    size_t acc_bytes;
+    float *result;  /* where means go: data + off[self], or aux_buf */
+    float *aux_buf; /* aux_bytes from the service's cache */
+    size_t aux_bytes;
     in_slot_t *in;
     /* sender */
     out_slot_t *out;
@@ -172,11 +175,21 @@ typedef struct parked {
     uint64_t since_us;
 } parked_t;
 
+/* Large per-round buffers (the reducer's accumulator, an aux's result) are
+ * pre-faulted once and reused by the next round (DESIGN.md §7: fresh pages
+ * cost ~30x a memcpy). One cached buffer per kind; a bigger need replaces it. */
+typedef struct big_cache {
+    void *p;
+    size_t bytes;
+} big_cache_t;
+
 struct ap_avg_service {
     ap_rt_t *rt;
+    big_cache_t cache[2];
     ap_allreduce_t *rounds;
     parked_t *parked;
     int nparked;
+    bool closing;
     uint64_t park_timer;
 };
 
@@ -672,6 +685,35 @@ static void unregister_round(ap_allreduce_t *ar)
         }
 }
 
+static void *cache_take(ap_avg_service_t *svc, int k, size_t need, size_t *got)
+{
+    big_cache_t *c = &svc->cache[k];
+    if (c->p && c->bytes >= need) {
+        void *p = c->p;
+        *got = c->bytes;
+        c->p = NULL;
+        c->bytes = 0;
+        return p;
+    }
+    size_t bytes = (need + 4095) & ~(size_t)4095;
+    void *p = ap__big_alloc(bytes);
+    *got = p ? bytes : 0;
+    return p;
+}
+
+static void cache_put(ap_avg_service_t *svc, int k, void *p, size_t bytes)
+{
+    if (!p) return;
+    big_cache_t *c = &svc->cache[k];
+    if (svc->closing || (c->p && c->bytes >= bytes)) {
+        ap__big_free(p, bytes);
+        return;
+    }
+    if (c->p) ap__big_free(c->p, c->bytes);
+    c->p = p;
+    c->bytes = bytes;
+}
+
 static void round_free(ap_allreduce_t *ar)
 {
     while (ar->links) {
@@ -682,9 +724,9 @@ static void round_free(ap_allreduce_t *ar)
     free(ar->m);
     free(ar->off);
     free(ar->cnt);
-    free(ar->acc);
+    cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
-    free(ar->aux_buf);
+    cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     free(ar->in);
     free(ar->out);
     free(ar->scratch);
@@ -779,7 +821,7 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     if (ar->cnt[ar->self] > 0) {
         uint64_t c = ar->cnt[ar->self];
         ar->my_chunks = nchunks(ar, c);
-        ar->acc = calloc(c, sizeof *ar->acc);
+        ar->acc = cache_take(ar->svc, 0, c * sizeof *ar->acc, &ar->acc_bytes);
         ar->wsum = calloc(ar->my_chunks, sizeof *ar->wsum);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
         if (!ar->acc || !ar->wsum || !ar->in) goto nomem;
@@ -788,7 +830,8 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
             for (uint64_t e = 0; e < c; e++) ar->acc[e] = ar->weight * ar->result[e];
             for (uint32_t k = 0; k < ar->my_chunks; k++) ar->wsum[k] = ar->weight;
         } else {
-            ar->aux_buf = malloc(c * sizeof(float));
+            memset(ar->acc, 0, c * sizeof *ar->acc);
+            ar->aux_buf = cache_take(ar->svc, 1, c * sizeof(float), &ar->aux_bytes);
             if (!ar->aux_buf) goto nomem;
             ar->result = ar->aux_buf;
         }
@@ -1038,6 +1081,8 @@ int ap_avg_service_free(ap_avg_service_t *svc)
         ap_stream_reset(pk->s, AP_ESHUTDOWN);
         free(pk);
     }
+    for (int k = 0; k < 2; k++)
+        if (svc->cache[k].p) ap__big_free(svc->cache[k].p, svc->cache[k].bytes);
     free(svc);
     return 0;
 }
@@ -1067,6 +1112,7 @@ void ap__allreduce_sender_progress(const ap_allreduce_t *ar, int j, uint32_t *go
 void ap__avg_service_abandon(ap_avg_service_t *svc)
 {
     if (!svc) return;
+    svc->closing = true;
     while (svc->rounds) {
         ap_allreduce_t *ar = svc->rounds;
         svc->rounds = ar->next;
@@ -1077,5 +1123,7 @@ void ap__avg_service_abandon(ap_avg_service_t *svc)
         svc->parked = pk->next;
         free(pk);
     }
+    for (int k = 0; k < 2; k++)
+        if (svc->cache[k].p) ap__big_free(svc->cache[k].p, svc->cache[k].bytes);
     free(svc);
 }
