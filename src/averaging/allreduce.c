@@ -107,6 +107,7 @@ typedef struct link {
     ap_stream_t *s; /* NULL once on_close ran */
     int peer;       /* group index of the remote */
     bool outgoing;  /* we send data to the remote reducer */
+    bool resetting; /* ap_stream_reset was called; on_close pending */
 } link_t;
 
 enum { SLOT_WAITING = 0, SLOT_ACTIVE, SLOT_DONE, SLOT_DROPPED };
@@ -161,6 +162,7 @@ struct ap_allreduce {
     link_t *links;
     int live_links;
     uint64_t start_us, deadline_us, tick_timer, finish_timer, watch_id;
+    uint64_t resolved_us; /* when all_resolved first held with streams open */
     bool finishing, stopped;
     ap_allreduce_result_t res;
     ap_allreduce_done_fn done;
@@ -586,6 +588,17 @@ static void check_done(ap_allreduce_t *ar)
     ar->finish_timer = ap_rt_timer_start(ar->rt, 0, 0, finish_cb, ar);
 }
 
+/* Resets every stream of the round that is still open (e.g. a peer that got
+ * everything but never closed its direction). */
+static void reset_open_links(ap_allreduce_t *ar, int err)
+{
+    for (link_t *l = ar->links; l; l = l->next)
+        if (l->s && !l->resetting) {
+            l->resetting = true;
+            ap_stream_reset(l->s, err);
+        }
+}
+
 /* Ends the round now: every unresolved sender is dropped, every unresolved
  * part fails; the remaining chunks are finalised with what arrived. */
 static void stop_round(ap_allreduce_t *ar, int err, const char *why)
@@ -612,6 +625,7 @@ static void stop_round(ap_allreduce_t *ar, int err, const char *why)
     for (int k = 0; ar->sends && k < ar->n; k++)
         if (k != ar->self && ar->cnt[k] && (ar->out[k].state == SLOT_ACTIVE))
             fail_part(ar, k, err, why);
+    reset_open_links(ar, err);
     check_done(ar);
 }
 
@@ -622,6 +636,15 @@ static void tick_cb(ap_rt_t *rt, void *arg)
     if (ar->stopped) return;
     if (now >= ar->deadline_us) {
         stop_round(ar, AP_ETIMEDOUT, "round deadline");
+        return;
+    }
+    /* Everything delivered but a peer keeps its direction open: give the
+     * graceful close stall_min_us, then reset. */
+    if (all_resolved(ar) && ar->live_links > 0) {
+        if (!ar->resolved_us)
+            ar->resolved_us = now;
+        else if (now - ar->resolved_us > ar->o.stall_min_us)
+            reset_open_links(ar, AP_ETIMEDOUT);
         return;
     }
     /* Stall rule: no message for max(stall_min, stall_factor × the expected
