@@ -641,8 +641,10 @@ static void tick_cb(ap_rt_t *rt, void *arg)
     /* Everything delivered but a peer keeps its direction open: give the
      * graceful close stall_min_us, then reset. */
     if (all_resolved(ar) && ar->live_links > 0) {
-        if (!ar->resolved_us) ar->resolved_us = now;
-        else if (now - ar->resolved_us > ar->o.stall_min_us) reset_open_links(ar, AP_ETIMEDOUT);
+        if (!ar->resolved_us)
+            ar->resolved_us = now;
+        else if (now - ar->resolved_us > ar->o.stall_min_us)
+            reset_open_links(ar, AP_ETIMEDOUT);
         return;
     }
     /* Stall rule: no message for max(stall_min, stall_factor × the expected
