@@ -34,6 +34,7 @@ typedef struct avg_env {
     avg_node_t *nd;
     uint64_t rng;
     int running;
+    double *up, *down; /* link capacities, bytes/s: what avg_start declares */
 } avg_env_t;
 
 static uint64_t avg_rnd(avg_env_t *e)
@@ -48,6 +49,31 @@ static double avg_rnd01(avg_env_t *e)
     return (double)(avg_rnd(e) >> 11) / 9007199254740992.0;
 }
 
+/* Driver-specific helpers: the only place the tests touch the driver. */
+static inline ap_rt_t *avg_rt(avg_env_t *e, int i)
+{
+    return e->ops->node(e->tb, i);
+}
+static inline const ap_peer_id_t *avg_peer_id(avg_env_t *e, int i)
+{
+    return &((ms_world_t *)e->tb)->nodes[i]->rt.self;
+}
+static inline bool avg_run_until(avg_env_t *e, ap_tb_pred_fn pred, void *arg, uint64_t us)
+{
+    return e->ops->run_until(e->tb, pred, arg, us);
+}
+static inline void avg_run_for(avg_env_t *e, uint64_t us)
+{
+    ap_tb_run_for(e->ops, e->tb, us);
+}
+/* Link capacities in bytes/s; also the bandwidth avg_start declares. */
+static inline void avg_set_bw(avg_env_t *e, int i, double up, double down)
+{
+    ms_set_bw(e->tb, i, up, down);
+    e->up[i] = up;
+    e->down[i] = down;
+}
+
 static inline void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
 {
     memset(e, 0, sizeof *e);
@@ -58,9 +84,12 @@ static inline void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t se
     e->elems = elems;
     e->rng = seed * 7919 + 1;
     e->nd = calloc((size_t)n, sizeof *e->nd);
+    e->up = malloc((size_t)n * sizeof *e->up);
+    e->down = malloc((size_t)n * sizeof *e->down);
+    for (int i = 0; i < n; i++) e->up[i] = e->down[i] = 125e6; /* the driver's default */
     for (int i = 0; i < n; i++) {
         avg_node_t *d = &e->nd[i];
-        assert_ok(ap_avg_service_new(e->ops->node(e->tb, i), &d->svc));
+        assert_ok(ap_avg_service_new(avg_rt(e, i), &d->svc));
         d->data = malloc(elems * sizeof(float) + 4);
         d->orig = malloc(elems * sizeof(float) + 4);
         for (uint64_t k = 0; k < elems; k++)
@@ -82,6 +111,8 @@ static inline void avg_env_free(avg_env_t *e)
     }
     e->ops->destroy(e->tb);
     free(e->nd);
+    free(e->up);
+    free(e->down);
 }
 
 static inline void avg_on_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
@@ -100,12 +131,10 @@ static inline void avg_start(avg_env_t *e, const int *idx, int m, const uint8_t 
 {
     ap_avg_member_t *mem = calloc((size_t)m, sizeof *mem);
     for (int k = 0; k < m; k++) {
-        ap_rt_t *rt = e->ops->node(e->tb, idx[k]);
-        ms_node_t *node = MS_NODE(rt);
-        mem[k].id = *ap_rt_self(rt);
+        mem[k].id = *avg_peer_id(e, idx[k]);
         mem[k].role = e->nd[idx[k]].role;
-        mem[k].up = up ? up[k] : node->up;
-        mem[k].down = down ? down[k] : node->down;
+        mem[k].up = up ? up[k] : e->up[idx[k]];
+        mem[k].down = down ? down[k] : e->down[idx[k]];
     }
     ap_avg_group_t g = {.members = mem, .n = (size_t)m};
     memcpy(g.id, gid, 32);

@@ -20,12 +20,12 @@ static outcome_t run(int n, const ap_avg_role_t *roles, const double *up, const 
     for (int i = 0; i < n; i++) {
         idx[i] = i;
         e.nd[i].role = roles[i];
-        ms_set_bw(e.tb, i, up[i], down[i]);
+        avg_set_bw(&e, i, up[i], down[i]);
     }
     uint8_t gid[32] = {1, 2, 3};
     ap_allreduce_opts_t o = {.chunk_elems = (uint32_t)(elems / 64)}; /* tail = 1/64 part */
     avg_start(&e, idx, n, gid, decl_up, decl_down, &o);
-    assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 3600000000ull));
+    assert_true(avg_run_until(&e, avg_all_done, &e, 3600000000ull));
     outcome_t r = {0, 0};
     ap_avg_bw_t bw[16];
     double sh[16], t;
@@ -38,16 +38,6 @@ static outcome_t run(int n, const ap_avg_role_t *roles, const double *up, const 
         double s = (double)e.nd[i].res.elapsed_us / 1e6;
         if (s > r.round_s) r.round_s = s;
     }
-    if (getenv("AVG_VERBOSE"))
-        for (int i = 0; i < n; i++) {
-            ms_node_t *nd = ((ms_world_t *)e.tb)->nodes[i];
-            printf(
-                "  node %d: part %llu, up busy %.3f s (last %.3f), down busy %.3f s (last %.3f), "
-                "done %.3f\n",
-                i, (unsigned long long)e.nd[i].res.my_part_elems, nd->up_busy_s,
-                nd->up_last_us / 1e6, nd->down_busy_s, nd->down_last_us / 1e6,
-                e.nd[i].res.elapsed_us / 1e6);
-        }
     avg_env_free(&e);
     return r;
 }

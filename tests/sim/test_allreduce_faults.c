@@ -46,7 +46,7 @@ static void run_fault(enum phase ph, ap_avg_role_t victim_role, uint64_t seed)
     const int v = 2;
     for (int i = 0; i < n; i++) {
         e.nd[i].role = AP_AVG_NORMAL;
-        ms_set_bw(e.tb, i, 1e6, 1e6);
+        avg_set_bw(&e, i, 1e6, 1e6);
     }
     e.nd[v].role = victim_role;
     uint8_t gid[32];
@@ -55,15 +55,11 @@ static void run_fault(enum phase ph, ap_avg_role_t victim_role, uint64_t seed)
     if (ph == DEAD_AT_START) {
         /* a member that is gone before the round: it never starts */
         int live[4] = {0, 1, 3, 4};
-        ap_avg_member_t *dummy = NULL;
-        (void)dummy;
         avg_crash(&e, v);
         /* the group still lists it: start the others with the full member list */
         ap_avg_member_t mem[5];
-        ap_testbed_t *tb = e.tb;
-        ms_world_t *w = (ms_world_t *)tb;
         for (int k = 0; k < n; k++)
-            mem[k] = (ap_avg_member_t){w->nodes[k]->rt.self, e.nd[k].role, 1e6, 1e6};
+            mem[k] = (ap_avg_member_t){*avg_peer_id(&e, k), e.nd[k].role, 1e6, 1e6};
         ap_avg_group_t g = {.members = mem, .n = 5};
         memcpy(g.id, gid, 32);
         for (int k = 0; k < 4; k++) {
@@ -75,10 +71,10 @@ static void run_fault(enum phase ph, ap_avg_role_t victim_role, uint64_t seed)
     } else {
         avg_start(&e, idx, n, gid, NULL, NULL, &o);
         watch_t wt = {&e, v, ph};
-        assert_true(e.ops->run_until(e.tb, reached, &wt, 600000000ull));
+        assert_true(avg_run_until(&e, reached, &wt, 600000000ull));
         avg_crash(&e, v);
     }
-    assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 600000000ull));
+    assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
 
     double *all = malloc(elems * sizeof *all), *without = malloc(elems * sizeof *without);
     bool inc[5] = {true, true, false, true, true};
@@ -175,13 +171,13 @@ static void test_cancel(void **state)
     avg_env_t e;
     avg_env_init(&e, 4, 20000, ap_test_seed(79));
     int idx[4] = {0, 1, 2, 3};
-    for (int i = 0; i < 4; i++) ms_set_bw(e.tb, i, 1e6, 1e6);
+    for (int i = 0; i < 4; i++) avg_set_bw(&e, i, 1e6, 1e6);
     uint8_t gid[32] = {9};
     ap_allreduce_opts_t o = {.chunk_elems = 500};
     avg_start(&e, idx, 4, gid, NULL, NULL, &o);
-    ap_tb_run_for(e.ops, e.tb, 20000);
+    avg_run_for(&e, 20000);
     ap_allreduce_cancel(e.nd[1].ar);
-    assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 600000000ull));
+    assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
     assert_int_equal(e.nd[1].res.status, AP_ECANCELED);
     for (int i = 0; i < 4; i++)
         if (i != 1) {

@@ -38,7 +38,7 @@ static void moshpit_round(avg_env_t *e, int round, const int *pos, uint64_t elem
         group_id(gid, round, g);
         avg_start(e, idx, m, gid, NULL, NULL, &o);
     }
-    assert_true(e->ops->run_until(e->tb, avg_all_done, e, 600000000ull));
+    assert_true(avg_run_until(e, avg_all_done, e, 600000000ull));
     for (int i = 0; i < e->n; i++) {
         if (e->nd[i].crashed) continue;
         e->nd[i].in_round = false;
@@ -117,12 +117,12 @@ static void test_grid_with_failures(void **state)
             group_id(gid, round + 100, g);
             avg_start(&e, idx, m, gid, NULL, NULL, &o);
         }
-        ap_tb_run_for(e.ops, e.tb, 200 + avg_rnd(&e) % 3000);
+        avg_run_for(&e, 200 + avg_rnd(&e) % 3000);
         for (int k = 0; k < 3; k++) {
             int v = (int)(avg_rnd(&e) % NPEERS);
             if (!e.nd[v].crashed) avg_crash(&e, v);
         }
-        assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 600000000ull));
+        assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
         for (int i = 0; i < NPEERS; i++) e.nd[i].in_round = false;
         /* spread around the survivors' mean */
         memset(mean, 0, elems * sizeof *mean);

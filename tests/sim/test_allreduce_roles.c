@@ -14,13 +14,13 @@ static void run_mix(const ap_avg_role_t *roles, int n, uint64_t elems, uint32_t 
         e.nd[i].role = roles[i];
         up[i] = 1e6 * (1 + 9 * avg_rnd01(&e));
         down[i] = 1e6 * (1 + 9 * avg_rnd01(&e));
-        ms_set_bw(e.tb, i, up[i], down[i]);
+        avg_set_bw(&e, i, up[i], down[i]);
     }
     uint8_t gid[32];
     memset(gid, (int)seed, sizeof gid);
     ap_allreduce_opts_t o = {.chunk_elems = chunk};
     avg_start(&e, idx, n, gid, up, down, &o);
-    assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 600000000ull));
+    assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
     double *ref = malloc(elems * sizeof *ref);
     avg_reference(&e, idx, n, NULL, ref);
     /* the part sizes are the LP's rounded split */
@@ -103,9 +103,9 @@ static void rogue_open(avg_env_t *e, int from, int to, const ap__avg_hello_t *h,
     uint8_t hb[AP__AVG_HELLO_MAX];
     size_t hl = ap__avg_hello_encode(h, hb);
     memset(r, 0, sizeof *r);
-    ap_rt_t *rt = e->ops->node(e->tb, from);
-    assert_ok(ap_rt_stream_open(rt, ap_rt_self(e->ops->node(e->tb, to)), AP_AVG_PROTO, hb, hl, NULL,
-                                &rg_cbs, r, &r->s));
+    ap_rt_t *rt = avg_rt(e, from);
+    assert_ok(ap_rt_stream_open(rt, ap_rt_self(avg_rt(e, to)), AP_AVG_PROTO, hb, hl, NULL, &rg_cbs,
+                                r, &r->s));
 }
 
 static void rogue_send_chunk(rogue_t *r, uint32_t index, const float *x, uint32_t n)
@@ -131,7 +131,7 @@ static void test_bad_input(void **state)
     /* honest peers start; node 3 does not run the protocol itself */
     ap_avg_member_t mem[4];
     for (int k = 0; k < 4; k++) {
-        mem[k] = (ap_avg_member_t){*ap_rt_self(e.ops->node(e.tb, k)), e.nd[k].role, 125e6, 125e6};
+        mem[k] = (ap_avg_member_t){*ap_rt_self(avg_rt(&e, k)), e.nd[k].role, 125e6, 125e6};
     }
     ap_avg_group_t g = {.members = mem, .n = 4};
     memcpy(g.id, gid, 32);
@@ -180,12 +180,12 @@ static void test_bad_input(void **state)
     hx.sender = 0;
     rogue_open(&e, 4, 1, &hx, &r_gid);
 
-    assert_true(e.ops->run_until(e.tb, avg_all_done, &e, 60000000ull));
+    assert_true(avg_run_until(&e, avg_all_done, &e, 60000000ull));
     assert_true(r_nan.closed && r_nan.closed_status != 0);
     assert_true(r_dup2.closed && r_dup2.closed_status != 0);
     assert_true(r_size.closed && r_size.closed_status != 0);
     assert_true(r_who.closed && r_who.closed_status != 0);
-    ap_tb_run_for(e.ops, e.tb, 12000000ull); /* parked streams expire after 10 s */
+    avg_run_for(&e, 12000000ull); /* parked streams expire after 10 s */
     assert_true(r_gid.closed && r_gid.closed_status != 0);
     assert_true(r_dup1.closed);
     assert_true(r_open.closed);
@@ -226,7 +226,7 @@ static void test_bad_args(void **state)
     avg_env_init(&e, 2, 8, 3);
     ap_avg_member_t mem[2];
     for (int k = 0; k < 2; k++)
-        mem[k] = (ap_avg_member_t){*ap_rt_self(e.ops->node(e.tb, k)), AP_AVG_NORMAL, 1e6, 1e6};
+        mem[k] = (ap_avg_member_t){*ap_rt_self(avg_rt(&e, k)), AP_AVG_NORMAL, 1e6, 1e6};
     ap_avg_group_t g = {.members = mem, .n = 2};
     float x[8] = {0};
     /* weight must be > 0 for a sender */

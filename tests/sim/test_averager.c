@@ -115,7 +115,7 @@ static void test_async_steps(void **state)
         assert_int_equal(ap_averager_step_group(f.av[i], &g, 1, 0, NULL, NULL, &other), AP_EBUSY);
         assert_int_equal(ap_averager_free(f.av[i]), AP_EBUSY);
     }
-    assert_true(f.e.ops->run_until(f.e.tb, steps_over, &f, 60000000ull));
+    assert_true(avg_run_until(&f.e, steps_over, &f, 60000000ull));
     for (int i = 0; i < 4; i++) {
         assert_int_equal(ap_avg_step_stage(f.st[i]), AP_AVG_STAGE_DONE);
         assert_int_equal(f.cb_calls[i], 1);
@@ -137,19 +137,19 @@ static void test_cancel_step(void **state)
     const ap_avg_role_t roles[4] = {AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL};
     fixture_t f;
     fx_init(&f, roles, ap_test_seed(102));
-    for (int i = 0; i < 4; i++) ms_set_bw(f.e.tb, i, 1e4, 1e4); /* slow: cancel mid-round */
+    for (int i = 0; i < 4; i++) avg_set_bw(&f.e, i, 1e4, 1e4); /* slow: cancel mid-round */
     ap_avg_member_t mem[4];
     ap_avg_group_t g;
     group_of(&f, mem, &g, 0x22);
     for (int i = 0; i < 4; i++)
         assert_ok(
             ap_averager_step_group(f.av[i], &g, f.w[i], 0, on_step, &f.cb_calls[i], &f.st[i]));
-    ap_tb_run_for(f.e.ops, f.e.tb, 5000);
+    avg_run_for(&f.e, 5000);
     ap_avg_step_cancel(f.st[0]);
     ap_avg_step_free(f.st[3]); /* freed while running: canceled, freed at its end */
     f.st[3] = NULL;
-    assert_true(f.e.ops->run_until(f.e.tb, steps_over, &f, 600000000ull));
-    ap_tb_run_for(f.e.ops, f.e.tb, 1000000);
+    assert_true(avg_run_until(&f.e, steps_over, &f, 600000000ull));
+    avg_run_for(&f.e, 1000000);
     assert_int_equal(ap_avg_step_stage(f.st[0]), AP_AVG_STAGE_FAILED);
     assert_int_equal(ap_avg_step_result(f.st[0])->status, AP_ECANCELED);
     assert_int_equal(f.cb_calls[0], 1);
@@ -198,12 +198,12 @@ static void test_blocking_form(void **state)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (!ap_averager_running(f.av[3])) {
-        ap_tb_run_for(f.e.ops, f.e.tb, 0);
+        avg_run_for(&f.e, 0);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (t1.tv_sec - t0.tv_sec > 60) fail_msg("blocking step never posted");
     }
     for (;;) {
-        ap_tb_run_for(f.e.ops, f.e.tb, 1000);
+        avg_run_for(&f.e, 1000);
         if (atomic_load(&u.finished) && steps_over(&f)) break;
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (t1.tv_sec - t0.tv_sec > 60) fail_msg("blocking step never returned");
