@@ -9,7 +9,7 @@
 #include "apiary/averager.h"
 #include "apiary/log.h"
 #include "averaging/allreduce.h"
-#include "avg_minisim.h"
+#include "apiary/sim.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,8 +27,7 @@ typedef struct avg_node {
 } avg_node_t;
 
 typedef struct avg_env {
-    const ap_testbed_ops_t *ops;
-    ap_testbed_t *tb;
+    ap_sim_t *sim;
     int n;
     uint64_t elems;
     avg_node_t *nd;
@@ -49,44 +48,46 @@ static double avg_rnd01(avg_env_t *e)
     return (double)(avg_rnd(e) >> 11) / 9007199254740992.0;
 }
 
-/* Driver-specific helpers: the only place the tests touch the driver. */
-static inline ap_rt_t *avg_rt(avg_env_t *e, int i)
-{
-    return e->ops->node(e->tb, i);
-}
+/* Driver-specific helpers: the only place the tests touch the driver
+ * (runtime/sim: virtual time, per-node upload/download capacity with fair
+ * sharing, 1 ms links). */
+static inline ap_rt_t *avg_rt(avg_env_t *e, int i) { return ap_sim_node(e->sim, i); }
 static inline const ap_peer_id_t *avg_peer_id(avg_env_t *e, int i)
 {
-    return &((ms_world_t *)e->tb)->nodes[i]->rt.self;
+    return ap_sim_peer_id(e->sim, i);
 }
-static inline bool avg_run_until(avg_env_t *e, ap_tb_pred_fn pred, void *arg, uint64_t us)
+static inline bool avg_run_until(avg_env_t *e, bool (*pred)(void *), void *arg, uint64_t us)
 {
-    return e->ops->run_until(e->tb, pred, arg, us);
+    return ap_sim_run_until(e->sim, pred, arg, ap_sim_now_us(e->sim) + us);
 }
-static inline void avg_run_for(avg_env_t *e, uint64_t us)
-{
-    ap_tb_run_for(e->ops, e->tb, us);
-}
+static inline void avg_run_for(avg_env_t *e, uint64_t us) { ap_sim_run_for(e->sim, us); }
 /* Link capacities in bytes/s; also the bandwidth avg_start declares. */
 static inline void avg_set_bw(avg_env_t *e, int i, double up, double down)
 {
-    ms_set_bw(e->tb, i, up, down);
+    assert_ok(ap_sim_set_node_bw(e->sim, i, (uint64_t)(up * 8), (uint64_t)(down * 8)));
     e->up[i] = up;
     e->down[i] = down;
 }
+/* A crashed node's protocol objects die with it (its runtime is gone). */
+static inline void avg__on_crash(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg);
 
 static inline void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t seed)
 {
     memset(e, 0, sizeof *e);
-    e->ops = &ms_testbed;
-    e->tb = e->ops->create(n, seed);
-    assert_non_null(e->tb);
+    e->sim = ap_sim_new(seed);
+    assert_non_null(e->sim);
     e->n = n;
     e->elems = elems;
     e->rng = seed * 7919 + 1;
     e->nd = calloc((size_t)n, sizeof *e->nd);
     e->up = malloc((size_t)n * sizeof *e->up);
     e->down = malloc((size_t)n * sizeof *e->down);
-    for (int i = 0; i < n; i++) e->up[i] = e->down[i] = 125e6; /* the driver's default */
+    for (int i = 0; i < n; i++) {
+        ap_sim_node_opts_t so = {.up_bps = 1000000000, .down_bps = 1000000000,
+                                 .on_crash = avg__on_crash, .hook_arg = e};
+        assert_true(ap_sim_add_node(e->sim, &so) == i);
+        e->up[i] = e->down[i] = 125e6; /* 1 Gbit/s */
+    }
     for (int i = 0; i < n; i++) {
         avg_node_t *d = &e->nd[i];
         assert_ok(ap_avg_service_new(avg_rt(e, i), &d->svc));
@@ -109,7 +110,7 @@ static inline void avg_env_free(avg_env_t *e)
         free(d->data);
         free(d->orig);
     }
-    e->ops->destroy(e->tb);
+    ap_sim_free(e->sim);
     free(e->nd);
     free(e->up);
     free(e->down);
@@ -157,10 +158,20 @@ static inline bool avg_all_done(void *arg)
     return true;
 }
 
+static inline void avg__on_crash(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
+{
+    (void)sim;
+    (void)rt;
+    avg_env_t *e = arg;
+    ap__avg_service_abandon(e->nd[node].svc);
+    e->nd[node].svc = NULL;
+    e->nd[node].ar = NULL;
+}
+
 static inline void avg_crash(avg_env_t *e, int i)
 {
     e->nd[i].crashed = true;
-    e->ops->crash(e->tb, i);
+    assert_ok(ap_sim_crash(e->sim, i));
 }
 
 /* Weighted mean over the senders among idx (skipping crashed unless
