@@ -51,7 +51,10 @@ static double avg_rnd01(avg_env_t *e)
 /* Driver-specific helpers: the only place the tests touch the driver
  * (runtime/sim: virtual time, per-node upload/download capacity with fair
  * sharing, 1 ms links). */
-static inline ap_rt_t *avg_rt(avg_env_t *e, int i) { return ap_sim_node(e->sim, i); }
+static inline ap_rt_t *avg_rt(avg_env_t *e, int i)
+{
+    return ap_sim_node(e->sim, i);
+}
 static inline const ap_peer_id_t *avg_peer_id(avg_env_t *e, int i)
 {
     return ap_sim_peer_id(e->sim, i);
@@ -60,7 +63,10 @@ static inline bool avg_run_until(avg_env_t *e, bool (*pred)(void *), void *arg, 
 {
     return ap_sim_run_until(e->sim, pred, arg, ap_sim_now_us(e->sim) + us);
 }
-static inline void avg_run_for(avg_env_t *e, uint64_t us) { ap_sim_run_for(e->sim, us); }
+static inline void avg_run_for(avg_env_t *e, uint64_t us)
+{
+    ap_sim_run_for(e->sim, us);
+}
 /* Link capacities in bytes/s; also the bandwidth avg_start declares. */
 static inline void avg_set_bw(avg_env_t *e, int i, double up, double down)
 {
@@ -83,8 +89,8 @@ static inline void avg_env_init(avg_env_t *e, int n, uint64_t elems, uint64_t se
     e->up = malloc((size_t)n * sizeof *e->up);
     e->down = malloc((size_t)n * sizeof *e->down);
     for (int i = 0; i < n; i++) {
-        ap_sim_node_opts_t so = {.up_bps = 1000000000, .down_bps = 1000000000,
-                                 .on_crash = avg__on_crash, .hook_arg = e};
+        ap_sim_node_opts_t so = {
+            .up_bps = 1000000000, .down_bps = 1000000000, .on_crash = avg__on_crash, .hook_arg = e};
         assert_true(ap_sim_add_node(e->sim, &so) == i);
         e->up[i] = e->down[i] = 125e6; /* 1 Gbit/s */
     }
