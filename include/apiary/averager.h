@@ -176,6 +176,26 @@ AP_EXPORT int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g,
  * their local values, done runs later with status AP_ECANCELED. Loop thread. */
 AP_EXPORT void ap_allreduce_cancel(ap_allreduce_t *ar);
 
+/* ---- Moshpit groups ---------------------------------------------------------
+ *
+ * Peers sit on a virtual d-dimensional grid. In round r the active dimension
+ * is r mod d, and the peers that share every OTHER coordinate form a group:
+ * its key is BLAKE2b-256(prefix, r, those coordinates). After the round a
+ * peer's coordinate on the active dimension becomes its index in the group,
+ * so the next round mixes peers that were in different groups. On a full
+ * s^d grid, d rounds give every peer the exact global mean (tested on 16x16);
+ * matchmaking (DHT) will look peers up by this key. */
+
+#define AP_AVG_MOSHPIT_MAX_DIMS 8
+
+/* key = BLAKE2b-256(prefix || round || coords except dimension round mod d).
+ * prefix is any run-wide name (e.g. the experiment). AP_EINVAL if dims is 0
+ * or > AP_AVG_MOSHPIT_MAX_DIMS. Any thread. */
+AP_EXPORT int ap_avg_moshpit_key(const char *prefix, const uint32_t *coords, int dims,
+                                 uint64_t round, uint8_t key[AP_AVG_GROUP_ID_LEN]);
+/* Sets coords[round mod dims] = index (this peer's index in its group). */
+AP_EXPORT int ap_avg_moshpit_advance(uint32_t *coords, int dims, uint64_t round, uint32_t index);
+
 /* ---- the Averager ------------------------------------------------------------
  *
  * Owns a fixed set of float32 tensors (one contiguous, pre-faulted buffer) and
