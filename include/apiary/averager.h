@@ -115,15 +115,21 @@ typedef struct ap_allreduce_opts {
     uint32_t chunk_elems; /* elements per chunk; 0 = 16384. Same in the whole group. */
     uint8_t codec;        /* ap_avg_codec_t; same in the whole group */
     double min_share;     /* as in ap_avg_balance_opts_t; same in the whole group */
-    /* Round deadline: start + deadline_factor·T_lp + deadline_slack_us, where
-     * T_lp is the LP's predicted time for this group (0 = 4 and 2 s). */
+    /* Round deadline: start + connect_grace_us + deadline_factor·T_lp +
+     * deadline_slack_us, where T_lp is the LP's predicted time for this group
+     * (0 = 4 and 2 s). */
     double deadline_factor;
     uint64_t deadline_slack_us;
     /* Stall rule: a stream with no message for max(stall_min_us,
      * stall_factor·expected message time at its measured rate) is dropped
-     * (0 = 500 ms and 10). */
+     * (0 = 1 s and 10). */
     uint64_t stall_min_us;
     double stall_factor;
+    /* How long a member may take to connect (its first stream to arrive,
+     * or the connection a higher-index peer waits for before dialing) before
+     * it counts as gone (0 = 2 s). A member whose dial fails is dropped at
+     * once. */
+    uint64_t connect_grace_us;
     /* Absolute cap on the round deadline in ap_rt_now_us() time (0 = none). */
     uint64_t deadline_at_us;
 } ap_allreduce_opts_t;

@@ -213,6 +213,7 @@ static uint32_t chunk_len(const ap_allreduce_t *ar, uint64_t count, uint32_t c)
 }
 
 static void check_done(ap_allreduce_t *ar);
+static void open_deferred(ap_allreduce_t *ar, int k);
 static void pump_results(ap_allreduce_t *ar);
 static void pump_send_all(ap_allreduce_t *ar);
 
@@ -542,6 +543,11 @@ static void on_link_close(ap_stream_t *s, void *arg, int status)
             if (os->state == SLOT_ACTIVE)
                 fail_part(ar, l->peer, status, status ? ap_strerror(status) : "closed early");
         }
+        /* unreachable: it cannot deliver its data to us either */
+        if (status == AP_EUNREACH && ar->in && ar->in[l->peer].state == SLOT_WAITING)
+            drop_sender(ar, l->peer, AP_EUNREACH, "unreachable");
+        finalise_chunks(ar);
+        pump_results(ar);
     } else {
         in_slot_t *sl = &ar->in[l->peer];
         if (sl->link == l) {
@@ -623,7 +629,8 @@ static void stop_round(ap_allreduce_t *ar, int err, const char *why)
         }
     }
     for (int k = 0; ar->sends && k < ar->n; k++)
-        if (k != ar->self && ar->cnt[k] && (ar->out[k].state == SLOT_ACTIVE))
+        if (k != ar->self && ar->cnt[k] &&
+            (ar->out[k].state == SLOT_ACTIVE || ar->out[k].state == SLOT_WAITING))
             fail_part(ar, k, err, why);
     reset_open_links(ar, err);
     check_done(ar);
@@ -637,6 +644,12 @@ static void tick_cb(ap_rt_t *rt, void *arg)
     if (now >= ar->deadline_us) {
         stop_round(ar, AP_ETIMEDOUT, "round deadline");
         return;
+    }
+    /* deferred parts whose connection did not come up: dial now */
+    if (ar->out && now >= ar->start_us + ar->o.connect_grace_us / 2) {
+        for (int k = 0; k < ar->n; k++)
+            if (k != ar->self) open_deferred(ar, k);
+        pump_send_all(ar);
     }
     /* Everything delivered but a peer keeps its direction open: give the
      * graceful close stall_min_us, then reset. */
@@ -668,6 +681,8 @@ static void tick_cb(ap_rt_t *rt, void *arg)
         double gap_us = chunk_bytes / rate * 1e6 * ar->o.stall_factor;
         uint64_t limit = ar->o.stall_min_us;
         if (gap_us > (double)limit) limit = gap_us > 1e15 ? (uint64_t)1e15 : (uint64_t)gap_us;
+        if (sl->state == SLOT_WAITING && limit < ar->o.connect_grace_us)
+            limit = ar->o.connect_grace_us;
         uint64_t last = sl->state == SLOT_WAITING ? ar->start_us : sl->last_us;
         if (now > last + limit)
             drop_sender(ar, j, AP_ETIMEDOUT,
@@ -680,13 +695,42 @@ static void tick_cb(ap_rt_t *rt, void *arg)
 
 /* A member whose connection dropped cannot deliver or reduce any more: act at
  * once instead of waiting for the stall rule. */
+static int open_part(ap_allreduce_t *ar, int k);
+
+/* Whether to wait before opening the stream to reducer k. Two peers that
+ * both send to each other would both dial at once, and the transport then
+ * drops one of the two connections with the streams on it. So the peer with
+ * the higher index waits until the lower one's connection is up (it dials us
+ * for its own part), or for connect_grace_us / 2 at most. The lower index never
+ * waits, so nobody waits in a cycle. */
+static bool defer_open(const ap_allreduce_t *ar, int k)
+{
+    return k < ar->self && ar->m[k].role != AP_AVG_AUX && ar->cnt[ar->self] > 0 &&
+           !ap_rt_is_connected(ar->rt, &ar->m[k].id);
+}
+
+static void open_deferred(ap_allreduce_t *ar, int k)
+{
+    if (!ar->out || !ar->cnt[k] || ar->out[k].state != SLOT_WAITING) return;
+    if (open_part(ar, k)) fail_part(ar, k, AP_ENOMEM, "cannot open a stream");
+}
+
 static void on_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, ap_peer_event_t ev)
 {
     ap_allreduce_t *ar = arg;
-    (void)rt;
-    if (ev != AP_PEER_DISCONNECTED || ar->stopped || ar->finishing) return;
+    if (ar->stopped || ar->finishing) return;
+    if (ev == AP_PEER_CONNECTED) { /* a deferred part can go over this connection now */
+        for (int j = 0; j < ar->n; j++)
+            if (j != ar->self && ap_peer_id_eq(&ar->m[j].id, peer)) open_deferred(ar, j);
+        pump_send_all(ar);
+        return;
+    }
+    /* a duplicate connection closing while another one stays up is no loss */
+    if (ev != AP_PEER_DISCONNECTED || ap_rt_is_connected(rt, peer)) return;
     for (int j = 0; j < ar->n; j++) {
         if (j == ar->self || !ap_peer_id_eq(&ar->m[j].id, peer)) continue;
+        if (ar->out && ar->cnt[j] && ar->out[j].state == SLOT_WAITING)
+            fail_part(ar, j, AP_ECLOSED, "disconnected");
         if (ar->in && ar->m[j].role != AP_AVG_AUX &&
             (ar->in[j].state == SLOT_WAITING ||
              (ar->in[j].state == SLOT_ACTIVE && ar->in[j].next_in < ar->my_chunks)))
@@ -914,7 +958,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (o.chunk_elems > AP__AVG_CHUNK_MAX) return AP_EINVAL;
     if (!(o.deadline_factor > 0)) o.deadline_factor = 4;
     if (!o.deadline_slack_us) o.deadline_slack_us = 2000000;
-    if (!o.stall_min_us) o.stall_min_us = 500000;
+    if (!o.stall_min_us) o.stall_min_us = 1000000;
+    if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
@@ -943,7 +988,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
         round_free(ar);
         return rc;
     }
-    double dl = o.deadline_factor * ar->t_lp_s * 1e6 + (double)o.deadline_slack_us;
+    double dl = (double)o.connect_grace_us + o.deadline_factor * ar->t_lp_s * 1e6 +
+                (double)o.deadline_slack_us;
     ar->deadline_us = ar->start_us + (dl > 1e15 ? (uint64_t)1e15 : (uint64_t)dl);
     if (o.deadline_at_us && o.deadline_at_us < ar->deadline_us) ar->deadline_us = o.deadline_at_us;
     ar->next = svc->rounds;
@@ -969,7 +1015,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
         }
     }
     for (int k = 0; sends && k < ar->n; k++) {
-        if (k == self || ar->cnt[k] == 0) continue;
+        if (k == self || ar->cnt[k] == 0 || defer_open(ar, k)) continue;
         if (open_part(ar, k)) {
             ar->out[k].state = SLOT_DROPPED;
             ar->res.parts_failed++;
