@@ -107,9 +107,15 @@ typedef struct ap_avg_group {
     size_t n;
 } ap_avg_group_t;
 
-/* Chunk codecs (the wire's codec byte). Only raw float32 exists until the
- * compress module lands; the seam is internal (src/averaging/avg_codec.h). */
-typedef enum ap_avg_codec { AP_AVG_CODEC_F32 = 0 } ap_avg_codec_t;
+/* Chunk codecs (the wire's codec byte; the same numbers as apiary/compress.h).
+ * Results travel with the same codec as the data. */
+typedef enum ap_avg_codec {
+    AP_AVG_CODEC_F32 = 0,        /* raw float32, exact */
+    AP_AVG_CODEC_FP16 = 1,       /* IEEE half */
+    AP_AVG_CODEC_BF16 = 2,       /* bfloat16 */
+    AP_AVG_CODEC_UNIFORM8 = 4,   /* 8-bit uniform bins over mean ± 6 std */
+    AP_AVG_CODEC_BLOCKWISE8 = 6, /* 8-bit blockwise dynamic codebook */
+} ap_avg_codec_t;
 
 typedef struct ap_allreduce_opts {
     uint32_t chunk_elems; /* elements per chunk; 0 = 16384. Same in the whole group. */

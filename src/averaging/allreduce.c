@@ -253,6 +253,13 @@ static void finalise_chunks(ap_allreduce_t *ar)
         double w = ar->wsum[c];
         if (w > 0) {
             for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            /* a lossy codec: keep what the others will decode, so that every
+             * member holds the same values */
+            if (ar->codec->id != AP_AVG_CODEC_F32 &&
+                (ar->codec->encode(ar->result + s, len, ar->frame + AP__AVG_FRAME_HDR) ||
+                 ar->codec->decode(ar->frame + AP__AVG_FRAME_HDR, ar->codec->size(len), len,
+                                   ar->result + s)))
+                ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
             if (ar->sends) ar->res.elems_averaged += len;
         } else if (!ar->sends) {
             /* aux with every sender dropped: nothing to average, nobody to tell */
@@ -319,10 +326,10 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         uint32_t c = sl->next_out;
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-        ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
-                          ar->frame + AP__AVG_FRAME_HDR);
+        int rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
+                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        int rc = ap_stream_send(s, ar->frame, fl);
+        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
         if (rc == AP_EAGAIN) return;
         if (rc) {
             drop_sender(ar, j, AP_ERESET, "cannot send results");
@@ -474,10 +481,10 @@ static int send_one(ap_allreduce_t *ar, int k)
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
         ap__avg_frame_header(ar->frame, AP__AVG_FRAME_DATA, ar->codec->id, c, len);
-        ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
-                          ar->frame + AP__AVG_FRAME_HDR);
+        int rc = ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
+                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        int rc = ap_stream_send(s, ar->frame, fl);
+        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
         if (rc == AP_EAGAIN) return 0;
         if (rc) {
             fail_part(ar, k, AP_ERESET, "cannot send data");
@@ -878,7 +885,9 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     rc = ap_avg_round_counts(shares, g->n, ar->total, ar->cnt);
     if (rc) goto out;
     for (size_t i = 1; i < g->n; i++) ar->off[i] = ar->off[i - 1] + ar->cnt[i - 1];
-    ar->t_lp_s = t * (double)ar->total * (double)ar->codec->size(1);
+    /* bytes per element on the wire with this codec (headers included) */
+    double bpe = (double)ar->codec->size(ar->o.chunk_elems) / (double)ar->o.chunk_elems;
+    ar->t_lp_s = t * (double)ar->total * bpe;
     ar->res.predicted_s = ar->t_lp_s;
     ar->res.my_part_elems = ar->cnt[ar->self];
     size_t ce = ar->o.chunk_elems;
