@@ -96,6 +96,7 @@ typedef struct ap_dht_result {
     bool is_dict;
     size_t nrecords;
     const ap_dht_record_t *records;
+    int hops; /* sequential RPC rounds the traversal needed (0 = answered locally) */
 } ap_dht_result_t;
 
 /* Validators run on every store (local or from a peer) and on every record a
@@ -143,7 +144,12 @@ typedef void (*ap_dht_get_many_fn)(ap_dht_t *dht, void *arg, int status,
 AP_EXPORT int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key_lens,
                               size_t nkeys, bool latest, ap_dht_get_many_fn cb, void *arg);
 
-/* store: writes the record to the num_replicas nearest nodes (and locally
+/* Invalid input (sizes, an owner that is not this node, a validator's
+ * refusal) is returned at once as an error and cb is not called; otherwise
+ * cb runs exactly once, later (never inside these calls). The same holds for
+ * ap_dht_get / ap_dht_get_many with an invalid key.
+ *
+ * store: writes the record to the num_replicas nearest nodes (and locally
  * when this node is one of them). nstored = how many replicas accepted it;
  * status 0 if at least one did, else the first refusal's code (AP_ESTALE,
  * AP_EAUTH, ...) or AP_EUNREACH. */
