@@ -74,9 +74,10 @@ SW_FN void sw_bootstrap(swarm_t *s, int i, int below)
     }
 }
 
-/* n nodes joining one after another every join_gap_us. */
-SW_FN swarm_t *sw_new(int n, uint64_t seed, uint64_t latency_us, const ap_dht_config_t *cfg,
-                       uint64_t join_gap_us)
+/* n simulated nodes of which the first nstart join one after another every
+ * join_gap_us (the others stay unstarted: s->dht[i] == NULL). */
+SW_FN swarm_t *sw_new_n(int n, int nstart, uint64_t seed, uint64_t latency_us,
+                         const ap_dht_config_t *cfg, uint64_t join_gap_us)
 {
     swarm_t *s = calloc(1, sizeof *s);
     s->n = n;
@@ -88,13 +89,19 @@ SW_FN swarm_t *sw_new(int n, uint64_t seed, uint64_t latency_us, const ap_dht_co
         ap_dht_config_default(&s->cfg);
     ap__rng_seed(s->rng, seed ^ 0xabcdef);
     if (sw_start_node(s, 0)) return NULL;
-    for (int i = 1; i < n; i++) {
+    for (int i = 1; i < nstart; i++) {
         if (sw_start_node(s, i)) return NULL;
         sw_bootstrap(s, i, i);
         simnet_run_until(s->net, NULL, NULL, join_gap_us);
     }
     sw_run_idle(s, 120ull * 1000000);
     return s;
+}
+
+SW_FN swarm_t *sw_new(int n, uint64_t seed, uint64_t latency_us, const ap_dht_config_t *cfg,
+                       uint64_t join_gap_us)
+{
+    return sw_new_n(n, n, seed, latency_us, cfg, join_gap_us);
 }
 
 SW_FN void sw_crash(swarm_t *s, int i)
