@@ -771,7 +771,8 @@ static void handle_find_result(lookup_t *lk, call_t *c, lk_key_t *kk,
         ap_dht_peer_node_id(&nc.peer, nc.id);
         if (fr->nearest[j]->n_addrs) {
             learn_addrs(dht, &nc.peer, fr->nearest[j]->addrs, fr->nearest[j]->n_addrs);
-            strncpy(nc.addr, fr->nearest[j]->addrs[0], AP_RT_ADDR_MAX - 1);
+            if (strlen(fr->nearest[j]->addrs[0]) < sizeof nc.addr)
+                strcpy(nc.addr, fr->nearest[j]->addrs[0]);
         }
         /* a peer we know is backed off is not worth asking now */
         ap__dht_contact_t *known = ap__dht_routing_lookup(&dht->table, &nc.peer);

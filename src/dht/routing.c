@@ -17,16 +17,24 @@ static bool prefix_match(const uint8_t *a, const uint8_t *b, int bits)
     return true;
 }
 
+/* Grows a contact array (sized on demand: most buckets never fill). */
+static int reserve(ap__dht_contact_t **arr, int *cap, int need, int k)
+{
+    if (need <= *cap) return 0;
+    int nc = *cap ? *cap * 2 : 4;
+    if (nc < need) nc = need;
+    if (nc > k) nc = k;
+    ap__dht_contact_t *na = realloc(*arr, (size_t)nc * sizeof *na);
+    if (!na) return AP_ENOMEM;
+    *arr = na;
+    *cap = nc;
+    return 0;
+}
+
 static int bucket_new(ap__dht_bucket_t *bk, int k, const uint8_t *prefix, int depth)
 {
+    (void)k;
     memset(bk, 0, sizeof *bk);
-    bk->nodes = calloc((size_t)k, sizeof *bk->nodes);
-    bk->repl = calloc((size_t)k, sizeof *bk->repl);
-    if (!bk->nodes || !bk->repl) {
-        free(bk->nodes);
-        free(bk->repl);
-        return AP_ENOMEM;
-    }
     memcpy(bk->prefix, prefix, AP_DHT_ID_LEN);
     bk->depth = depth;
     return 0;
@@ -95,6 +103,13 @@ static int split(ap__dht_routing_t *rt, int i)
     hi.last_touched_us = old->last_touched_us;
     old->depth = d + 1;
     int n0 = 0, r0 = 0;
+    if (reserve(&hi.nodes, &hi.cap_nodes, old->n, rt->k) ||
+        (old->nrepl && reserve(&hi.repl, &hi.cap_repl, old->nrepl, rt->k))) {
+        free(hi.nodes);
+        free(hi.repl);
+        old->depth = d;
+        return AP_ENOMEM;
+    }
     for (int j = 0; j < old->n; j++) {
         if (id_bit(old->nodes[j].id, d))
             hi.nodes[hi.n++] = old->nodes[j];
@@ -124,8 +139,8 @@ static int find_in(const ap__dht_contact_t *arr, int n, const ap_peer_id_t *peer
 static void set_addr(ap__dht_contact_t *c, const char *addr)
 {
     if (addr && *addr) {
-        strncpy(c->addr, addr, AP_RT_ADDR_MAX - 1);
-        c->addr[AP_RT_ADDR_MAX - 1] = 0;
+        if (strlen(addr) < sizeof c->addr)
+            strcpy(c->addr, addr);
     }
 }
 
@@ -153,6 +168,7 @@ int ap__dht_routing_seen(ap__dht_routing_t *rt, const ap_peer_id_t *peer, const 
             return AP__RT_UPDATED;
         }
         if (bk->n < rt->k) {
+            if (reserve(&bk->nodes, &bk->cap_nodes, bk->n + 1, rt->k)) return AP_ENOMEM;
             ap__dht_contact_t *c = &bk->nodes[bk->n++];
             memset(c, 0, sizeof *c);
             c->peer = *peer;
@@ -191,6 +207,7 @@ int ap__dht_routing_seen(ap__dht_routing_t *rt, const ap_peer_id_t *peer, const 
             memmove(&bk->repl[0], &bk->repl[1], (size_t)(rt->k - 1) * sizeof c);
             bk->nrepl--;
         }
+        if (reserve(&bk->repl, &bk->cap_repl, bk->nrepl + 1, rt->k)) return AP_ENOMEM;
         bk->repl[bk->nrepl++] = c;
         if (check && !bk->checking) {
             bk->checking = true;

@@ -8,10 +8,15 @@
 
 #include "apiary/dht.h"
 
+/* Addresses longer than this are not kept in the table (the runtime still
+ * knows them; they are just not relayed in FIND answers). Keeps a contact at
+ * ~180 bytes so 10,000 simulated nodes with rich tables fit in memory. */
+#define AP__DHT_CONTACT_ADDR_MAX 96
+
 typedef struct ap__dht_contact {
     ap_peer_id_t peer;
     uint8_t id[AP_DHT_ID_LEN];
-    char addr[AP_RT_ADDR_MAX]; /* one dialable address ("" if unknown) */
+    char addr[AP__DHT_CONTACT_ADDR_MAX]; /* one dialable address ("" if unknown) */
     uint64_t last_seen_us;
     uint64_t backoff_until_us;
     int failures;
@@ -20,10 +25,10 @@ typedef struct ap__dht_contact {
 typedef struct ap__dht_bucket {
     uint8_t prefix[AP_DHT_ID_LEN];
     int depth;
-    ap__dht_contact_t *nodes; /* k slots, least recently seen first */
-    int n;
-    ap__dht_contact_t *repl; /* k slots, most recently seen last */
-    int nrepl;
+    ap__dht_contact_t *nodes; /* up to k, least recently seen first */
+    int n, cap_nodes;
+    ap__dht_contact_t *repl; /* up to k, most recently seen last */
+    int nrepl, cap_repl;
     uint64_t last_touched_us;
     bool checking; /* a liveness ping of nodes[0] is in flight */
 } ap__dht_bucket_t;
