@@ -16,6 +16,9 @@
 #define MOD "dht"
 #define MAX_VALIDATORS 8
 #define HANDOVER_MAX_RECORDS 256 /* per new contact */
+#ifndef AP__DHT_JOIN_PASSES
+#define AP__DHT_JOIN_PASSES 1
+#endif
 
 typedef struct lookup lookup_t;
 typedef struct call call_t;
@@ -375,7 +378,7 @@ static void add_cand(lookup_t *lk, lk_key_t *kk, const ap__dht_contact_t *c, int
     ap_dht_t *dht = lk->dht;
     if (ap_peer_id_eq(&c->peer, ap_rt_self(dht->rt))) return;
     for (int i = 0; i < kk->ncands; i++)
-        if (ap_peer_id_eq(&kk->cands[i].c.peer, &c->peer)) return;
+        if (memcmp(kk->cands[i].c.id, c->id, AP_DHT_ID_LEN) == 0) return;
     int cap = cand_cap(dht);
     if (kk->ncands == cap && ap__dht_cmp_dist(kk->id, c->id, kk->cands[cap - 1].c.id) >= 0) return;
     int pos = kk->ncands < cap ? kk->ncands : cap - 1;
@@ -392,8 +395,10 @@ static void add_cand(lookup_t *lk, lk_key_t *kk, const ap__dht_contact_t *c, int
 
 static cand_t *find_cand(lk_key_t *kk, const ap_peer_id_t *peer)
 {
+    uint8_t id[AP_DHT_ID_LEN];
+    ap_dht_peer_node_id(peer, id);
     for (int i = 0; i < kk->ncands; i++)
-        if (ap_peer_id_eq(&kk->cands[i].c.peer, peer)) return &kk->cands[i];
+        if (memcmp(kk->cands[i].c.id, id, AP_DHT_ID_LEN) == 0) return &kk->cands[i];
     return NULL;
 }
 
@@ -1459,7 +1464,10 @@ struct boot {
     char **addrs;
     uint64_t *ping_ids;
     ap_peer_id_t *peers;
-    bool looking; /* self-lookup running */
+    bool looking; /* self-lookup / bucket refreshes running */
+    int lookups;  /* of those, still running */
+    int pass;     /* bucket-refresh passes started */
+    int pass_end; /* buckets that existed when the last pass started */
 };
 
 static void boot_free(boot_t *b)
@@ -1480,14 +1488,34 @@ static void boot_unlink(ap_dht_t *dht, boot_t *b)
         }
 }
 
+/* Joining: after the self-lookup, every bucket is refreshed once (a lookup of
+ * a random id in its range), then the buckets those refreshes created by
+ * splitting, up to three passes. This fills the table the relaxed split rule
+ * allows, which is what makes lookups take few round trips. */
 static void boot_lookup_done(ap_dht_t *dht, void *arg, int status)
 {
     boot_t *b = arg;
+    if (--b->lookups > 0) return;
+    int start = b->pass == 0 ? 0 : b->pass_end, end = dht->table.nbuckets;
+    if (b->pass < AP__DHT_JOIN_PASSES && start < end) {
+        b->pass++;
+        b->pass_end = end;
+        for (int i = start; i < end; i++) {
+            ap__dht_bucket_t *bk = &dht->table.buckets[i];
+            if (ap__dht_common_prefix(bk->prefix, dht->self_id) >= bk->depth) continue;
+            uint8_t rnd[AP_DHT_ID_LEN], id[AP_DHT_ID_LEN];
+            ap_rt_rand_bytes(dht->rt, rnd, sizeof rnd);
+            ap__dht_routing_random_id(&dht->table, i, rnd, id);
+            b->lookups++;
+            if (find_nodes(dht, id, boot_lookup_done, b)) b->lookups--;
+        }
+        if (b->lookups > 0) return;
+    }
     boot_unlink(dht, b);
     size_t rt_size = ap__dht_routing_size(&dht->table);
     ap_info(MOD, "bootstrap: %zu of %zu initial peers answered, %zu peers in the table", b->ok,
             b->n, rt_size);
-    b->cb(dht, b->arg, status == AP_ECANCELED ? status : 0);
+    b->cb(dht, b->arg, 0);
     boot_free(b);
 }
 
@@ -1507,6 +1535,7 @@ static void boot_step(boot_t *b)
         return;
     }
     b->looking = true;
+    b->lookups = 1;
     if (find_nodes(dht, dht->self_id, boot_lookup_done, b)) {
         boot_unlink(dht, b);
         b->cb(dht, b->arg, AP_ENOMEM);

@@ -129,10 +129,12 @@ static int split(ap__dht_routing_t *rt, int i)
     return 0;
 }
 
-static int find_in(const ap__dht_contact_t *arr, int n, const ap_peer_id_t *peer)
+/* Finds a contact by node id (a 160-bit hash of the PeerID: comparing it is
+ * cheaper than the 38-byte id and equivalent). */
+static int find_in(const ap__dht_contact_t *arr, int n, const uint8_t *id)
 {
     for (int i = 0; i < n; i++)
-        if (ap_peer_id_eq(&arr[i].peer, peer)) return i;
+        if (memcmp(arr[i].id, id, AP_DHT_ID_LEN) == 0) return i;
     return -1;
 }
 
@@ -154,7 +156,7 @@ int ap__dht_routing_seen(ap__dht_routing_t *rt, const ap_peer_id_t *peer, const 
     for (;;) {
         int bi = ap__dht_routing_bucket_of(rt, id);
         ap__dht_bucket_t *bk = &rt->buckets[bi];
-        int j = find_in(bk->nodes, bk->n, peer);
+        int j = find_in(bk->nodes, bk->n, id);
         if (j >= 0) { /* move to the tail (most recently seen) */
             ap__dht_contact_t c = bk->nodes[j];
             memmove(&bk->nodes[j], &bk->nodes[j + 1], (size_t)(bk->n - j - 1) * sizeof c);
@@ -176,7 +178,7 @@ int ap__dht_routing_seen(ap__dht_routing_t *rt, const ap_peer_id_t *peer, const 
             set_addr(c, addr);
             c->last_seen_us = now_us;
             bk->last_touched_us = now_us;
-            int r = find_in(bk->repl, bk->nrepl, peer);
+            int r = find_in(bk->repl, bk->nrepl, id);
             if (r >= 0) {
                 memmove(&bk->repl[r], &bk->repl[r + 1], (size_t)(bk->nrepl - r - 1) * sizeof *c);
                 bk->nrepl--;
@@ -190,7 +192,7 @@ int ap__dht_routing_seen(ap__dht_routing_t *rt, const ap_peer_id_t *peer, const 
             continue;
         }
         /* Full and not splittable: park in the replacement list (freshest last). */
-        int r = find_in(bk->repl, bk->nrepl, peer);
+        int r = find_in(bk->repl, bk->nrepl, id);
         ap__dht_contact_t c;
         if (r >= 0) {
             c = bk->repl[r];
@@ -230,9 +232,9 @@ bool ap__dht_routing_failed(ap__dht_routing_t *rt, const ap_peer_id_t *peer, uin
     uint8_t id[AP_DHT_ID_LEN];
     ap_dht_peer_node_id(peer, id);
     ap__dht_bucket_t *bk = &rt->buckets[ap__dht_routing_bucket_of(rt, id)];
-    int j = find_in(bk->nodes, bk->n, peer);
+    int j = find_in(bk->nodes, bk->n, id);
     if (j < 0) {
-        int r = find_in(bk->repl, bk->nrepl, peer);
+        int r = find_in(bk->repl, bk->nrepl, id);
         if (r >= 0) {
             memmove(&bk->repl[r], &bk->repl[r + 1], (size_t)(bk->nrepl - r - 1) * sizeof *bk->repl);
             bk->nrepl--;
@@ -259,9 +261,9 @@ void ap__dht_routing_remove(ap__dht_routing_t *rt, const ap_peer_id_t *peer)
     uint8_t id[AP_DHT_ID_LEN];
     ap_dht_peer_node_id(peer, id);
     ap__dht_bucket_t *bk = &rt->buckets[ap__dht_routing_bucket_of(rt, id)];
-    int j = find_in(bk->nodes, bk->n, peer);
+    int j = find_in(bk->nodes, bk->n, id);
     if (j >= 0) promote(bk, j);
-    int r = find_in(bk->repl, bk->nrepl, peer);
+    int r = find_in(bk->repl, bk->nrepl, id);
     if (r >= 0) {
         memmove(&bk->repl[r], &bk->repl[r + 1], (size_t)(bk->nrepl - r - 1) * sizeof *bk->repl);
         bk->nrepl--;
@@ -273,30 +275,40 @@ ap__dht_contact_t *ap__dht_routing_lookup(ap__dht_routing_t *rt, const ap_peer_i
     uint8_t id[AP_DHT_ID_LEN];
     ap_dht_peer_node_id(peer, id);
     ap__dht_bucket_t *bk = &rt->buckets[ap__dht_routing_bucket_of(rt, id)];
-    int j = find_in(bk->nodes, bk->n, peer);
+    int j = find_in(bk->nodes, bk->n, id);
     return j >= 0 ? &bk->nodes[j] : NULL;
 }
 
 int ap__dht_routing_nearest(ap__dht_routing_t *rt, const uint8_t target[AP_DHT_ID_LEN], int max,
                             uint64_t now_us, bool include_backed_off, ap__dht_contact_t *out)
 {
-    /* Insertion into a sorted array of at most max entries. */
+    /* Insertion of pointers into a sorted array of at most max entries; the
+     * contacts are copied out once at the end. */
+    enum { STACK_MAX = 128 };
+    const ap__dht_contact_t *stackbuf[STACK_MAX];
+    const ap__dht_contact_t **best = stackbuf;
+    if (max > STACK_MAX) {
+        best = malloc((size_t)max * sizeof *best);
+        if (!best) return 0;
+    }
     int n = 0;
     for (int i = 0; i < rt->nbuckets; i++) {
         ap__dht_bucket_t *bk = &rt->buckets[i];
         for (int j = 0; j < bk->n; j++) {
             const ap__dht_contact_t *c = &bk->nodes[j];
             if (!include_backed_off && c->backoff_until_us > now_us) continue;
-            if (n == max && ap__dht_cmp_dist(target, c->id, out[n - 1].id) >= 0) continue;
+            if (n == max && ap__dht_cmp_dist(target, c->id, best[n - 1]->id) >= 0) continue;
             int pos = n < max ? n : max - 1;
-            while (pos > 0 && ap__dht_cmp_dist(target, c->id, out[pos - 1].id) < 0) {
-                out[pos] = out[pos - 1];
+            while (pos > 0 && ap__dht_cmp_dist(target, c->id, best[pos - 1]->id) < 0) {
+                best[pos] = best[pos - 1];
                 pos--;
             }
-            out[pos] = *c;
+            best[pos] = c;
             if (n < max) n++;
         }
     }
+    for (int i = 0; i < n; i++) out[i] = *best[i];
+    if (best != stackbuf) free(best);
     return n;
 }
 
