@@ -25,7 +25,10 @@ void ap_bench_register(const ap_bench_t *b);
 
 #define AP_BENCH(ident, bname, fn, text)                                                           \
     static const ap_bench_t ident = {.name = bname, .run = fn, .summary = text};                   \
-    __attribute__((constructor)) static void ident##_register(void) { ap_bench_register(&ident); }
+    __attribute__((constructor)) static void ident##_register(void)                                \
+    {                                                                                              \
+        ap_bench_register(&ident);                                                                 \
+    }
 
 /* fields: extra JSON members without braces, e.g. "\"nodes\":1000,\"codec\":\"fp16\"",
  * or NULL. */

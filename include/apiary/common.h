@@ -12,8 +12,8 @@ extern "C" {
 
 /* AP_EXPORT marks the public API; everything else is hidden in libapiary.so. */
 #if defined(__GNUC__)
-#define AP_EXPORT __attribute__((visibility("default")))
-#define AP_NODISCARD __attribute__((warn_unused_result))
+#define AP_EXPORT       __attribute__((visibility("default")))
+#define AP_NODISCARD    __attribute__((warn_unused_result))
 #define AP_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #define AP_EXPORT
@@ -21,9 +21,9 @@ extern "C" {
 #define AP_PRINTF(f, a)
 #endif
 
-#define AP_VERSION_MAJOR 0
-#define AP_VERSION_MINOR 1
-#define AP_VERSION_PATCH 0
+#define AP_VERSION_MAJOR  0
+#define AP_VERSION_MINOR  1
+#define AP_VERSION_PATCH  0
 #define AP_VERSION_STRING "0.1.0"
 
 /* Returns AP_VERSION_STRING of the library actually linked. */

@@ -38,7 +38,7 @@ extern "C" {
     XX(ESHUTDOWN, 21, "shutting down")                                                             \
     XX(ERANGE, 22, "value out of range")                                                           \
     XX(ENOTSUP, 23, "operation not supported")                                                     \
-    XX(EADDR, 24, "bad address")                                                               \
+    XX(EADDR, 24, "bad address")                                                                   \
     XX(ESTATE, 25, "wrong state for this operation")                                               \
     XX(ENONFINITE, 26, "non-finite value")                                                         \
     XX(EEXPIRED, 27, "record expired")                                                             \

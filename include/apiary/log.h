@@ -44,7 +44,7 @@ AP_EXPORT void ap_log(ap_log_level_t level, const char *module, const char *fmt,
     do {                                                                                           \
         if (AP_LOG_ENABLED(AP_LOG_INFO)) ap_log(AP_LOG_INFO, mod, __VA_ARGS__);                    \
     } while (0)
-#define ap_warn(mod, ...) ap_log(AP_LOG_WARN, mod, __VA_ARGS__)
+#define ap_warn(mod, ...)  ap_log(AP_LOG_WARN, mod, __VA_ARGS__)
 #define ap_error(mod, ...) ap_log(AP_LOG_ERROR, mod, __VA_ARGS__)
 
 #ifdef __cplusplus

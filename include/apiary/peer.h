@@ -14,11 +14,11 @@
 extern "C" {
 #endif
 
-#define AP_PEER_ID_LEN 38     /* bytes of an Ed25519 identity multihash */
+#define AP_PEER_ID_LEN     38 /* bytes of an Ed25519 identity multihash */
 #define AP_PEER_ID_STR_MAX 64 /* base58 text incl. NUL (52 chars used) */
-#define AP_PEER_SHORT_LEN 12  /* "…" + last 8 chars + NUL, for logs */
-#define AP_ED25519_PK_LEN 32
-#define AP_ED25519_SK_LEN 64
+#define AP_PEER_SHORT_LEN  12 /* "…" + last 8 chars + NUL, for logs */
+#define AP_ED25519_PK_LEN  32
+#define AP_ED25519_SK_LEN  64
 #define AP_ED25519_SIG_LEN 64
 
 typedef struct ap_peer_id {

@@ -35,11 +35,11 @@ typedef struct ap_rpc_req ap_rpc_req_t;
 typedef struct ap_stream ap_stream_t;
 
 /* Default caps. Every message size on the wire is capped. */
-#define AP_RT_PROTO_MAX 64                       /* protocol name bytes incl. NUL */
-#define AP_RT_RPC_MAX_DEFAULT (1u << 20)         /* default request/response cap */
-#define AP_RT_STREAM_MSG_MAX_DEFAULT (4u << 20)  /* default stream message cap */
-#define AP_RT_STREAM_WINDOW_DEFAULT (1u << 20)   /* default per-stream send window */
-#define AP_RT_ADDR_MAX 256                       /* multiaddr text incl. NUL */
+#define AP_RT_PROTO_MAX              64         /* protocol name bytes incl. NUL */
+#define AP_RT_RPC_MAX_DEFAULT        (1u << 20) /* default request/response cap */
+#define AP_RT_STREAM_MSG_MAX_DEFAULT (4u << 20) /* default stream message cap */
+#define AP_RT_STREAM_WINDOW_DEFAULT  (1u << 20) /* default per-stream send window */
+#define AP_RT_ADDR_MAX               256        /* multiaddr text incl. NUL */
 
 /* ---- identity ----------------------------------------------------------- */
 
@@ -98,7 +98,7 @@ AP_EXPORT int ap_rt_post(ap_rt_t *rt, ap_post_fn fn, void *arg);
 
 /* ---- compute offload ---------------------------------------------------- */
 
-typedef void (*ap_work_fn)(void *arg);                  /* runs on a worker thread */
+typedef void (*ap_work_fn)(void *arg);                                /* runs on a worker thread */
 typedef void (*ap_after_work_fn)(ap_rt_t *rt, void *arg, int status); /* loop thread */
 
 /* Runs work(arg) off the loop thread (uv: worker pool; sim: inline, then the
@@ -161,8 +161,8 @@ AP_EXPORT void ap_rpc_respond_error(ap_rpc_req_t *req, int err, const char *msg)
  * AP_EUNREACH, AP_ECLOSED (connection lost mid-call), AP_ENOPROTO,
  * AP_EMSGSIZE, or the code the handler sent with ap_rpc_respond_error (then
  * errmsg is its message, else NULL). */
-typedef void (*ap_rpc_done_fn)(ap_rt_t *rt, void *arg, int status, const uint8_t *resp,
-                               size_t len, const char *errmsg);
+typedef void (*ap_rpc_done_fn)(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                               const char *errmsg);
 
 typedef struct ap_rpc_opts {
     uint64_t timeout_us; /* deadline relative to now; 0 = 30 s */
@@ -208,8 +208,8 @@ typedef struct ap_stream_cbs {
 } ap_stream_cbs_t;
 
 typedef struct ap_stream_opts {
-    size_t window;   /* send window in bytes; 0 = AP_RT_STREAM_WINDOW_DEFAULT */
-    size_t max_msg;  /* cap on a received message; 0 = AP_RT_STREAM_MSG_MAX_DEFAULT */
+    size_t window;            /* send window in bytes; 0 = AP_RT_STREAM_WINDOW_DEFAULT */
+    size_t max_msg;           /* cap on a received message; 0 = AP_RT_STREAM_MSG_MAX_DEFAULT */
     uint64_t open_timeout_us; /* connect + accept; 0 = 30 s */
 } ap_stream_opts_t;
 
@@ -217,8 +217,8 @@ typedef struct ap_stream_opts {
  * message (may be empty). Return 0 to accept after setting the stream's
  * callbacks with ap_stream_set_cbs, or an AP_E* code to refuse (the opener's
  * on_close gets AP_ERESET). */
-typedef int (*ap_stream_accept_fn)(ap_rt_t *rt, void *arg, ap_stream_t *s,
-                                   const ap_peer_id_t *peer, const uint8_t *hello, size_t len);
+typedef int (*ap_stream_accept_fn)(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                                   const uint8_t *hello, size_t len);
 
 AP_EXPORT int ap_rt_stream_listen(ap_rt_t *rt, const char *proto, const ap_stream_opts_t *opts,
                                   ap_stream_accept_fn accept, void *arg);
@@ -247,7 +247,7 @@ AP_EXPORT uint64_t ap_stream_id(const ap_stream_t *s);
 /* ---- statistics --------------------------------------------------------- */
 
 typedef struct ap_rt_stats {
-    uint64_t bytes_sent;     /* payload + framing bytes written to the network */
+    uint64_t bytes_sent; /* payload + framing bytes written to the network */
     uint64_t bytes_received;
     uint64_t rpc_calls;
     uint64_t rpc_served;

@@ -27,7 +27,10 @@ void ap__big_free(void *p, size_t n)
     if (p) munmap(p, n ? n : 1);
 }
 
-void ap__arena_init(ap_arena_t *a) { memset(a, 0, sizeof *a); }
+void ap__arena_init(ap_arena_t *a)
+{
+    memset(a, 0, sizeof *a);
+}
 
 int ap__arena_add(ap_arena_t *a, const char *name, size_t count)
 {

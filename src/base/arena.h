@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AP_ARENA_ALIGN 64
+#define AP_ARENA_ALIGN    64
 #define AP_ARENA_NAME_MAX 64
 
 typedef struct ap_arena_view {
@@ -17,9 +17,9 @@ typedef struct ap_arena_view {
 } ap_arena_view_t;
 
 typedef struct ap_arena {
-    float *base;        /* AP_ARENA_ALIGN-aligned; NULL until ap__arena_commit */
-    size_t count;       /* floats in use (sum of views incl. padding) */
-    size_t bytes;       /* mapped bytes */
+    float *base;  /* AP_ARENA_ALIGN-aligned; NULL until ap__arena_commit */
+    size_t count; /* floats in use (sum of views incl. padding) */
+    size_t bytes; /* mapped bytes */
     ap_arena_view_t *views;
     size_t nviews, views_cap;
 } ap_arena_t;

@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void ap__buf_init(ap_buf_t *b) { memset(b, 0, sizeof *b); }
+void ap__buf_init(ap_buf_t *b)
+{
+    memset(b, 0, sizeof *b);
+}
 
 void ap__buf_free(ap_buf_t *b)
 {
@@ -37,7 +40,10 @@ int ap__buf_append(ap_buf_t *b, const void *p, size_t n)
     return 0;
 }
 
-int ap__buf_append_u8(ap_buf_t *b, uint8_t v) { return ap__buf_append(b, &v, 1); }
+int ap__buf_append_u8(ap_buf_t *b, uint8_t v)
+{
+    return ap__buf_append(b, &v, 1);
+}
 
 int ap__buf_append_be16(ap_buf_t *b, uint16_t v)
 {

@@ -2,7 +2,10 @@
 
 #include <errno.h>
 
-const char *ap_version(void) { return AP_VERSION_STRING; }
+const char *ap_version(void)
+{
+    return AP_VERSION_STRING;
+}
 
 const char *ap_strerror(int err)
 {

@@ -79,8 +79,9 @@ void ap_log(ap_log_level_t level, const char *module, const char *fmt, ...)
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     char line[1200];
-    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %-5s %s: %s\n", tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, level_names[level], module ? module : "-", msg);
+    int n =
+        snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %-5s %s: %s\n", tm.tm_hour, tm.tm_min,
+                 tm.tm_sec, ts.tv_nsec / 1000000, level_names[level], module ? module : "-", msg);
     if (n > (int)sizeof line - 1) {
         n = (int)sizeof line - 1;
         line[n - 1] = '\n';

@@ -84,7 +84,10 @@ void ap__pool_free(ap_pool_t *p)
     free(p);
 }
 
-int ap__pool_size(const ap_pool_t *p) { return p ? p->n : 1; }
+int ap__pool_size(const ap_pool_t *p)
+{
+    return p ? p->n : 1;
+}
 
 int ap__pool_submit(ap_pool_t *p, void (*fn)(void *), void *arg)
 {
@@ -138,8 +141,8 @@ static void pfor_task(void *arg)
     pthread_mutex_unlock(&f->mu);
 }
 
-void ap__pool_parallel_for(ap_pool_t *p, size_t n, size_t grain,
-                           void (*fn)(void *, size_t, size_t), void *arg)
+void ap__pool_parallel_for(ap_pool_t *p, size_t n, size_t grain, void (*fn)(void *, size_t, size_t),
+                           void *arg)
 {
     if (n == 0) return;
     if (grain == 0) grain = 1;

@@ -21,7 +21,10 @@ void ap__rng_seed(uint64_t s[4], uint64_t seed)
     for (int i = 0; i < 4; i++) s[i] = splitmix64(&seed);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 uint64_t ap__rng_next(uint64_t s[4])
 {
@@ -54,8 +57,7 @@ int ap__rt_init_sk(ap_rt_t *rt, const ap_rt_ops_t *ops, const uint8_t sk[AP_ED25
     return 0;
 }
 
-int ap__rt_init(ap_rt_t *rt, const ap_rt_ops_t *ops, const uint8_t *ed25519_seed,
-                uint64_t rng_seed)
+int ap__rt_init(ap_rt_t *rt, const ap_rt_ops_t *ops, const uint8_t *ed25519_seed, uint64_t rng_seed)
 {
     if (sodium_init() < 0) return AP_ESYS;
     uint8_t pk[crypto_sign_PUBLICKEYBYTES], sk[crypto_sign_SECRETKEYBYTES];
@@ -82,7 +84,10 @@ void ap__rt_fini(ap_rt_t *rt)
 
 /* ---- identity ----------------------------------------------------------- */
 
-const ap_peer_id_t *ap_rt_self(ap_rt_t *rt) { return &rt->self; }
+const ap_peer_id_t *ap_rt_self(ap_rt_t *rt)
+{
+    return &rt->self;
+}
 
 void ap_rt_sign(ap_rt_t *rt, const uint8_t *msg, size_t len, uint8_t sig[AP_ED25519_SIG_LEN])
 {
@@ -96,9 +101,18 @@ int ap_rt_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, bool
 
 /* ---- time, RNG ------------------------------------------------------------ */
 
-uint64_t ap_rt_now_us(ap_rt_t *rt) { return rt->ops->now_us(rt); }
-int64_t ap_rt_wall_ms(ap_rt_t *rt) { return rt->ops->wall_ms(rt); }
-uint64_t ap_rt_rand_u64(ap_rt_t *rt) { return ap__rng_next(rt->rng); }
+uint64_t ap_rt_now_us(ap_rt_t *rt)
+{
+    return rt->ops->now_us(rt);
+}
+int64_t ap_rt_wall_ms(ap_rt_t *rt)
+{
+    return rt->ops->wall_ms(rt);
+}
+uint64_t ap_rt_rand_u64(ap_rt_t *rt)
+{
+    return ap__rng_next(rt->rng);
+}
 
 uint64_t ap_rt_rand_below(ap_rt_t *rt, uint64_t n)
 {
@@ -118,7 +132,10 @@ uint64_t ap_rt_rand_below(ap_rt_t *rt, uint64_t n)
     return (uint64_t)(m >> 64);
 }
 
-double ap_rt_rand_double(ap_rt_t *rt) { return (double)(ap__rng_next(rt->rng) >> 11) * 0x1.0p-53; }
+double ap_rt_rand_double(ap_rt_t *rt)
+{
+    return (double)(ap__rng_next(rt->rng) >> 11) * 0x1.0p-53;
+}
 
 void ap_rt_rand_bytes(ap_rt_t *rt, void *buf, size_t len)
 {
@@ -146,7 +163,10 @@ bool ap_rt_timer_stop(ap_rt_t *rt, uint64_t timer_id)
     return rt->ops->timer_stop(rt, timer_id);
 }
 
-int ap_rt_post(ap_rt_t *rt, ap_post_fn fn, void *arg) { return rt->ops->post(rt, fn, arg); }
+int ap_rt_post(ap_rt_t *rt, ap_post_fn fn, void *arg)
+{
+    return rt->ops->post(rt, fn, arg);
+}
 
 int ap_rt_work(ap_rt_t *rt, double cost, ap_work_fn work, ap_after_work_fn after, void *arg)
 {
@@ -261,7 +281,10 @@ void ap_rt_rpc_unregister(ap_rt_t *rt, const char *proto)
     }
 }
 
-const ap_peer_id_t *ap_rpc_req_peer(const ap_rpc_req_t *req) { return &req->peer; }
+const ap_peer_id_t *ap_rpc_req_peer(const ap_rpc_req_t *req)
+{
+    return &req->peer;
+}
 
 const uint8_t *ap_rpc_req_data(const ap_rpc_req_t *req, size_t *len)
 {
@@ -369,14 +392,38 @@ int ap_stream_send(ap_stream_t *s, const uint8_t *data, size_t len)
     return s->rt->ops->stream_send(s, data, len);
 }
 
-size_t ap_stream_buffered(const ap_stream_t *s) { return s->rt->ops->stream_buffered(s); }
-size_t ap_stream_window(const ap_stream_t *s) { return s->window; }
-void ap_stream_pause(ap_stream_t *s, bool paused) { s->rt->ops->stream_pause(s, paused); }
-int ap_stream_close(ap_stream_t *s) { return s->rt->ops->stream_close(s); }
-void ap_stream_reset(ap_stream_t *s, int err) { s->rt->ops->stream_reset(s, err); }
-const ap_peer_id_t *ap_stream_peer(const ap_stream_t *s) { return &s->peer; }
-ap_rt_t *ap_stream_rt(const ap_stream_t *s) { return s->rt; }
-uint64_t ap_stream_id(const ap_stream_t *s) { return s->id; }
+size_t ap_stream_buffered(const ap_stream_t *s)
+{
+    return s->rt->ops->stream_buffered(s);
+}
+size_t ap_stream_window(const ap_stream_t *s)
+{
+    return s->window;
+}
+void ap_stream_pause(ap_stream_t *s, bool paused)
+{
+    s->rt->ops->stream_pause(s, paused);
+}
+int ap_stream_close(ap_stream_t *s)
+{
+    return s->rt->ops->stream_close(s);
+}
+void ap_stream_reset(ap_stream_t *s, int err)
+{
+    s->rt->ops->stream_reset(s, err);
+}
+const ap_peer_id_t *ap_stream_peer(const ap_stream_t *s)
+{
+    return &s->peer;
+}
+ap_rt_t *ap_stream_rt(const ap_stream_t *s)
+{
+    return s->rt;
+}
+uint64_t ap_stream_id(const ap_stream_t *s)
+{
+    return s->id;
+}
 
 void ap_rt_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
 {

@@ -14,7 +14,7 @@
 #define assert_ok(expr)                                                                            \
     do {                                                                                           \
         int ap__rc = (expr);                                                                       \
-        if (ap__rc != 0) fail_msg("%s = %d (%s)", #expr, ap__rc, ap_err_name(ap__rc));            \
+        if (ap__rc != 0) fail_msg("%s = %d (%s)", #expr, ap__rc, ap_err_name(ap__rc));             \
     } while (0)
 
 /* Path of a file in ../shared (test vectors etc.); NULL-safe static buffer. */

@@ -236,10 +236,10 @@ static void test_pool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),  cmocka_unit_test(test_log),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_log),
         cmocka_unit_test(test_buf_reader), cmocka_unit_test(test_varint),
         cmocka_unit_test(test_hex_base58), cmocka_unit_test(test_peer_id),
-        cmocka_unit_test(test_arena),   cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_arena),      cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

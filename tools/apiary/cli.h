@@ -18,7 +18,10 @@ const ap_cli_cmd_t *ap_cli_find(const char *name);
 
 #define AP_CLI_COMMAND(ident, cname, fn, text)                                                     \
     static const ap_cli_cmd_t ident = {.name = cname, .main = fn, .summary = text};                \
-    __attribute__((constructor)) static void ident##_register(void) { ap_cli_register(&ident); }
+    __attribute__((constructor)) static void ident##_register(void)                                \
+    {                                                                                              \
+        ap_cli_register(&ident);                                                                   \
+    }
 
 /* Common helpers. */
 /* Sets the log level from --log-level text; prints an error and returns

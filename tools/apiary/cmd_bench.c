@@ -37,7 +37,8 @@ static void emit(ap_bench_ctx_t *c, const char *metric, double value, const char
     } else {
         printf("%-28s %14.4g %-8s", metric, value, unit);
         if (baseline)
-            printf(" baseline %.4g ratio %.3f", *baseline, *baseline != 0 ? value / *baseline : 0.0);
+            printf(" baseline %.4g ratio %.3f", *baseline,
+                   *baseline != 0 ? value / *baseline : 0.0);
         if (fields && *fields) printf("  %s", fields);
         printf("\n");
     }
