@@ -41,10 +41,19 @@ typedef struct bop {
     char value[64];
 } bop_t;
 
-static uint64_t brand(bsw_t *s, uint64_t n) { return ap__rng_next(s->rng) % n; }
+static uint64_t brand(bsw_t *s, uint64_t n)
+{
+    return ap__rng_next(s->rng) % n;
+}
 
-static void boot_cb(ap_dht_t *d, void *arg, int status) { ((bsw_t *)arg)->pending--; }
-static bool idle(void *arg) { return ((bsw_t *)arg)->pending == 0; }
+static void boot_cb(ap_dht_t *d, void *arg, int status)
+{
+    ((bsw_t *)arg)->pending--;
+}
+static bool idle(void *arg)
+{
+    return ((bsw_t *)arg)->pending == 0;
+}
 
 static void bootstrap(bsw_t *s, int i, int below)
 {
@@ -137,8 +146,10 @@ static void store_all(bsw_t *s, const char *prefix, int nkeys)
         snprintf(key, sizeof key, "%s-%d", prefix, i);
         snprintf(val, sizeof val, "v-%d", i);
         int node = live(s);
-        ap_dht_record_t r = {.key = (const uint8_t *)key, .key_len = strlen(key),
-                             .value = (const uint8_t *)val, .value_len = strlen(val),
+        ap_dht_record_t r = {.key = (const uint8_t *)key,
+                             .key_len = strlen(key),
+                             .value = (const uint8_t *)val,
+                             .value_len = strlen(val),
                              .expiration_ms = ap_rt_wall_ms(simnet_rt(s->net, node)) + 3600000};
         ops[i].s = s;
         s->pending++;

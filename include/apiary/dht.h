@@ -42,34 +42,34 @@
 extern "C" {
 #endif
 
-#define AP_DHT_PROTO "/apiary/dht/1"
-#define AP_DHT_ID_LEN 20             /* BLAKE2b-160 */
-#define AP_DHT_KEY_MAX 1024          /* bytes */
-#define AP_DHT_SUBKEY_MAX 1024       /* bytes */
-#define AP_DHT_VALUE_MAX (64u << 10) /* bytes */
+#define AP_DHT_PROTO      "/apiary/dht/1"
+#define AP_DHT_ID_LEN     20          /* BLAKE2b-160 */
+#define AP_DHT_KEY_MAX    1024        /* bytes */
+#define AP_DHT_SUBKEY_MAX 1024        /* bytes */
+#define AP_DHT_VALUE_MAX  (64u << 10) /* bytes */
 
 typedef struct ap_dht ap_dht_t;
 
 typedef struct ap_dht_config {
-    int k;                  /* bucket size and lookup width (20) */
-    int alpha;              /* parallel RPCs per lookup (3) */
-    int depth_mod;          /* b: split a bucket off the own path if depth % b != 0 (5) */
-    int num_replicas;       /* store to this many nearest nodes (5) */
-    uint64_t rpc_timeout_us;     /* per RPC (3 s) */
-    uint64_t refresh_period_us;  /* refresh buckets not touched for this long (10 min) */
-    uint64_t backoff_base_us;    /* first back-off of an unresponsive peer (1 s), doubles */
-    uint64_t backoff_max_us;     /* cap on the back-off (5 min) */
-    int max_failures;            /* drop a peer from the table after this many (3) */
+    int k;                      /* bucket size and lookup width (20) */
+    int alpha;                  /* parallel RPCs per lookup (3) */
+    int depth_mod;              /* b: split a bucket off the own path if depth % b != 0 (5) */
+    int num_replicas;           /* store to this many nearest nodes (5) */
+    uint64_t rpc_timeout_us;    /* per RPC (3 s) */
+    uint64_t refresh_period_us; /* refresh buckets not touched for this long (10 min) */
+    uint64_t backoff_base_us;   /* first back-off of an unresponsive peer (1 s), doubles */
+    uint64_t backoff_max_us;    /* cap on the back-off (5 min) */
+    int max_failures;           /* drop a peer from the table after this many (3) */
     /* storage limits */
-    size_t max_records;          /* records held for others (100,000) */
-    size_t max_bytes;            /* bytes of keys+subkeys+values held (64 MiB) */
+    size_t max_records;                   /* records held for others (100,000) */
+    size_t max_bytes;                     /* bytes of keys+subkeys+values held (64 MiB) */
     uint32_t max_stores_per_peer_per_min; /* records a single peer may store per minute (2,000) */
-    int64_t max_ttl_ms;          /* refuse expirations further than this in the future (1 day) */
+    int64_t max_ttl_ms; /* refuse expirations further than this in the future (1 day) */
     /* cache of values found by gets */
-    size_t cache_max_records;    /* (10,000) */
-    size_t cache_max_bytes;      /* (8 MiB) */
-    bool cache_remote;           /* store found values at the nearest node that lacked them (true) */
-    bool client_mode;            /* ask, never answer, never enter routing tables (false) */
+    size_t cache_max_records; /* (10,000) */
+    size_t cache_max_bytes;   /* (8 MiB) */
+    bool cache_remote;        /* store found values at the nearest node that lacked them (true) */
+    bool client_mode;         /* ask, never answer, never enter routing tables (false) */
 } ap_dht_config_t;
 
 /* Fills cfg with the defaults above. */
@@ -139,8 +139,8 @@ AP_EXPORT int ap_dht_get(ap_dht_t *dht, const uint8_t *key, size_t key_len, bool
 
 /* Batch get: one traversal for all keys, packing the keys meant for one peer
  * into one RPC. cb runs once with nkeys results in the order given. */
-typedef void (*ap_dht_get_many_fn)(ap_dht_t *dht, void *arg, int status,
-                                   const ap_dht_result_t *res, size_t n);
+typedef void (*ap_dht_get_many_fn)(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t *res,
+                                   size_t n);
 AP_EXPORT int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key_lens,
                               size_t nkeys, bool latest, ap_dht_get_many_fn cb, void *arg);
 
@@ -165,10 +165,10 @@ AP_EXPORT int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size
                                 ap_dht_store_many_fn cb, void *arg);
 
 typedef struct ap_dht_stats {
-    size_t routing_peers;  /* peers in k-buckets */
+    size_t routing_peers; /* peers in k-buckets */
     size_t routing_buckets;
     size_t replacement_peers;
-    size_t stored_keys;    /* keys held for the network */
+    size_t stored_keys; /* keys held for the network */
     size_t stored_records;
     size_t stored_bytes;
     size_t cached_records;

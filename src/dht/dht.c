@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MOD "dht"
-#define MAX_VALIDATORS 8
+#define MOD                  "dht"
+#define MAX_VALIDATORS       8
 #define HANDOVER_MAX_RECORDS 256 /* per new contact */
 #ifndef AP__DHT_JOIN_PASSES
 #define AP__DHT_JOIN_PASSES 1
@@ -370,8 +370,14 @@ struct lookup {
     int *nstored;
 };
 
-static int beam(const ap_dht_t *dht) { return dht->cfg.k; }
-static int cand_cap(const ap_dht_t *dht) { return 3 * dht->cfg.k; }
+static int beam(const ap_dht_t *dht)
+{
+    return dht->cfg.k;
+}
+static int cand_cap(const ap_dht_t *dht)
+{
+    return 3 * dht->cfg.k;
+}
 
 static void add_cand(lookup_t *lk, lk_key_t *kk, const ap__dht_contact_t *c, int depth)
 {
@@ -451,8 +457,7 @@ static void key_result(lookup_t *lk, lk_key_t *kk, ap_dht_result_t *res, ap_dht_
     res->key_len = kk->key_len;
     res->hops = kk->hops;
     *arr = NULL;
-    ap__dht_sentry_t *e =
-        ap__dht_storage_find(&kk->merged, kk->id, ap_rt_wall_ms(lk->dht->rt));
+    ap__dht_sentry_t *e = ap__dht_storage_find(&kk->merged, kk->id, ap_rt_wall_ms(lk->dht->rt));
     if (!e || e->nrecs == 0) return;
     *arr = calloc(e->nrecs, sizeof **arr);
     if (!*arr) return;
@@ -826,8 +831,8 @@ static void on_call_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp
         }
     }
     uint64_t now = ap_rt_now_us(rt);
-    if (status == 0 || (c->store && status != AP_ETIMEDOUT && status != AP_EUNREACH &&
-                        status != AP_ECLOSED))
+    if (status == 0 ||
+        (c->store && status != AP_ETIMEDOUT && status != AP_EUNREACH && status != AP_ECLOSED))
         peer_seen(dht, &c->peer, c->addr);
     else if (status != AP_ECANCELED)
         ap__dht_routing_failed(&dht->table, &c->peer, now);
@@ -1091,8 +1096,8 @@ int ap_dht_get(ap_dht_t *dht, const uint8_t *key, size_t key_len, bool latest, a
     return 0;
 }
 
-int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key_lens,
-                    size_t nkeys, bool latest, ap_dht_get_many_fn cb, void *arg)
+int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key_lens, size_t nkeys,
+                    bool latest, ap_dht_get_many_fn cb, void *arg)
 {
     if (!dht || !cb || !keys || !key_lens) return AP_EINVAL;
     lookup_t *lk;
@@ -1107,8 +1112,8 @@ int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key
     return 0;
 }
 
-int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size_t n,
-                      ap_dht_store_many_fn cb, void *arg)
+int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size_t n, ap_dht_store_many_fn cb,
+                      void *arg)
 {
     if (!dht || !cb || !recs || n == 0) return AP_EINVAL;
     int64_t now = ap_rt_wall_ms(dht->rt);
@@ -1729,7 +1734,7 @@ void ap_dht_free(ap_dht_t *dht)
     while (dht->bgcalls) {
         bgcall_t *b = dht->bgcalls;
         ap_rt_rpc_cancel(dht->rt, b->id); /* bg_done unlinks and frees */
-        if (dht->bgcalls == b) { /* not cancellable (already done?): drop it */
+        if (dht->bgcalls == b) {          /* not cancellable (already done?): drop it */
             bg_unlink(dht, b);
             free(b);
         }

@@ -4,7 +4,7 @@
 
 #include "apiary/dht.h"
 
-#define AP__DHT_OWNER_TAG "[owner:"
+#define AP__DHT_OWNER_TAG   "[owner:"
 #define AP__DHT_SIGN_DOMAIN "apiary/dht/record/v1"
 
 /* Finds the owner named by key and subkey. Returns 0 and *has_owner=false

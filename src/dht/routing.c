@@ -80,7 +80,10 @@ int ap__dht_routing_bucket_of(const ap__dht_routing_t *rt, const uint8_t id[AP_D
     return 0; /* unreachable: the buckets partition the id space */
 }
 
-static bool id_bit(const uint8_t *id, int bit) { return (id[bit / 8] >> (7 - bit % 8)) & 1; }
+static bool id_bit(const uint8_t *id, int bit)
+{
+    return (id[bit / 8] >> (7 - bit % 8)) & 1;
+}
 
 /* Splits bucket i into two at depth+1; the contacts and replacements are
  * redistributed. */
@@ -141,8 +144,7 @@ static int find_in(const ap__dht_contact_t *arr, int n, const uint8_t *id)
 static void set_addr(ap__dht_contact_t *c, const char *addr)
 {
     if (addr && *addr) {
-        if (strlen(addr) < sizeof c->addr)
-            strcpy(c->addr, addr);
+        if (strlen(addr) < sizeof c->addr) strcpy(c->addr, addr);
     }
 }
 
@@ -248,8 +250,7 @@ bool ap__dht_routing_failed(ap__dht_routing_t *rt, const ap_peer_id_t *peer, uin
     if (d > rt->backoff_max_us) d = rt->backoff_max_us;
     c->backoff_until_us = now_us + d;
     if (j == 0) bk->checking = false;
-    if ((c->failures >= rt->max_failures && bk->nrepl > 0) ||
-        c->failures >= 2 * rt->max_failures) {
+    if ((c->failures >= rt->max_failures && bk->nrepl > 0) || c->failures >= 2 * rt->max_failures) {
         promote(bk, j);
         return true;
     }
@@ -335,6 +336,6 @@ void ap__dht_routing_random_id(const ap__dht_routing_t *rt, int i, const uint8_t
         if (v)
             out[bit / 8] |= (uint8_t)(0x80 >> (bit % 8));
         else
-            out[bit / 8] &= (uint8_t)~(0x80 >> (bit % 8));
+            out[bit / 8] &= (uint8_t) ~(0x80 >> (bit % 8));
     }
 }

@@ -42,10 +42,10 @@ typedef struct ap__dht_routing {
 } ap__dht_routing_t;
 
 typedef enum {
-    AP__RT_ADDED = 0,    /* new contact in a bucket */
-    AP__RT_UPDATED = 1,  /* already known: refreshed */
-    AP__RT_PENDING = 2,  /* bucket full: parked in the replacement list; ping *check */
-    AP__RT_IGNORED = 3,  /* own id */
+    AP__RT_ADDED = 0,   /* new contact in a bucket */
+    AP__RT_UPDATED = 1, /* already known: refreshed */
+    AP__RT_PENDING = 2, /* bucket full: parked in the replacement list; ping *check */
+    AP__RT_IGNORED = 3, /* own id */
 } ap__rt_add_result_t;
 
 int ap__dht_routing_init(ap__dht_routing_t *rt, const uint8_t self[AP_DHT_ID_LEN], int k, int b,

@@ -77,7 +77,10 @@ void ap__dht_storage_expire(ap__dht_storage_t *st, int64_t now_ms);
 ap__dht_sentry_t *ap__dht_storage_find(ap__dht_storage_t *st, const uint8_t id[AP_DHT_ID_LEN],
                                        int64_t now_ms);
 
-static inline size_t ap__dht_storage_records(const ap__dht_storage_t *st) { return st->nheap; }
+static inline size_t ap__dht_storage_records(const ap__dht_storage_t *st)
+{
+    return st->nheap;
+}
 
 /* Calls fn for every entry (do not mutate the storage inside). */
 void ap__dht_storage_foreach(ap__dht_storage_t *st, void (*fn)(void *arg, ap__dht_sentry_t *e),

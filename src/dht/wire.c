@@ -3,8 +3,8 @@
 
 #include <string.h>
 
-int ap__dht_record_from_pb(const Apiary__Dht__Record *pb, ap_dht_record_t *out,
-                           const uint8_t **sig, bool *has_sig)
+int ap__dht_record_from_pb(const Apiary__Dht__Record *pb, ap_dht_record_t *out, const uint8_t **sig,
+                           bool *has_sig)
 {
     if (pb->key.len == 0 || pb->key.len > AP_DHT_KEY_MAX || pb->subkey.len > AP_DHT_SUBKEY_MAX ||
         pb->value.len > AP_DHT_VALUE_MAX)

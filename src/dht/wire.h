@@ -5,12 +5,12 @@
 #include "apiary/dht.h"
 #include "dht.pb-c.h"
 
-#define AP__DHT_MAX_BATCH 64        /* keys per FIND, records per STORE */
-#define AP__DHT_MAX_RESULT_RECS 4096 /* records per key in a FIND result */
-#define AP__DHT_MAX_NEAREST 64      /* peers per FIND result */
-#define AP__DHT_MAX_ADDRS 4         /* addresses per peer */
-#define AP__DHT_MSG_MAX (1u << 20)  /* request and response cap */
-#define AP__DHT_RESP_BUDGET (900u << 10) /* responder stops adding records past this */
+#define AP__DHT_MAX_BATCH       64           /* keys per FIND, records per STORE */
+#define AP__DHT_MAX_RESULT_RECS 4096         /* records per key in a FIND result */
+#define AP__DHT_MAX_NEAREST     64           /* peers per FIND result */
+#define AP__DHT_MAX_ADDRS       4            /* addresses per peer */
+#define AP__DHT_MSG_MAX         (1u << 20)   /* request and response cap */
+#define AP__DHT_RESP_BUDGET     (900u << 10) /* responder stops adding records past this */
 
 /* Unpacks and validates a request: body set, every count and length within
  * its cap, every record well-formed (record_from_pb). AP_EPROTO / AP_EMSGSIZE
@@ -22,8 +22,8 @@ int ap__dht_decode_record(const uint8_t *data, size_t len, Apiary__Dht__Record *
 
 /* Views a decoded record (borrowing its bytes). Checks sizes and the
  * signature length (0 or 64). Does not verify the signature. */
-int ap__dht_record_from_pb(const Apiary__Dht__Record *pb, ap_dht_record_t *out,
-                           const uint8_t **sig, bool *has_sig);
+int ap__dht_record_from_pb(const Apiary__Dht__Record *pb, ap_dht_record_t *out, const uint8_t **sig,
+                           bool *has_sig);
 /* Fills pb to borrow rec's bytes. */
 void ap__dht_record_to_pb(const ap_dht_record_t *rec, const uint8_t *sig, bool has_sig,
                           Apiary__Dht__Record *pb);

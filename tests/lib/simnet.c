@@ -77,7 +77,10 @@ struct simnet {
     uint64_t rpcs;
 };
 
-static simnet_t *net_of(ap_rt_t *rt) { return ((snode_t *)rt)->net; }
+static simnet_t *net_of(ap_rt_t *rt)
+{
+    return ((snode_t *)rt)->net;
+}
 
 /* ---- event heap ------------------------------------------------------------ */
 
@@ -134,7 +137,10 @@ static uint64_t link_delay(simnet_t *net)
 
 /* ---- ops -------------------------------------------------------------------- */
 
-static uint64_t op_now_us(ap_rt_t *rt) { return net_of(rt)->now; }
+static uint64_t op_now_us(ap_rt_t *rt)
+{
+    return net_of(rt)->now;
+}
 static int64_t op_wall_ms(ap_rt_t *rt)
 {
     snode_t *n = (snode_t *)rt;
@@ -179,8 +185,12 @@ static int op_post(ap_rt_t *rt, ap_post_fn fn, void *arg)
 {
     simnet_t *net = net_of(rt);
     snode_t *sn = (snode_t *)rt;
-    push(net, (event_t){.t = net->now, .type = EV_POST, .node = sn->idx, .gen = sn->gen,
-                        .fn = (void *)fn, .arg = arg});
+    push(net, (event_t){.t = net->now,
+                        .type = EV_POST,
+                        .node = sn->idx,
+                        .gen = sn->gen,
+                        .fn = (void *)fn,
+                        .arg = arg});
     return 0;
 }
 
@@ -193,8 +203,12 @@ static int op_work(ap_rt_t *rt, double cost, ap_work_fn work, ap_after_work_fn a
     simnet_t *net = net_of(rt);
     snode_t *sn = (snode_t *)rt;
     work(arg);
-    push(net, (event_t){.t = net->now, .type = EV_WORK, .node = sn->idx, .gen = sn->gen,
-                        .fn = (void *)after, .arg = arg});
+    push(net, (event_t){.t = net->now,
+                        .type = EV_WORK,
+                        .node = sn->idx,
+                        .gen = sn->gen,
+                        .fn = (void *)after,
+                        .arg = arg});
     return 0;
 }
 
@@ -213,7 +227,10 @@ static int op_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, 
     return 1;
 }
 
-static int op_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr) { return 0; }
+static int op_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr)
+{
+    return 0;
+}
 
 static int find_node(simnet_t *net, const ap_peer_id_t *peer)
 {
@@ -284,11 +301,16 @@ static uint64_t op_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *p
     push(net, (event_t){.t = net->now + opts->timeout_us, .type = EV_TIMEOUT, .id = id});
     if (c->callee < 0 || !net->nodes[c->callee]->alive) {
         /* connection refused after a round trip */
-        push(net, (event_t){.t = net->now + 2 * link_delay(net), .type = EV_REPLY, .id = id,
+        push(net, (event_t){.t = net->now + 2 * link_delay(net),
+                            .type = EV_REPLY,
+                            .id = id,
                             .status = AP_EUNREACH});
     } else if (reachable(net, sn->idx, c->callee)) {
-        event_t ev = {.t = net->now + link_delay(net), .type = EV_DELIVER, .id = id,
-                      .node = c->callee, .gen = net->nodes[c->callee]->gen};
+        event_t ev = {.t = net->now + link_delay(net),
+                      .type = EV_DELIVER,
+                      .id = id,
+                      .node = c->callee,
+                      .gen = net->nodes[c->callee]->gen};
         ev.data = malloc(len ? len : 1);
         if (!ev.data) abort();
         memcpy(ev.data, req, len);
@@ -327,8 +349,8 @@ static void op_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const
     simnet_t *net = net_of(req->rt);
     call_t *c = get_call(net, r->call_id);
     if (c && c->pending && reachable(net, ((snode_t *)req->rt)->idx, c->caller)) {
-        event_t ev = {.t = net->now + link_delay(net), .type = EV_REPLY, .id = r->call_id,
-                      .status = err};
+        event_t ev = {
+            .t = net->now + link_delay(net), .type = EV_REPLY, .id = r->call_id, .status = err};
         if (!err && len > c->max_resp) ev.status = AP_EMSGSIZE;
         if (!ev.status) {
             ev.data = malloc(len ? len : 1);
@@ -350,12 +372,24 @@ static int op_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
 {
     return AP_ENOTSUP;
 }
-static int op_stream_send(ap_stream_t *s, const uint8_t *d, size_t l) { return AP_ENOTSUP; }
-static size_t op_stream_buffered(const ap_stream_t *s) { return 0; }
+static int op_stream_send(ap_stream_t *s, const uint8_t *d, size_t l)
+{
+    return AP_ENOTSUP;
+}
+static size_t op_stream_buffered(const ap_stream_t *s)
+{
+    return 0;
+}
 static void op_stream_pause(ap_stream_t *s, bool p) {}
-static int op_stream_close(ap_stream_t *s) { return AP_ENOTSUP; }
+static int op_stream_close(ap_stream_t *s)
+{
+    return AP_ENOTSUP;
+}
 static void op_stream_reset(ap_stream_t *s, int e) {}
-static void op_get_stats(ap_rt_t *rt, ap_rt_stats_t *out) { memset(out, 0, sizeof *out); }
+static void op_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+}
 
 static const ap_rt_ops_t simnet_ops = {
     .name = "simnet",
@@ -456,13 +490,34 @@ void simnet_free(simnet_t *net)
     free(net);
 }
 
-int simnet_size(const simnet_t *net) { return net->n; }
-ap_rt_t *simnet_rt(simnet_t *net, int i) { return net->nodes[i]->alive ? &net->nodes[i]->rt : NULL; }
-const ap_peer_id_t *simnet_peer(simnet_t *net, int i) { return &net->nodes[i]->rt.self; }
-uint64_t simnet_now_us(const simnet_t *net) { return net->now; }
-uint64_t simnet_rpcs(const simnet_t *net) { return net->rpcs; }
-void simnet_set_skew(simnet_t *net, int i, int64_t skew_ms) { net->nodes[i]->skew_ms = skew_ms; }
-void simnet_set_group(simnet_t *net, int i, int group) { net->nodes[i]->group = group; }
+int simnet_size(const simnet_t *net)
+{
+    return net->n;
+}
+ap_rt_t *simnet_rt(simnet_t *net, int i)
+{
+    return net->nodes[i]->alive ? &net->nodes[i]->rt : NULL;
+}
+const ap_peer_id_t *simnet_peer(simnet_t *net, int i)
+{
+    return &net->nodes[i]->rt.self;
+}
+uint64_t simnet_now_us(const simnet_t *net)
+{
+    return net->now;
+}
+uint64_t simnet_rpcs(const simnet_t *net)
+{
+    return net->rpcs;
+}
+void simnet_set_skew(simnet_t *net, int i, int64_t skew_ms)
+{
+    net->nodes[i]->skew_ms = skew_ms;
+}
+void simnet_set_group(simnet_t *net, int i, int group)
+{
+    net->nodes[i]->group = group;
+}
 
 void simnet_crash(simnet_t *net, int i)
 {
@@ -522,8 +577,10 @@ static void dispatch(simnet_t *net, event_t *ev)
         snode_t *sn = net->nodes[ev->node];
         if (!node_live(net, ev->node, ev->gen)) {
             if (c && c->pending)
-                push(net, (event_t){.t = net->now + link_delay(net), .type = EV_REPLY,
-                                    .id = ev->id, .status = AP_ECLOSED});
+                push(net, (event_t){.t = net->now + link_delay(net),
+                                    .type = EV_REPLY,
+                                    .id = ev->id,
+                                    .status = AP_ECLOSED});
             free(ev->data);
             break;
         }
@@ -553,8 +610,7 @@ static void dispatch(simnet_t *net, event_t *ev)
         call_t *c = get_call(net, ev->id);
         if (c && c->pending && node_live(net, c->caller, c->gen)) {
             c->pending = false;
-            c->done(&net->nodes[c->caller]->rt, c->arg, ev->status, ev->data, ev->len,
-                    ev->errmsg);
+            c->done(&net->nodes[c->caller]->rt, c->arg, ev->status, ev->data, ev->len, ev->errmsg);
         }
         free(ev->data);
         free(ev->errmsg);

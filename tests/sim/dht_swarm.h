@@ -38,7 +38,10 @@ SW_FN void sw_boot_done(ap_dht_t *dht, void *arg, int status)
         s->boot_fail++;
 }
 
-SW_FN bool sw_idle(void *arg) { return ((swarm_t *)arg)->pending == 0; }
+SW_FN bool sw_idle(void *arg)
+{
+    return ((swarm_t *)arg)->pending == 0;
+}
 
 SW_FN void sw_run_idle(swarm_t *s, uint64_t timeout_us)
 {
@@ -77,7 +80,7 @@ SW_FN void sw_bootstrap(swarm_t *s, int i, int below)
 /* n simulated nodes of which the first nstart join one after another every
  * join_gap_us (the others stay unstarted: s->dht[i] == NULL). */
 SW_FN swarm_t *sw_new_n(int n, int nstart, uint64_t seed, uint64_t latency_us,
-                         const ap_dht_config_t *cfg, uint64_t join_gap_us)
+                        const ap_dht_config_t *cfg, uint64_t join_gap_us)
 {
     swarm_t *s = calloc(1, sizeof *s);
     s->n = n;
@@ -99,7 +102,7 @@ SW_FN swarm_t *sw_new_n(int n, int nstart, uint64_t seed, uint64_t latency_us,
 }
 
 SW_FN swarm_t *sw_new(int n, uint64_t seed, uint64_t latency_us, const ap_dht_config_t *cfg,
-                       uint64_t join_gap_us)
+                      uint64_t join_gap_us)
 {
     return sw_new_n(n, n, seed, latency_us, cfg, join_gap_us);
 }
@@ -164,7 +167,7 @@ SW_FN void sw_get_cb(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
         o->is_dict = res->is_dict;
         if (res->found && !res->is_dict) {
             size_t n = res->records[0].value_len < sizeof o->value - 1 ? res->records[0].value_len
-                                                                     : sizeof o->value - 1;
+                                                                       : sizeof o->value - 1;
             memcpy(o->value, res->records[0].value, n);
             o->value[n] = 0;
             o->exp = res->records[0].expiration_ms;
@@ -174,7 +177,7 @@ SW_FN void sw_get_cb(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
 }
 
 SW_FN int sw_store(swarm_t *s, int node, const char *key, const char *subkey, const char *value,
-                    int64_t ttl_ms, op_t *o)
+                   int64_t ttl_ms, op_t *o)
 {
     memset(o, 0, sizeof *o);
     o->s = s;

@@ -5,7 +5,10 @@
 
 #include "dht_swarm.h"
 
-static int swarm_size(void) { return ap_test_sanitized() ? 150 : 1000; }
+static int swarm_size(void)
+{
+    return ap_test_sanitized() ? 150 : 1000;
+}
 
 static void test_store_get(void **state)
 {

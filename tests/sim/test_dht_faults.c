@@ -4,7 +4,10 @@
 
 #include "dht_swarm.h"
 
-static int swarm_size(void) { return ap_test_sanitized() ? 150 : 500; }
+static int swarm_size(void)
+{
+    return ap_test_sanitized() ? 150 : 500;
+}
 
 static void store_keys(swarm_t *s, const char *prefix, int nkeys, int64_t ttl_ms)
 {

@@ -35,8 +35,7 @@ static void raw_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, si
 }
 
 /* Sends a raw STORE of recs from node `from` to node `to`. */
-static void raw_store(swarm_t *s, int from, int to, Apiary__Dht__Record **recs, size_t n,
-                      raw_t *r)
+static void raw_store(swarm_t *s, int from, int to, Apiary__Dht__Record **recs, size_t n, raw_t *r)
 {
     memset(r, 0, sizeof *r);
     r->s = s;
@@ -64,8 +63,8 @@ static void raw_bytes(swarm_t *s, int from, int to, const uint8_t *buf, size_t l
     r->s = s;
     s->pending++;
     ap_rpc_opts_t o = {.timeout_us = 5000000};
-    assert_true(ap_rt_rpc_call(simnet_rt(s->net, from), simnet_peer(s->net, to), AP_DHT_PROTO,
-                               buf, len, &o, raw_done, r) != 0);
+    assert_true(ap_rt_rpc_call(simnet_rt(s->net, from), simnet_peer(s->net, to), AP_DHT_PROTO, buf,
+                               len, &o, raw_done, r) != 0);
 }
 
 /* Indexes of the nodes that hold key (by asking every node's storage through
@@ -179,14 +178,26 @@ static void test_bad_input(void **state)
     int h = holders[0];
 
     ap_dht_record_t recs[4] = {
-        {.key = (const uint8_t *)"victim", .key_len = 6, .value = (const uint8_t *)"bad", .value_len = 3,
+        {.key = (const uint8_t *)"victim",
+         .key_len = 6,
+         .value = (const uint8_t *)"bad",
+         .value_len = 3,
          .expiration_ms = now - 1000}, /* expired */
-        {.key = (const uint8_t *)"victim", .key_len = 6, .value = (const uint8_t *)"bad", .value_len = 3,
+        {.key = (const uint8_t *)"victim",
+         .key_len = 6,
+         .value = (const uint8_t *)"bad",
+         .value_len = 3,
          .expiration_ms = now + 400LL * 24 * 3600 * 1000}, /* far future */
-        {.key = (const uint8_t *)"victim", .key_len = 6, .value = (const uint8_t *)"old", .value_len = 3,
+        {.key = (const uint8_t *)"victim",
+         .key_len = 6,
+         .value = (const uint8_t *)"old",
+         .value_len = 3,
          .expiration_ms = now + 1000}, /* not newer */
-        {.key = (const uint8_t *)"victim[owner:12D3KooWnotapeer]", .key_len = 30,
-         .value = (const uint8_t *)"x", .value_len = 1, .expiration_ms = now + 1000}, /* bad owner */
+        {.key = (const uint8_t *)"victim[owner:12D3KooWnotapeer]",
+         .key_len = 30,
+         .value = (const uint8_t *)"x",
+         .value_len = 1,
+         .expiration_ms = now + 1000}, /* bad owner */
     };
     Apiary__Dht__Record pbs[4];
     Apiary__Dht__Record *pp[4];
@@ -205,8 +216,11 @@ static void test_bad_input(void **state)
 
     /* oversize value: the whole request is refused as malformed */
     static uint8_t big[AP_DHT_VALUE_MAX + 1];
-    ap_dht_record_t huge = {.key = (const uint8_t *)"victim", .key_len = 6, .value = big,
-                            .value_len = sizeof big, .expiration_ms = now + 900000};
+    ap_dht_record_t huge = {.key = (const uint8_t *)"victim",
+                            .key_len = 6,
+                            .value = big,
+                            .value_len = sizeof big,
+                            .expiration_ms = now + 900000};
     ap__dht_record_to_pb(&huge, NULL, false, &pbs[0]);
     raw_store(s, 5, h, pp, 1, &r);
     sw_run_idle(s, 60000000);
@@ -232,8 +246,10 @@ static void test_bad_input(void **state)
         Apiary__Dht__Record fp[64];
         Apiary__Dht__Record *fpp[64];
         for (int i = 0; i < 64; i++) {
-            ap_dht_record_t fr1 = {.key = (const uint8_t *)keys[i], .key_len = strlen(keys[i]),
-                                   .value = (const uint8_t *)"x", .value_len = 1,
+            ap_dht_record_t fr1 = {.key = (const uint8_t *)keys[i],
+                                   .key_len = strlen(keys[i]),
+                                   .value = (const uint8_t *)"x",
+                                   .value_len = 1,
                                    .expiration_ms = now + 600000};
             ap__dht_record_to_pb(&fr1, NULL, false, &fp[i]);
             fpp[i] = &fp[i];
@@ -264,8 +280,7 @@ typedef struct sm {
     int ok;
 } sm_t;
 
-static void store_many_cb(ap_dht_t *dht, void *arg, const int *status, const int *nstored,
-                          size_t n)
+static void store_many_cb(ap_dht_t *dht, void *arg, const int *status, const int *nstored, size_t n)
 {
     sm_t *m = arg;
     m->done = true;
@@ -325,8 +340,10 @@ static void test_dict_batch_coalesce(void **state)
     int64_t now = ap_rt_wall_ms(simnet_rt(s->net, 5));
     for (int i = 0; i < 40; i++) {
         snprintf(keys[i], sizeof keys[i], "batch-%d", i);
-        recs[i] = (ap_dht_record_t){.key = (const uint8_t *)keys[i], .key_len = strlen(keys[i]),
-                                    .value = (const uint8_t *)"b", .value_len = 1,
+        recs[i] = (ap_dht_record_t){.key = (const uint8_t *)keys[i],
+                                    .key_len = strlen(keys[i]),
+                                    .value = (const uint8_t *)"b",
+                                    .value_len = 1,
                                     .expiration_ms = now + 600000};
         kp[i] = recs[i].key;
         kl[i] = recs[i].key_len;

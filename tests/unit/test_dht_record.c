@@ -109,8 +109,8 @@ static void test_sizes_and_ids(void **state)
 {
     (void)state;
     static uint8_t big[AP_DHT_VALUE_MAX + 1];
-    ap_dht_record_t r = {.key = big, .key_len = AP_DHT_KEY_MAX, .value = big,
-                         .value_len = AP_DHT_VALUE_MAX};
+    ap_dht_record_t r = {
+        .key = big, .key_len = AP_DHT_KEY_MAX, .value = big, .value_len = AP_DHT_VALUE_MAX};
     assert_ok(ap__dht_check_sizes(&r));
     r.key_len++;
     assert_int_equal(ap__dht_check_sizes(&r), AP_EMSGSIZE);

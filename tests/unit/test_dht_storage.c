@@ -175,7 +175,7 @@ static void test_rate_limit(void **state)
     uint64_t t = 1000;
     for (int i = 0; i < 5; i++) assert_ok(ap__dht_storage_charge(&st, &p1, t));
     assert_int_equal(ap__dht_storage_charge(&st, &p1, t), AP_ELIMIT);
-    assert_ok(ap__dht_storage_charge(&st, &p2, t)); /* other peers unaffected */
+    assert_ok(ap__dht_storage_charge(&st, &p2, t));  /* other peers unaffected */
     assert_ok(ap__dht_storage_charge(&st, NULL, t)); /* local stores never limited */
     assert_int_equal(ap__dht_storage_charge(&st, &p1, t + 59999999), AP_ELIMIT);
     assert_ok(ap__dht_storage_charge(&st, &p1, t + 60000000)); /* next minute */
@@ -224,7 +224,7 @@ static void test_many_keys(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_latest_wins),      cmocka_unit_test(test_dictionary),
+        cmocka_unit_test(test_latest_wins),         cmocka_unit_test(test_dictionary),
         cmocka_unit_test(test_limits_and_eviction), cmocka_unit_test(test_rate_limit),
         cmocka_unit_test(test_many_keys),
     };
