@@ -249,7 +249,8 @@ int ap__dht_storage_put(ap__dht_storage_t *st, const ap_dht_record_t *rec, const
             for (size_t i = 0; i < e->nrecs; i++) {
                 ap__dht_srec_t *r = e->recs[i];
                 if (r->subkey_len == rec->subkey_len &&
-                    memcmp(r->subkey, rec->subkey, rec->subkey_len) == 0) {
+                    (rec->subkey_len == 0 ||
+                     memcmp(r->subkey, rec->subkey, rec->subkey_len) == 0)) {
                     if (r->exp >= rec->expiration_ms) return AP_ESTALE;
                     replace = i;
                     break;
