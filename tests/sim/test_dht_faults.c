@@ -141,12 +141,38 @@ static void test_partition_heals(void **state)
     sw_free(s);
 }
 
+/* Records move to new nodes that become their nearest: 20 nodes hold the
+ * records, 200 newcomers join, then all 20 original nodes crash. Without
+ * hand-over (no republishing exists) every record would be gone. */
+static void test_handover(void **state)
+{
+    (void)state;
+    int old = 20, fresh = ap_test_sanitized() ? 80 : 200;
+    swarm_t *s = sw_new_n(old + fresh, old, ap_test_seed(10), 50000, NULL, 20000);
+    assert_non_null(s);
+    int nkeys = 50;
+    store_keys(s, "ho", nkeys, 3600000);
+    for (int i = old; i < old + fresh; i++) {
+        assert_ok(sw_start_node(s, i));
+        sw_bootstrap(s, i, i);
+        simnet_run_until(s->net, NULL, NULL, 20000);
+    }
+    sw_run_idle(s, 120000000);
+    simnet_run_until(s->net, NULL, NULL, 10000000);
+    for (int i = 0; i < old; i++) sw_crash(s, i);
+    int found = get_keys(s, "ho", nkeys, false);
+    print_message("hand-over: %d/%d found after every original holder crashed\n", found, nkeys);
+    assert_true(found * 100 >= nkeys * 98);
+    sw_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crash_20pct),
         cmocka_unit_test(test_churn),
         cmocka_unit_test(test_partition_heals),
+        cmocka_unit_test(test_handover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
