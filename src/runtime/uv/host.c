@@ -1,0 +1,596 @@
+/* libuv driver: the host (loop, cross-thread task queue, timers) and the
+ * blocking bridge. See docs/runtime-uv.md. */
+#include "runtime/uv/uv_impl.h"
+
+#include "apiary/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- id map --------------------------------------------------------------- */
+
+static size_t slot(uint64_t k, size_t cap)
+{
+    return (size_t)((k * 0x9e3779b97f4a7c15ull) >> 17) & (cap - 1);
+}
+
+static int idmap_grow(ap_idmap_t *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 16;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    void **vals = calloc(cap, sizeof *vals);
+    if (!keys || !vals) {
+        free(keys);
+        free(vals);
+        return AP_ENOMEM;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->keys[i]) continue;
+        size_t j = slot(m->keys[i], cap);
+        while (keys[j]) j = (j + 1) & (cap - 1);
+        keys[j] = m->keys[i];
+        vals[j] = m->vals[i];
+    }
+    free(m->keys);
+    free(m->vals);
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = cap;
+    return 0;
+}
+
+int ap__idmap_put(ap_idmap_t *m, uint64_t k, void *v)
+{
+    if ((m->n + 1) * 4 > m->cap * 3 && idmap_grow(m) < 0) return AP_ENOMEM;
+    size_t j = slot(k, m->cap);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) m->n++;
+    m->keys[j] = k;
+    m->vals[j] = v;
+    return 0;
+}
+
+void *ap__idmap_get(const ap_idmap_t *m, uint64_t k)
+{
+    if (!m->cap || !k) return NULL;
+    size_t j = slot(k, m->cap);
+    while (m->keys[j]) {
+        if (m->keys[j] == k) return m->vals[j];
+        j = (j + 1) & (m->cap - 1);
+    }
+    return NULL;
+}
+
+void *ap__idmap_del(ap_idmap_t *m, uint64_t k)
+{
+    if (!m->cap || !k) return NULL;
+    size_t mask = m->cap - 1, j = slot(k, m->cap);
+    while (m->keys[j] && m->keys[j] != k) j = (j + 1) & mask;
+    if (!m->keys[j]) return NULL;
+    void *v = m->vals[j];
+    m->keys[j] = 0;
+    m->n--;
+    /* backward-shift deletion keeps probe chains intact */
+    size_t i = j;
+    for (j = (j + 1) & mask; m->keys[j]; j = (j + 1) & mask) {
+        size_t h = slot(m->keys[j], m->cap);
+        bool move = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
+        if (move) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            m->keys[j] = 0;
+            i = j;
+        }
+    }
+    return v;
+}
+
+void ap__idmap_free(ap_idmap_t *m)
+{
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- timers: one binary heap per host, ordered by (due, seq) --------------- */
+
+static bool tless(const ap_timer_t *a, const ap_timer_t *b)
+{
+    return a->due < b->due || (a->due == b->due && a->seq < b->seq);
+}
+
+static void hswap(ap_host_t *h, size_t i, size_t j)
+{
+    ap_timer_t *t = h->heap[i];
+    h->heap[i] = h->heap[j];
+    h->heap[j] = t;
+    h->heap[i]->idx = i;
+    h->heap[j]->idx = j;
+}
+
+static void hup(ap_host_t *h, size_t i)
+{
+    while (i > 0 && tless(h->heap[i], h->heap[(i - 1) / 2])) {
+        hswap(h, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void hdown(ap_host_t *h, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->nheap && tless(h->heap[l], h->heap[m])) m = l;
+        if (r < h->nheap && tless(h->heap[r], h->heap[m])) m = r;
+        if (m == i) return;
+        hswap(h, i, m);
+        i = m;
+    }
+}
+
+static int hpush(ap_host_t *h, ap_timer_t *t)
+{
+    if (h->nheap == h->heap_cap) {
+        size_t cap = h->heap_cap ? h->heap_cap * 2 : 64;
+        ap_timer_t **nh = realloc(h->heap, cap * sizeof *nh);
+        if (!nh) return AP_ENOMEM;
+        h->heap = nh;
+        h->heap_cap = cap;
+    }
+    t->idx = h->nheap;
+    h->heap[h->nheap++] = t;
+    hup(h, t->idx);
+    return 0;
+}
+
+static void hremove(ap_host_t *h, ap_timer_t *t)
+{
+    size_t i = t->idx;
+    h->nheap--;
+    if (i != h->nheap) {
+        h->heap[i] = h->heap[h->nheap];
+        h->heap[i]->idx = i;
+        hdown(h, i);
+        hup(h, i);
+    }
+}
+
+uint64_t ap__host_now_us(ap_host_t *h)
+{
+    (void)h;
+    return uv_hrtime() / 1000;
+}
+
+static void on_uv_timer(uv_timer_t *ut);
+
+static void arm(ap_host_t *h)
+{
+    if (h->nheap == 0) {
+        if (h->armed_due) uv_timer_stop(&h->timer);
+        h->armed_due = 0;
+        return;
+    }
+    uint64_t due = h->heap[0]->due;
+    if (h->armed_due == due) return;
+    uint64_t now = ap__host_now_us(h);
+    uint64_t ms = due > now ? (due - now + 999) / 1000 : 0;
+    uv_update_time(&h->loop);
+    uv_timer_start(&h->timer, on_uv_timer, ms, 0);
+    h->armed_due = due;
+}
+
+static void on_uv_timer(uv_timer_t *ut)
+{
+    ap_host_t *h = ut->data;
+    h->armed_due = 0;
+    uint64_t now = ap__host_now_us(h);
+    /* Fire only what is due now; timers started by callbacks wait for the
+     * next round, so a zero-delay timer loop cannot starve the loop. */
+    uint64_t limit = h->next_seq;
+    while (h->nheap && h->heap[0]->due <= now && h->heap[0]->seq < limit) {
+        ap_timer_t *t = h->heap[0];
+        ap_node_t *n = t->node;
+        if (t->period) {
+            hremove(h, t);
+            t->due += t->period;
+            if (t->due <= now) t->due = now + t->period;
+            t->seq = h->next_seq++;
+            if (hpush(h, t) < 0) { /* cannot happen: the slot was just freed */
+                ap__idmap_del(&h->timers, t->id);
+                free(t);
+                continue;
+            }
+            t->cb(&n->rt, t->arg);
+        } else {
+            hremove(h, t);
+            ap__idmap_del(&h->timers, t->id);
+            ap_timer_fn cb = t->cb;
+            void *arg = t->arg;
+            free(t);
+            cb(&n->rt, arg);
+        }
+    }
+    arm(h);
+}
+
+uint64_t ap__host_timer_start(ap_node_t *n, uint64_t delay_us, uint64_t period_us, ap_timer_fn cb,
+                              void *arg);
+uint64_t ap__host_timer_start(ap_node_t *n, uint64_t delay_us, uint64_t period_us, ap_timer_fn cb,
+                              void *arg)
+{
+    ap_host_t *h = n->host;
+    if (atomic_load(&n->closing) || !cb) return 0;
+    ap_timer_t *t = calloc(1, sizeof *t);
+    if (!t) return 0;
+    t->id = ++h->next_timer_id;
+    t->seq = h->next_seq++;
+    uint64_t now = ap__host_now_us(h);
+    t->due = delay_us > UINT64_MAX - now ? UINT64_MAX : now + delay_us;
+    t->period = period_us;
+    t->node = n;
+    t->cb = cb;
+    t->arg = arg;
+    if (ap__idmap_put(&h->timers, t->id, t) < 0 || hpush(h, t) < 0) {
+        ap__idmap_del(&h->timers, t->id);
+        free(t);
+        return 0;
+    }
+    arm(h);
+    return t->id;
+}
+
+bool ap__host_timer_stop(ap_node_t *n, uint64_t id);
+bool ap__host_timer_stop(ap_node_t *n, uint64_t id)
+{
+    ap_host_t *h = n->host;
+    ap_timer_t *t = ap__idmap_get(&h->timers, id);
+    if (!t || t->node != n) return false;
+    ap__idmap_del(&h->timers, id);
+    hremove(h, t);
+    free(t);
+    arm(h);
+    return true;
+}
+
+void ap__host_drop_timers(ap_node_t *n);
+void ap__host_drop_timers(ap_node_t *n)
+{
+    ap_host_t *h = n->host;
+    for (size_t i = 0; i < h->nheap;) {
+        ap_timer_t *t = h->heap[i];
+        if (t->node != n) {
+            i++;
+            continue;
+        }
+        ap__idmap_del(&h->timers, t->id);
+        hremove(h, t);
+        free(t);
+        i = 0; /* the heap was reshuffled */
+    }
+    arm(h);
+}
+
+/* ---- task queue ------------------------------------------------------------- */
+
+int ap__host_post(ap_host_t *h, ap_task_t *t)
+{
+    uv_mutex_lock(&h->mu);
+    if (t->node && atomic_load(&t->node->closing)) {
+        uv_mutex_unlock(&h->mu);
+        return AP_ESHUTDOWN;
+    }
+    t->next = NULL;
+    if (h->tail)
+        h->tail->next = t;
+    else
+        h->head = t;
+    h->tail = t;
+    uv_mutex_unlock(&h->mu);
+    uv_async_send(&h->async);
+    return 0;
+}
+
+void ap__host_kick(ap_host_t *h)
+{
+    h->soon = true;
+    uv_async_send(&h->async);
+}
+
+/* Removes and discards n's queued tasks (n->closing is set already). */
+void ap__host_drop_tasks(ap_node_t *n);
+void ap__host_drop_tasks(ap_node_t *n)
+{
+    ap_host_t *h = n->host;
+    ap_task_t *mine = NULL, **tailp = &mine;
+    uv_mutex_lock(&h->mu);
+    ap_task_t **pp = &h->head;
+    h->tail = NULL;
+    while (*pp) {
+        ap_task_t *t = *pp;
+        if (t->node == n) {
+            *pp = t->next;
+            t->next = NULL;
+            *tailp = t;
+            tailp = &t->next;
+        } else {
+            h->tail = t;
+            pp = &t->next;
+        }
+    }
+    uv_mutex_unlock(&h->mu);
+    while (mine) {
+        ap_task_t *t = mine;
+        mine = t->next;
+        t->run(t, true);
+    }
+}
+
+static void on_async(uv_async_t *a)
+{
+    ap_host_t *h = a->data;
+    uv_mutex_lock(&h->mu);
+    ap_task_t *t = h->head;
+    h->head = h->tail = NULL;
+    uv_mutex_unlock(&h->mu);
+    while (t) {
+        ap_task_t *next = t->next;
+        t->run(t, false);
+        t = next;
+    }
+    if (h->soon) {
+        h->soon = false;
+        for (ap_node_t *n = h->nodes; n; n = n->next) ap__node_run_soon(n);
+        for (ap_node_t *n = h->nodes; n; n = n->next)
+            if (ap__node_has_soon(n)) h->soon = true;
+        if (h->soon) uv_async_send(&h->async);
+    }
+}
+
+/* ---- host lifecycle ----------------------------------------------------------- */
+
+ap_host_t *ap_host_new(void)
+{
+    ap_host_t *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    if (uv_loop_init(&h->loop) < 0) {
+        free(h);
+        return NULL;
+    }
+    uv_mutex_init(&h->mu);
+    uv_mutex_init(&h->work_mu);
+    uv_cond_init(&h->work_cv);
+    uv_async_init(&h->loop, &h->async, on_async);
+    h->async.data = h;
+    uv_timer_init(&h->loop, &h->timer);
+    h->timer.data = h;
+    uv_timer_init(&h->loop, &h->wake);
+    h->owner = uv_thread_self();
+    return h;
+}
+
+static void loop_enter(ap_host_t *h)
+{
+    uv_mutex_lock(&h->mu);
+    h->loop_tid = uv_thread_self();
+    atomic_store(&h->in_loop, true);
+    uv_mutex_unlock(&h->mu);
+}
+
+static void loop_leave(ap_host_t *h)
+{
+    atomic_store(&h->in_loop, false);
+}
+
+static void thread_main(void *arg)
+{
+    ap_host_t *h = arg;
+    loop_enter(h);
+    while (!atomic_load(&h->stop)) uv_run(&h->loop, UV_RUN_ONCE);
+    loop_leave(h);
+}
+
+int ap_host_start(ap_host_t *h)
+{
+    if (h->threaded) return AP_ESTATE;
+    atomic_store(&h->stop, false);
+    h->threaded = true;
+    if (uv_thread_create(&h->thread, thread_main, h) != 0) {
+        h->threaded = false;
+        return AP_ESYS;
+    }
+    return 0;
+}
+
+void ap_host_stop(ap_host_t *h)
+{
+    if (!h->threaded) return;
+    atomic_store(&h->stop, true);
+    uv_async_send(&h->async);
+    uv_thread_join(&h->thread);
+    h->threaded = false;
+}
+
+static void on_wake(uv_timer_t *t)
+{
+    (void)t;
+}
+
+bool ap_host_run_once(ap_host_t *h, uint64_t max_wait_us)
+{
+    if (h->threaded) return false;
+    loop_enter(h);
+    bool more;
+    if (max_wait_us == 0) {
+        more = uv_run(&h->loop, UV_RUN_NOWAIT) != 0;
+    } else {
+        uv_update_time(&h->loop);
+        uv_timer_start(&h->wake, on_wake, (max_wait_us + 999) / 1000, 0);
+        more = uv_run(&h->loop, UV_RUN_ONCE) != 0;
+        uv_timer_stop(&h->wake);
+    }
+    loop_leave(h);
+    return more;
+}
+
+bool ap_host_run_until(ap_host_t *h, bool (*pred)(void *arg), void *arg, uint64_t timeout_us)
+{
+    uint64_t deadline = ap__host_now_us(h) + timeout_us;
+    for (;;) {
+        if (pred && pred(arg)) return true;
+        uint64_t now = ap__host_now_us(h);
+        if (now >= deadline) return pred ? pred(arg) : true;
+        uint64_t wait = deadline - now;
+        if (wait > 10000) wait = 10000;
+        ap_host_run_once(h, wait);
+    }
+}
+
+static void walk_close(uv_handle_t *hd, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(hd)) uv_close(hd, NULL);
+}
+
+int ap_host_free(ap_host_t *h)
+{
+    if (!h) return 0;
+    ap_host_stop(h);
+    loop_enter(h);
+    while (h->nodes) ap_node_free(&h->nodes->rt);
+    /* Transport tasks still queued (pipes to nodes elsewhere) release refs. */
+    uv_mutex_lock(&h->mu);
+    ap_task_t *t = h->head;
+    h->head = h->tail = NULL;
+    uv_mutex_unlock(&h->mu);
+    while (t) {
+        ap_task_t *next = t->next;
+        t->run(t, true);
+        t = next;
+    }
+    uv_walk(&h->loop, walk_close, NULL);
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+    loop_leave(h);
+    int rc = uv_loop_close(&h->loop);
+    if (rc != 0) ap_error("uv", "host: loop not closed cleanly: %s", uv_strerror(rc));
+    uv_mutex_destroy(&h->mu);
+    uv_mutex_destroy(&h->work_mu);
+    uv_cond_destroy(&h->work_cv);
+    ap__idmap_free(&h->timers);
+    free(h->heap);
+    free(h);
+    return rc == 0 ? 0 : AP_EBUSY;
+}
+
+/* ---- running a function on the loop thread ------------------------------------------ */
+
+typedef struct onloop {
+    ap_task_t t;
+    void (*fn)(void *arg);
+    void *arg;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    bool done, ran;
+} onloop_t;
+
+static void onloop_run(ap_task_t *t, bool discard)
+{
+    onloop_t *o = (onloop_t *)t;
+    if (!discard) o->fn(o->arg);
+    uv_mutex_lock(&o->mu);
+    o->ran = !discard;
+    o->done = true;
+    uv_cond_signal(&o->cv);
+    uv_mutex_unlock(&o->mu);
+}
+
+int ap__host_on_loop(ap_host_t *h, void (*fn)(void *arg), void *arg)
+{
+    uv_thread_t self = uv_thread_self();
+    uv_mutex_lock(&h->mu);
+    bool on_loop = atomic_load(&h->in_loop) && uv_thread_equal(&h->loop_tid, &self);
+    uv_mutex_unlock(&h->mu);
+    if (!h->threaded || on_loop) {
+        fn(arg);
+        return 0;
+    }
+    onloop_t o = {.t = {.run = onloop_run}, .fn = fn, .arg = arg};
+    uv_mutex_init(&o.mu);
+    uv_cond_init(&o.cv);
+    ap__host_post(h, &o.t);
+    uv_mutex_lock(&o.mu);
+    while (!o.done) uv_cond_wait(&o.cv, &o.mu);
+    uv_mutex_unlock(&o.mu);
+    uv_cond_destroy(&o.cv);
+    uv_mutex_destroy(&o.mu);
+    return o.ran ? 0 : AP_ESHUTDOWN;
+}
+
+/* ---- blocking bridge ------------------------------------------------------------ */
+
+struct ap_sync {
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    bool done;
+    int status;
+};
+
+typedef struct sync_task {
+    ap_task_t t;
+    ap_sync_fn fn;
+    void *arg;
+    ap_sync_t *s;
+} sync_task_t;
+
+static void sync_run(ap_task_t *t, bool discard)
+{
+    sync_task_t *st = (sync_task_t *)t;
+    if (discard)
+        ap_sync_complete(st->s, AP_ESHUTDOWN);
+    else
+        st->fn(&st->t.node->rt, st->arg, st->s);
+    free(st);
+}
+
+int ap_node_call_sync(ap_rt_t *rt, ap_sync_fn fn, void *arg)
+{
+    ap_node_t *n = (ap_node_t *)rt;
+    ap_host_t *h = n->host;
+    uv_thread_t self = uv_thread_self();
+    uv_mutex_lock(&h->mu);
+    bool on_loop = atomic_load(&h->in_loop) && uv_thread_equal(&h->loop_tid, &self);
+    uv_mutex_unlock(&h->mu);
+    if (on_loop || (!h->threaded && uv_thread_equal(&h->owner, &self))) return AP_ESTATE;
+    ap_sync_t s;
+    uv_mutex_init(&s.mu);
+    uv_cond_init(&s.cv);
+    s.done = false;
+    s.status = 0;
+    sync_task_t *st = calloc(1, sizeof *st);
+    if (!st) return AP_ENOMEM;
+    st->t.run = sync_run;
+    st->t.node = n;
+    st->fn = fn;
+    st->arg = arg;
+    st->s = &s;
+    int rc = ap__host_post(h, &st->t);
+    if (rc < 0) {
+        free(st);
+    } else {
+        uv_mutex_lock(&s.mu);
+        while (!s.done) uv_cond_wait(&s.cv, &s.mu);
+        rc = s.status;
+        uv_mutex_unlock(&s.mu);
+    }
+    uv_cond_destroy(&s.cv);
+    uv_mutex_destroy(&s.mu);
+    return rc;
+}
+
+void ap_sync_complete(ap_sync_t *done, int status)
+{
+    uv_mutex_lock(&done->mu);
+    done->status = status;
+    done->done = true;
+    uv_cond_signal(&done->cv);
+    uv_mutex_unlock(&done->mu);
+}

@@ -1,0 +1,280 @@
+/* Internals of the libuv driver: host, node, mux. See docs/runtime-uv.md. */
+#ifndef AP_RUNTIME_UV_IMPL_H
+#define AP_RUNTIME_UV_IMPL_H
+
+#include "apiary/node.h"
+#include "base/buf.h"
+#include "runtime/rt_impl.h"
+#include "runtime/uv/conn.h"
+#include "runtime/uv/frame.h"
+
+#include <stdatomic.h>
+#include <uv.h>
+
+/* ---- limits (docs/protocol.md) ------------------------------------------- */
+#define AP_MUX_FRAG            32768u       /* DATA bytes per frame (scheduling quantum) */
+#define AP_MUX_CONN_WINDOW     (16u << 20)  /* connection-level credit */
+#define AP_MUX_MAX_STREAMS     1024         /* live streams + calls per connection */
+#define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
+#define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
+#define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
+#define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
+#define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
+
+/* ---- id map: u64 -> pointer, open addressing ------------------------------ */
+typedef struct ap_idmap {
+    uint64_t *keys; /* 0 = empty */
+    void **vals;
+    size_t cap, n;
+} ap_idmap_t;
+int ap__idmap_put(ap_idmap_t *m, uint64_t k, void *v);
+void *ap__idmap_get(const ap_idmap_t *m, uint64_t k);
+void *ap__idmap_del(ap_idmap_t *m, uint64_t k);
+void ap__idmap_free(ap_idmap_t *m);
+
+/* ---- host ----------------------------------------------------------------- */
+
+/* A unit of work for the loop, queued from any thread. run(t, false) runs it
+ * on the loop; run(t, true) discards it (host or node closing) and must free
+ * whatever it holds. */
+typedef struct ap_task ap_task_t;
+struct ap_task {
+    ap_task_t *next;
+    void (*run)(ap_task_t *t, bool discard);
+    struct ap_node *node; /* owner node, or NULL (transport tasks) */
+};
+
+typedef struct ap_timer ap_timer_t;
+struct ap_timer {
+    uint64_t id, seq, due, period;
+    struct ap_node *node;
+    ap_timer_fn cb;
+    void *arg;
+    size_t idx; /* position in the heap */
+};
+
+typedef struct ap_node ap_node_t;
+
+struct ap_host {
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_timer_t timer;
+    uv_timer_t wake; /* bounds the wait of ap_host_run_once */
+    uv_mutex_t mu;   /* guards the task queue and the thread ids */
+    ap_task_t *head, *tail;
+    uv_thread_t thread;
+    bool threaded;
+    atomic_bool stop;
+    uv_thread_t loop_tid; /* thread running the loop now (valid if in_loop) */
+    atomic_bool in_loop;
+    uv_thread_t owner;
+    /* loop-thread state */
+    ap_node_t *nodes;
+    ap_timer_t **heap;
+    size_t nheap, heap_cap;
+    ap_idmap_t timers;
+    uint64_t next_timer_id, next_seq;
+    uint64_t armed_due; /* due time the uv timer is armed for, 0 = none */
+    bool soon;          /* node deferred work pending */
+    /* work requests */
+    uv_mutex_t work_mu;
+    uv_cond_t work_cv;
+};
+
+/* Queues t for the loop (any thread) and wakes it. AP_ESHUTDOWN if the task's
+ * node is closing (t untouched). */
+int ap__host_post(ap_host_t *h, ap_task_t *t);
+/* Loop thread: makes the host process deferred node work soon. */
+void ap__host_kick(ap_host_t *h);
+/* Runs fn(arg) on h's loop thread: directly if the caller is that thread or
+ * the host is caller-driven, else through the task queue, waiting for it.
+ * AP_ESHUTDOWN if the host discarded it (being freed). */
+int ap__host_on_loop(ap_host_t *h, void (*fn)(void *arg), void *arg);
+uint64_t ap__host_now_us(ap_host_t *h);
+
+/* ---- mux ------------------------------------------------------------------ */
+
+typedef struct ap_mconn ap_mconn_t;
+typedef struct ap_mstream ap_mstream_t;
+typedef struct ap_msg ap_msg_t;
+
+struct ap_msg {
+    ap_msg_t *next;
+    size_t len, off; /* off: bytes already framed (send) */
+    size_t cap;      /* bytes allocated after the header */
+    bool exempt;     /* the opener's first message (hello / request): no stream credit */
+    bool started;
+    uint8_t data[];
+};
+
+enum { MS_STREAM = 0, MS_CALL = 1, MS_SERVE = 2 };
+
+struct ap_mstream {
+    struct ap_stream pub; /* head: rt, peer, id, cbs, arg, window, max_msg */
+    ap_node_t *node;
+    ap_mconn_t *conn; /* NULL once detached (finished) */
+    uint32_t sid;
+    uint8_t kind;
+    bool opener;     /* we sent OPEN */
+    bool accepted;   /* opener: got ACCEPT; acceptor: accept() returned 0 */
+    bool got_hello;  /* acceptor: first message received */
+    bool lclose;     /* close requested locally */
+    bool close_sent; /* CLOSE frame written */
+    bool rclosed;    /* CLOSE received */
+    bool end_fired;  /* on_end delivered */
+    bool finished;   /* on_close queued; conn detached */
+    bool paused;
+    bool delivering; /* inside the delivery loop */
+    bool in_sched;
+    bool want_writable;
+    bool writable_queued;
+    bool drain_queued;
+    bool accepted_by_user; /* the user owns callbacks: on_close is owed */
+    bool accepting;        /* inside the listener's accept() */
+    bool close_fired;      /* on_close already delivered */
+    /* send side */
+    ap_msg_t *sq, *sq_tail;
+    size_t sbuf;          /* bytes queued, not yet framed */
+    int64_t credit;       /* stream send credit granted by the peer */
+    size_t inflight;      /* bytes framed, not yet acknowledged by the peer */
+    uint32_t peer_window; /* the peer's own window (OPEN / ACCEPT) */
+    ap_mstream_t *sched_next;
+    /* receive side */
+    uint8_t *rx; /* reassembly buffer of the message in progress */
+    uint32_t rx_total, rx_have;
+    bool rx_active, rx_exempt;
+    ap_msg_t *rq, *rq_tail; /* complete messages waiting (paused) */
+    size_t rq_bytes;
+    uint32_t rx_window; /* credit we grant */
+    int64_t rx_credit;  /* credit the peer still holds */
+    uint32_t unacked;
+    size_t rx_charged; /* this stream's share of conn->rx_buffered */
+    /* close */
+    int status;
+    char errmsg[AP_FRAME_RESET_MSG_MAX + 1];
+    bool has_errmsg;
+    uint64_t open_timer;
+    /* RPC (kind CALL: caller side; SERVE: server side) */
+    ap_rpc_done_fn done;
+    void *done_arg;
+    uint64_t call_id;
+    size_t max_resp;
+    struct ap_uv_req *req; /* SERVE: the request handed to the handler */
+    char proto[AP_RT_PROTO_MAX];
+    ap_mstream_t *dnext; /* node's list of streams waiting for on_close */
+};
+
+enum { MC_DIALING = 0, MC_UP = 1, MC_DEAD = 2 };
+
+struct ap_mconn {
+    ap_node_t *node;
+    ap_mconn_t *next; /* node's list */
+    ap_conn_t *t;     /* transport; NULL once released */
+    int state;
+    bool known_peer; /* peer is known (implicit dial or accepted) */
+    ap_peer_id_t peer;
+    char short_id[AP_PEER_SHORT_LEN];
+    bool blocked; /* transport above high-water */
+    bool flush_queued;
+    bool in_read;
+    ap_mconn_t *flush_next;
+    ap_buf_t obuf; /* frames not yet handed to the transport */
+    ap_frame_dec_t *dec;
+    ap_idmap_t streams; /* sid -> ap_mstream_t */
+    uint32_t nstreams;
+    uint32_t next_sid;
+    uint32_t last_remote_sid;
+    ap_mstream_t *sched_head, *sched_tail;
+    int64_t credit;    /* connection send credit */
+    int64_t rx_credit; /* connection credit the peer holds */
+    uint32_t unacked;
+    size_t rx_buffered; /* bytes in reassembly + paused queues */
+    uint64_t dial_timer;
+    /* explicit dials waiting for this connection */
+    struct ap_dial *dials;
+};
+
+/* ---- node ----------------------------------------------------------------- */
+
+typedef struct ap_book {
+    ap_peer_id_t peer;
+    int n;
+    char addrs[AP_NODE_MAX_ADDRS][AP_RT_ADDR_MAX];
+} ap_book_t;
+
+typedef struct ap_defer ap_defer_t;
+struct ap_defer {
+    ap_defer_t *next;
+    void (*fn)(ap_node_t *n, void *arg, int status);
+    void *arg;
+    int status;
+};
+
+struct ap_node {
+    struct ap_rt rt; /* must be first */
+    ap_host_t *host;
+    ap_node_t *next; /* host's list */
+    atomic_bool closing;
+    unsigned mem_no;
+    char addr[48];
+    ap_mconn_t *conns;
+    ap_book_t *book;
+    size_t nbook, book_cap;
+    ap_idmap_t calls; /* call id -> ap_mstream_t */
+    uint64_t next_id;
+    ap_rt_stats_t stats;
+    struct ap_uv_work *works;
+    struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
+    ap_msg_t *msg_cache;    /* recycled message buffers (mux.c) */
+    size_t msg_cache_bytes;
+    ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
+    ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
+    ap_mconn_t *flushq;
+    bool processing;
+};
+
+/* node.c */
+int ap__node_defer(ap_node_t *n, void (*fn)(ap_node_t *, void *, int), void *arg, int status);
+void ap__node_run_soon(ap_node_t *n); /* loop: deferred callbacks, on_close, flushes */
+bool ap__node_has_soon(const ap_node_t *n);
+/* A transport hands an accepted, authenticated connection to node n. */
+void ap__node_accept_conn(ap_node_t *n, ap_conn_t *c);
+ap_node_t *ap__node_by_mem(unsigned no); /* registry lookup (caller's loop thread) */
+
+/* mux.c */
+extern const ap_rt_ops_t ap__uv_ops_mux; /* the mux part of the ops (merged in node.c) */
+ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
+void ap__mconn_flush(ap_mconn_t *c);
+void ap__mux_close_all(ap_node_t *n);
+void ap__mux_free_reqs(ap_node_t *n);
+void ap__mux_free_cache(ap_node_t *n);
+/* Test and fuzz hook: bytes as if read from c's transport. */
+void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
+uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
+                          const uint8_t *req, size_t len, const ap_rpc_opts_t *opts,
+                          ap_rpc_done_fn done, void *arg);
+bool ap__mux_rpc_cancel(ap_rt_t *rt, uint64_t call_id);
+void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
+                         size_t len);
+int ap__mux_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
+                        const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
+                        const ap_stream_cbs_t *cbs, void *arg, ap_stream_t **out);
+int ap__mux_stream_send(ap_stream_t *s, const uint8_t *data, size_t len);
+size_t ap__mux_stream_buffered(const ap_stream_t *s);
+void ap__mux_stream_pause(ap_stream_t *s, bool paused);
+int ap__mux_stream_close(ap_stream_t *s);
+void ap__mux_stream_reset(ap_stream_t *s, int err);
+int ap__mux_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_fn cb, void *arg);
+bool ap__mux_is_connected(ap_rt_t *rt, const ap_peer_id_t *peer);
+int ap__mux_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr);
+
+/* mem.c: in-process transport */
+/* Parses "/memory/<n>[/p2p/<id>]". */
+int ap__mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id);
+/* Dials node number no from node n. The conn is returned DIALING: on_up or
+ * on_close follows from the loop. */
+int ap__mem_dial(ap_node_t *n, unsigned no, ap_conn_t **out);
+int ap__mem_register(ap_node_t *n, const char *listen); /* sets n->mem_no, n->addr */
+void ap__mem_unregister(ap_node_t *n);
+
+#endif
