@@ -23,9 +23,10 @@
  * (38-byte multihash) and of the key bytes respectively; distance is XOR.
  *
  * THREADING. An ap_dht_t belongs to the loop thread of its runtime. Every
- * function here must be called on that thread; every callback runs on it. The
- * blocking wrappers for user threads go through the real driver's
- * ap_node_call_sync (include/apiary/node.h) and live with it.
+ * function here must be called on that thread; every callback runs on it,
+ * except the *_sync wrappers at the end, which are for OTHER threads (a user's
+ * thread next to a node of the real driver, include/apiary/node.h): they post
+ * the call to the loop with ap_node_call_sync and block until it completes.
  *
  * MEMORY. Input buffers are copied before the function returns; the caller
  * keeps ownership. Result structures passed to callbacks are owned by the DHT
@@ -177,6 +178,27 @@ typedef struct ap_dht_stats {
     uint64_t stores_refused; /* records refused by this node as a storer */
 } ap_dht_stats_t;
 AP_EXPORT void ap_dht_get_stats(ap_dht_t *dht, ap_dht_stats_t *out);
+
+/* The runtime the node lives on. */
+AP_EXPORT ap_rt_t *ap_dht_runtime(ap_dht_t *dht);
+
+/* ---- blocking wrappers (user threads; real driver only) --------------------
+ * Callable from any thread except the node's loop thread (and the thread
+ * driving a caller-driven host): they return AP_ESTATE there. They return
+ * AP_ESHUTDOWN if the node closes first. Arguments are borrowed until return. */
+
+/* ap_dht_new / ap_dht_free on the loop thread. */
+AP_EXPORT int ap_dht_new_sync(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out);
+AP_EXPORT int ap_dht_free_sync(ap_dht_t *dht);
+AP_EXPORT int ap_dht_bootstrap_sync(ap_dht_t *dht, const char *const *addrs, size_t naddrs);
+/* *nstored (may be NULL) receives the number of replicas that accepted. */
+AP_EXPORT int ap_dht_store_sync(ap_dht_t *dht, const ap_dht_record_t *rec, int *nstored);
+/* *out receives a deep copy of the result (one allocation, caller frees it
+ * with ap_dht_result_free); NULL on error. */
+AP_EXPORT int ap_dht_get_sync(ap_dht_t *dht, const uint8_t *key, size_t key_len, bool latest,
+                              ap_dht_result_t **out);
+AP_EXPORT void ap_dht_result_free(ap_dht_result_t *res);
+AP_EXPORT int ap_dht_get_stats_sync(ap_dht_t *dht, ap_dht_stats_t *out);
 
 /* The 20-byte id of a key / of a peer. */
 AP_EXPORT void ap_dht_key_id(const uint8_t *key, size_t len, uint8_t id[AP_DHT_ID_LEN]);

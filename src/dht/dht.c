@@ -1755,6 +1755,11 @@ int ap_dht_add_validator(ap_dht_t *dht, ap_dht_validator_fn fn, void *arg)
     return 0;
 }
 
+ap_rt_t *ap_dht_runtime(ap_dht_t *dht)
+{
+    return dht->rt;
+}
+
 void ap_dht_get_stats(ap_dht_t *dht, ap_dht_stats_t *out)
 {
     *out = dht->stats;
