@@ -7,17 +7,23 @@
  *
  * The simulator used here is simnet (tests/lib/simnet.c, compiled in): a
  * small deterministic RPC-only driver of runtime.h written for the DHT until
- * the full simulator (include/apiary/sim.h) lands. The real-loopback part
- * (64 nodes in one process) needs the libuv driver and is not run yet.
+ * the full simulator (include/apiary/sim.h) lands.
  *
- * Options: --nodes N (only this size), --keys K (gets per phase, default 300),
- * --seed S. */
+ * Loopback part: 64 nodes on one libuv host (the real driver, its own loop
+ * thread) with the in-process transport (TCP is not merged yet); the bench
+ * thread calls the blocking wrappers, as a user's training thread would. The
+ * baseline is one raw RPC round trip through the same path (call_sync + an
+ * empty handler), measured in the same run.
+ *
+ * Options: --nodes N (only this simulated size), --keys K (gets per phase,
+ * default 300), --seed S, --part sim|loopback|all. */
 #include "bench.h"
 
 #include "../tests/lib/simnet.c"
 
 #include "apiary/dht.h"
 #include "apiary/log.h"
+#include "apiary/node.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -303,13 +309,144 @@ static int run_size(ap_bench_ctx_t *c, int n, int nkeys, uint64_t seed, bool chu
     return 0;
 }
 
+/* ---- loopback: the real driver ------------------------------------------- */
+
+static void echo_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    ap_rpc_respond(req, (const uint8_t *)"", 0);
+}
+
+typedef struct ping_ctx {
+    const ap_peer_id_t *peer;
+    ap_sync_t *done;
+} ping_ctx_t;
+
+static void ping_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                      const char *errmsg)
+{
+    ap_sync_complete(((ping_ctx_t *)arg)->done, status);
+}
+
+static void ping_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ping_ctx_t *p = arg;
+    p->done = done;
+    if (!ap_rt_rpc_call(rt, p->peer, "/apiary/bench/echo/1", (const uint8_t *)"x", 1, NULL,
+                        ping_done, p))
+        ap_sync_complete(done, AP_ENOMEM);
+}
+
+static void reg_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ap_sync_complete(done, ap_rt_rpc_register(rt, "/apiary/bench/echo/1", 0, echo_handler, NULL));
+}
+
+static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    char a[1][AP_RT_ADDR_MAX];
+    int n = ap_rt_listen_addrs(rt, a, 1, false);
+    if (n >= 1) memcpy(arg, a[0], AP_RT_ADDR_MAX);
+    ap_sync_complete(done, n >= 1 ? 0 : AP_EADDR);
+}
+
+static void wall_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    *(int64_t *)arg = ap_rt_wall_ms(rt);
+    ap_sync_complete(done, 0);
+}
+
+static int run_loopback(ap_bench_ctx_t *c, int nkeys, uint64_t seed)
+{
+    enum { NN = 64 };
+    ap_host_t *h = ap_host_new();
+    if (!h || ap_host_start(h)) return 1;
+    ap_rt_t *rt[NN];
+    ap_dht_t *dht[NN];
+    int rc = 0;
+    for (int i = 0; i < NN && !rc; i++) {
+        ap_node_opts_t o = {.rng_seed = seed * 131 + (uint64_t)i + 1};
+        rc = ap_node_new(h, &o, &rt[i]);
+        if (!rc) rc = ap_dht_new_sync(rt[i], NULL, &dht[i]);
+    }
+    char addr0[AP_RT_ADDR_MAX];
+    if (!rc) rc = ap_node_call_sync(rt[0], addr_fn, addr0);
+    const char *boot[1] = {addr0};
+    for (int i = 1; i < NN && !rc; i++) rc = ap_dht_bootstrap_sync(dht[i], boot, 1);
+    if (!rc) rc = ap_node_call_sync(rt[1], reg_fn, NULL);
+    if (rc) {
+        fprintf(stderr, "bench dht loopback: set-up failed: %s\n", ap_err_name(rc));
+        ap_host_free(h);
+        return 1;
+    }
+    uint64_t rng[4];
+    ap__rng_seed(rng, seed ^ 0x100b);
+    double *st = calloc((size_t)nkeys, sizeof *st), *gt = calloc((size_t)nkeys, sizeof *gt);
+    double *pt = calloc((size_t)nkeys, sizeof *pt);
+    int stored = 0, found = 0;
+    char key[64], val[64];
+    int64_t now = 0;
+    ap_node_call_sync(rt[0], wall_fn, &now);
+    /* baseline: raw RPC round trips through the same user-thread path */
+    ping_ctx_t pc = {.peer = ap_rt_self(rt[1])};
+    for (int i = 0; i < nkeys; i++) {
+        double t0 = ap_bench_now();
+        ap_node_call_sync(rt[0], ping_fn, &pc);
+        pt[i] = (ap_bench_now() - t0) * 1e3;
+    }
+    for (int i = 0; i < nkeys; i++) {
+        snprintf(key, sizeof key, "loop-%d", i);
+        snprintf(val, sizeof val, "v-%d", i);
+        ap_dht_record_t r = {.key = (const uint8_t *)key,
+                             .key_len = strlen(key),
+                             .value = (const uint8_t *)val,
+                             .value_len = strlen(val),
+                             .expiration_ms = now + 600000};
+        int ns = 0;
+        double t0 = ap_bench_now();
+        int e = ap_dht_store_sync(dht[ap__rng_next(rng) % NN], &r, &ns);
+        st[stored] = (ap_bench_now() - t0) * 1e3;
+        if (e == 0) stored++;
+    }
+    for (int i = 0; i < nkeys; i++) {
+        snprintf(key, sizeof key, "loop-%d", i);
+        snprintf(val, sizeof val, "v-%d", i);
+        ap_dht_result_t *res = NULL;
+        double t0 = ap_bench_now();
+        int e = ap_dht_get_sync(dht[ap__rng_next(rng) % NN], (const uint8_t *)key, strlen(key),
+                                false, &res);
+        double dt = (ap_bench_now() - t0) * 1e3;
+        if (e == 0 && res && res->found && res->records[0].value_len == strlen(val) &&
+            !memcmp(res->records[0].value, val, strlen(val)))
+            gt[found++] = dt;
+        ap_dht_result_free(res);
+    }
+    for (int i = 0; i < NN; i++) ap_dht_free_sync(dht[i]);
+    ap_host_free(h);
+    qsort(st, (size_t)stored, sizeof *st, cmp_d);
+    qsort(gt, (size_t)found, sizeof *gt, cmp_d);
+    qsort(pt, (size_t)nkeys, sizeof *pt, cmp_d);
+    const char *f = "\"nodes\":64,\"transport\":\"memory\"";
+    double rpc50 = pct(pt, nkeys, 0.5), rpc90 = pct(pt, nkeys, 0.9);
+    ap_bench_report(c, "loopback_success_rate", (double)found / nkeys, "ratio", f);
+    ap_bench_report_vs(c, "loopback_get_p50_ms", pct(gt, found, 0.5), "ms", rpc50, f);
+    ap_bench_report_vs(c, "loopback_get_p90_ms", pct(gt, found, 0.9), "ms", rpc90, f);
+    ap_bench_report_vs(c, "loopback_store_p50_ms", pct(st, stored, 0.5), "ms", rpc50, f);
+    ap_bench_report_vs(c, "loopback_store_p90_ms", pct(st, stored, 0.9), "ms", rpc90, f);
+    free(st);
+    free(gt);
+    free(pt);
+    return 0;
+}
+
 static int bench_dht(ap_bench_ctx_t *c, int argc, char **argv)
 {
     int only = 0, nkeys = c->quick ? 100 : 300;
+    bool do_sim = true, do_loop = true;
     uint64_t seed = 1;
     static const struct option opts[] = {{"nodes", required_argument, 0, 'n'},
                                          {"keys", required_argument, 0, 'k'},
                                          {"seed", required_argument, 0, 's'},
+                                         {"part", required_argument, 0, 'p'},
                                          {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -319,19 +456,23 @@ static int bench_dht(ap_bench_ctx_t *c, int argc, char **argv)
             nkeys = atoi(optarg);
         else if (ch == 's')
             seed = strtoull(optarg, NULL, 10);
-        else
+        else if (ch == 'p') {
+            do_sim = !strcmp(optarg, "sim") || !strcmp(optarg, "all");
+            do_loop = !strcmp(optarg, "loopback") || !strcmp(optarg, "all");
+            if (!do_sim && !do_loop) return 2;
+        } else
             return 2;
     }
     if (ap_log_get_level() == AP_LOG_WARN) ap_log_set_level(AP_LOG_ERROR); /* crashes log WARNs */
     int sizes[2] = {c->quick ? 200 : 1000, c->quick ? 1000 : 10000};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; do_sim && i < 2; i++) {
         if (only && sizes[i] != only) continue;
         if (run_size(c, sizes[i], nkeys, seed, i == 0)) return 1;
     }
-    if (only && only != sizes[0] && only != sizes[1] && run_size(c, only, nkeys, seed, true))
+    if (do_sim && only && only != sizes[0] && only != sizes[1] &&
+        run_size(c, only, nkeys, seed, true))
         return 1;
-    fprintf(stderr, "bench dht: the real-loopback part (loopback_get_p50_ms, ...) needs the libuv "
-                    "driver (include/apiary/node.h) and was not run\n");
+    if (do_loop && run_loopback(c, nkeys, seed)) return 1;
     return 0;
 }
 

@@ -370,10 +370,18 @@ struct lookup {
     int *nstored;
 };
 
-static int beam(const ap_dht_t *dht)
+
+/* How many of the nearest live candidates must answer before a key is
+ * settled: k for gets and node lookups; for stores twice num_replicas (the
+ * five nearest are then found as reliably, for far fewer RPCs). */
+static int lk_beam(const lookup_t *lk)
 {
-    return dht->cfg.k;
+    int k = lk->dht->cfg.k;
+    if (lk->kind == LK_STORE && 2 * lk->dht->cfg.num_replicas < k)
+        return 2 * lk->dht->cfg.num_replicas;
+    return k;
 }
+
 static int cand_cap(const ap_dht_t *dht)
 {
     return 3 * dht->cfg.k;
@@ -622,7 +630,7 @@ static bool key_settled(lookup_t *lk, lk_key_t *kk)
     if (kk->done) return true;
     if (lk->kind == LK_GET && !lk->latest && kk->found) return true;
     int seen = 0;
-    for (int i = 0; i < kk->ncands && seen < beam(lk->dht); i++) {
+    for (int i = 0; i < kk->ncands && seen < lk_beam(lk); i++) {
         cand_t *c = &kk->cands[i];
         if (c->state == C_FAILED) continue;
         if (c->state != C_DONE) return false;
@@ -661,7 +669,7 @@ static void lk_pump(lookup_t *lk)
         }
         int slots = dht->cfg.alpha - kk->inflight;
         int seen = 0;
-        for (int i = 0; i < kk->ncands && seen < beam(dht) && slots > 0; i++) {
+        for (int i = 0; i < kk->ncands && seen < lk_beam(lk) && slots > 0; i++) {
             cand_t *c = &kk->cands[i];
             if (c->state == C_FAILED) continue;
             seen++;
@@ -692,7 +700,7 @@ static void lk_pump(lookup_t *lk)
             lk_key_t *kk = &lk->keys[ki];
             if (kk->done) continue;
             int seen = 0;
-            for (int i = 0; i < kk->ncands && seen < beam(dht); i++) {
+            for (int i = 0; i < kk->ncands && seen < lk_beam(lk); i++) {
                 cand_t *c = &kk->cands[i];
                 if (c->state == C_FAILED) continue;
                 seen++;
