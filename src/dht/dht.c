@@ -370,7 +370,6 @@ struct lookup {
     int *nstored;
 };
 
-
 /* How many of the nearest live candidates must answer before a key is
  * settled: k for gets and node lookups; for stores twice num_replicas (the
  * five nearest are then found as reliably, for far fewer RPCs). */
