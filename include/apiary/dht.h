@@ -43,11 +43,12 @@
 extern "C" {
 #endif
 
-#define AP_DHT_PROTO      "/apiary/dht/1"
-#define AP_DHT_ID_LEN     20          /* BLAKE2b-160 */
-#define AP_DHT_KEY_MAX    1024        /* bytes */
-#define AP_DHT_SUBKEY_MAX 1024        /* bytes */
-#define AP_DHT_VALUE_MAX  (64u << 10) /* bytes */
+#define AP_DHT_PROTO        "/apiary/dht/1"
+#define AP_DHT_ID_LEN       20          /* BLAKE2b-160 */
+#define AP_DHT_KEY_MAX      1024        /* bytes */
+#define AP_DHT_SUBKEY_MAX   1024        /* bytes */
+#define AP_DHT_VALUE_MAX    (64u << 10) /* bytes */
+#define AP_DHT_MAX_ANNOUNCE 4           /* addresses in ap_dht_config_t.announce */
 
 typedef struct ap_dht ap_dht_t;
 
@@ -71,6 +72,11 @@ typedef struct ap_dht_config {
     size_t cache_max_bytes;   /* (8 MiB) */
     bool cache_remote;        /* store found values at the nearest node that lacked them (true) */
     bool client_mode;         /* ask, never answer, never enter routing tables (false) */
+    /* Addresses other peers should dial (multiaddrs without /p2p/), e.g. a
+     * public IP behind a port mapping; 0 = the runtime's listen addresses.
+     * Copied by ap_dht_new. */
+    const char *announce[AP_DHT_MAX_ANNOUNCE];
+    int nannounce;
 } ap_dht_config_t;
 
 /* Fills cfg with the defaults above. */

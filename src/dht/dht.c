@@ -45,6 +45,8 @@ struct ap_dht {
     boot_t *boots;
     bool registered;
     ap_dht_stats_t stats;
+    char announce[AP_DHT_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int nannounce;
 };
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -96,9 +98,15 @@ static int pack_request(ap_dht_t *dht, Apiary__Dht__Request *q, uint8_t **out, s
     if (dht->cfg.client_mode) {
         q->client = true;
     } else {
-        int n = ap_rt_listen_addrs(dht->rt, addrs, AP__DHT_MAX_ADDRS, false);
-        if (n > AP__DHT_MAX_ADDRS) n = AP__DHT_MAX_ADDRS;
-        for (int i = 0; i < n; i++) ptrs[i] = addrs[i];
+        int n;
+        if (dht->nannounce > 0) {
+            n = dht->nannounce;
+            for (int i = 0; i < n; i++) ptrs[i] = dht->announce[i];
+        } else {
+            n = ap_rt_listen_addrs(dht->rt, addrs, AP__DHT_MAX_ADDRS, false);
+            if (n > AP__DHT_MAX_ADDRS) n = AP__DHT_MAX_ADDRS;
+            for (int i = 0; i < n; i++) ptrs[i] = addrs[i];
+        }
         q->n_sender_addrs = n > 0 ? (size_t)n : 0;
         q->sender_addrs = ptrs;
     }
@@ -1687,7 +1695,19 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
         return AP_EINVAL;
     }
     dht->rt = rt;
-    ap_dht_peer_node_id(ap_rt_self(rt), dht->self_id);
+    if (c->nannounce < 0 || c->nannounce > AP_DHT_MAX_ANNOUNCE) {
+        free(dht);
+        return AP_EINVAL;
+    }
+    for (int i = 0; i < c->nannounce; i++) {
+        if (!c->announce[i] || !*c->announce[i] || strlen(c->announce[i]) >= AP_RT_ADDR_MAX) {
+            free(dht);
+            return AP_EINVAL;
+        }
+        strcpy(dht->announce[dht->nannounce++], c->announce[i]);
+        c->announce[i] = NULL; /* the copy in dht->cfg must not keep the caller's pointers */
+    }
+    c->nannounce = 0;
     int rc = ap__dht_routing_init(&dht->table, dht->self_id, c->k, c->depth_mod, c->max_failures,
                                   c->backoff_base_us, c->backoff_max_us);
     if (rc) {
