@@ -99,10 +99,14 @@ int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max);
 
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering
- * resolution, TCP connect and handshake. cb runs exactly once, later, with 0
- * and the open connection to that peer (possibly an existing one), or
- * AP_EADDR, AP_EUNREACH, AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/
- * id), AP_ELIMIT, AP_ESHUTDOWN, AP_ECANCELED. */
+ * resolution, TCP connect and handshake (0 = 30 s). Returns an error and
+ * never calls cb for what is known at once: AP_EADDR (not such an address),
+ * AP_EINVAL (our own PeerID), AP_ELIMIT (max_conns reached), AP_ESHUTDOWN,
+ * AP_ENOMEM. Otherwise returns 0 and cb runs exactly once, later, with 0 and
+ * the open connection to that peer (possibly one that existed already), or
+ * AP_EUNREACH (refused, no route, closed during the handshake),
+ * AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/ id, or failed the
+ * handshake), AP_EEXIST (lost the duplicate rule), AP_ESHUTDOWN. */
 int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial_fn cb, void *arg);
 
 /* The open connection to peer, or NULL. */

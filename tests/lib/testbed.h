@@ -36,6 +36,10 @@ typedef struct ap_testbed_ops {
     bool virtual_time;
 } ap_testbed_ops_t;
 
+/* The drivers' testbeds (tests/lib/testbed_<driver>.c). */
+extern const ap_testbed_ops_t ap_testbed_sim;
+extern const ap_testbed_ops_t ap_testbed_uv;
+
 static inline void ap_tb_run_for(const ap_testbed_ops_t *ops, ap_testbed_t *tb, uint64_t us)
 {
     ops->run_until(tb, NULL, NULL, us);

@@ -339,7 +339,12 @@ static void on_async(uv_async_t *a)
     }
     if (h->soon) {
         h->soon = false;
-        for (ap_node_t *n = h->nodes; n; n = n->next) ap__node_run_soon(n);
+        /* a callback may free another node of this host: restart the walk */
+        for (ap_node_t *n = h->nodes; n;) {
+            uint64_t gen = h->nodes_gen;
+            ap__node_run_soon(n);
+            n = gen == h->nodes_gen ? n->next : h->nodes;
+        }
         for (ap_node_t *n = h->nodes; n; n = n->next)
             if (ap__node_has_soon(n)) h->soon = true;
         if (h->soon) uv_async_send(&h->async);

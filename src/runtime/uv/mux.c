@@ -940,8 +940,13 @@ static int on_open(ap_mconn_t *c, const ap_frame_t *f)
     c->last_remote_sid = f->sid;
     bool rpc = f->flags & AP_FRAME_F_RPC;
     if (c->nstreams >= AP_MUX_MAX_STREAMS) {
-        ap_warn("mux", "peer %s exceeds %d streams; refusing %s", c->short_id, AP_MUX_MAX_STREAMS,
-                proto);
+        /* one warning per connection; a flood of refusals stays quiet */
+        if (!c->warned_streams)
+            ap_warn("mux", "peer %s exceeds %d streams; refusing %s", c->short_id,
+                    AP_MUX_MAX_STREAMS, proto);
+        else
+            ap_debug("mux", "peer %s: refusing %s (stream cap)", c->short_id, proto);
+        c->warned_streams = true;
         send_reset(c, f->sid, AP_ELIMIT, "too many streams");
         return 0;
     }

@@ -309,6 +309,7 @@ static void node_free(ap_rt_t *rt)
     for (ap_node_t **pp = &h->nodes; *pp; pp = &(*pp)->next) {
         if (*pp == n) {
             *pp = n->next;
+            h->nodes_gen++;
             break;
         }
     }

@@ -70,6 +70,7 @@ struct ap_host {
     uv_thread_t owner;
     /* loop-thread state */
     ap_node_t *nodes;
+    uint64_t nodes_gen; /* bumped when a node is freed */
     ap_timer_t **heap;
     size_t nheap, heap_cap;
     ap_idmap_t timers;
@@ -174,7 +175,8 @@ struct ap_mconn {
     bool known_peer; /* peer is known (implicit dial or accepted) */
     ap_peer_id_t peer;
     char short_id[AP_PEER_SHORT_LEN];
-    bool blocked; /* transport above high-water */
+    bool warned_streams; /* the stream-cap warning was logged */
+    bool blocked;        /* transport above high-water */
     bool flush_queued;
     bool in_read;
     ap_mconn_t *flush_next;
