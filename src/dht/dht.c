@@ -402,17 +402,8 @@ static void add_cand(lookup_t *lk, lk_key_t *kk, const ap__dht_contact_t *c, int
         if (memcmp(kk->cands[i].c.id, c->id, AP_DHT_ID_LEN) == 0) return;
     int cap = cand_cap(dht);
     if (kk->ncands == cap && ap__dht_cmp_dist(kk->id, c->id, kk->cands[cap - 1].c.id) >= 0) return;
-    if (kk->ncands == cap) {
-        /* full: drop the farthest candidate that is not in flight (its answer
-         * is still awaited), keeping the list sorted */
-        int drop = cap - 1;
-        while (drop >= 0 && kk->cands[drop].state == C_INFLIGHT) drop--;
-        if (drop < 0) return;
-        memmove(&kk->cands[drop], &kk->cands[drop + 1],
-                (size_t)(cap - 1 - drop) * sizeof kk->cands[0]);
-        kk->ncands--;
-    }
-    int pos = kk->ncands;
+    int pos = kk->ncands < cap ? kk->ncands : cap - 1;
+    if (kk->ncands == cap && kk->cands[pos].state == C_INFLIGHT) return; /* keep in-flight ones */
     while (pos > 0 && ap__dht_cmp_dist(kk->id, c->id, kk->cands[pos - 1].c.id) < 0) {
         kk->cands[pos] = kk->cands[pos - 1];
         pos--;
