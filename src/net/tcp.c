@@ -31,7 +31,7 @@ struct dial_req {
     dial_req_t *next, *prev;
 };
 
-#define WBLOCK_CAP (256u * 1024u)
+#define WBLOCK_CAP (1024u * 1024u)
 
 struct wblock {
     uv_write_t req;
@@ -1150,7 +1150,7 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     if (!c->keepalive_ms) c->keepalive_ms = 15000;
     if (!c->dead_ms) c->dead_ms = c->keepalive_ms == UINT64_MAX ? UINT64_MAX : 3 * c->keepalive_ms;
     if (!c->write_queue_max) c->write_queue_max = 4u << 20;
-    if (c->read_buf_size < 4096) c->read_buf_size = c->read_buf_size ? 4096 : 256u * 1024u;
+    if (c->read_buf_size < 4096) c->read_buf_size = c->read_buf_size ? 4096 : 1024u * 1024u;
     if (cbs) t->cbs = *cbs;
     t->arg = arg;
     int rc = ap__secure_creds_init(&t->creds, id, c->hash, NULL);
