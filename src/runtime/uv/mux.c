@@ -388,7 +388,7 @@ static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
     }
     for (size_t i = 0; i < c->streams.cap; i++)
         if (c->streams.keys[i] && k < c->nstreams) v[k++] = c->streams.vals[i];
-    qsort(v, k, sizeof *v, sid_cmp);
+    if (k > 1) qsort(v, k, sizeof *v, sid_cmp);
     ap__idmap_free(&c->streams);
     c->nstreams = 0;
     c->sched_head = c->sched_tail = NULL;
