@@ -378,7 +378,6 @@ static int sid_cmp(const void *a, const void *b)
  * the survivor's parity. */
 static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
 {
-    ap_node_t *n = c->node;
     ap_debug("mux", "dial to %s crossed an inbound connection: using that one", up->short_id);
     size_t k = 0;
     ap_mstream_t **v = c->nstreams ? malloc(c->nstreams * sizeof *v) : NULL;
@@ -400,7 +399,7 @@ static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
         s->conn = NULL;
         s->in_sched = false;
         s->sched_next = NULL;
-        int rc = AP_ELIMIT;
+        int rc = up->state == MC_UP ? AP_ELIMIT : AP_ECLOSED;
         uint32_t sid = up->next_sid;
         if (up->state == MC_UP && up->nstreams < AP_MUX_MAX_STREAMS &&
             up->next_sid <= UINT32_MAX - 2)
@@ -426,7 +425,6 @@ static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
         else
             dial_done(d, 0, &up->peer);
     }
-    (void)n;
 }
 
 static void on_close(void *user, ap_conn_t *t, int status)
