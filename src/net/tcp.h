@@ -129,6 +129,17 @@ void ap__tcp_conn_close(ap_tcp_conn_t *c);
 /* Closes at once, dropping the queue; on_close(err) follows. */
 void ap__tcp_conn_abort(ap_tcp_conn_t *c, int err);
 
+/* Fuzzing and tests only: an authenticated connection to peer with the given
+ * transport cipher states and no socket. Bytes from the "peer" are fed with
+ * ap__tcp_conn_feed (the same framing loop as socket reads: length prefix,
+ * decrypt, on_data); bytes written to it are dropped. on_conn fires before
+ * this returns. AP_EEXIST if peer is connected. */
+int ap__tcp_conn_inject(ap_tcp_t *t, const ap_peer_id_t *peer, const ap_noise_cs_t *send,
+                        const ap_noise_cs_t *recv, bool outbound, ap_tcp_conn_t **out);
+void ap__tcp_conn_feed(ap_tcp_conn_t *c, const uint8_t *p, size_t n);
+/* Whether c is open (not failed or closing); c stays valid until on_close. */
+bool ap__tcp_conn_is_open(const ap_tcp_conn_t *c);
+
 const ap_peer_id_t *ap__tcp_conn_peer(const ap_tcp_conn_t *c);
 bool ap__tcp_conn_outbound(const ap_tcp_conn_t *c);
 void ap__tcp_conn_set_user(ap_tcp_conn_t *c, void *user);
