@@ -416,7 +416,7 @@ static void test_dict_batch_coalesce(void **state)
     }
     op_t cg[10];
     for (int i = 0; i < 10; i++) {
-        assert_ok(sw_get(s, 20 + 13 * i, "cache-me", false, &cg[i]));
+        assert_ok(sw_get(s, (20 + 13 * i) % n, "cache-me", false, &cg[i]));
         sw_run_idle(s, 60000000);
         assert_true(cg[i].found);
     }
