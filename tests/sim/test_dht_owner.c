@@ -313,7 +313,9 @@ static void many_cb(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t 
 static void test_dict_batch_coalesce(void **state)
 {
     (void)state;
-    int n = ap_test_sanitized() ? 80 : 300;
+    int n = ap_test_sanitized()
+                ? 200
+                : 300; /* remote caching needs a swarm where gets pass non-holders */
     swarm_t *s = sw_new(n, ap_test_seed(7), 50000, NULL, 20000);
     assert_non_null(s);
     /* ten writers each add their subkey to one dictionary */
@@ -370,19 +372,39 @@ static void test_dict_batch_coalesce(void **state)
     assert_ok(m.status);
     assert_int_equal(m.n, 41);
     assert_int_equal(m.found, 40);
-    uint64_t get_rpcs = st1.rpcs_sent - st0.rpcs_sent;
-    /* the same 40 gets one by one cost more RPCs than the packed batch */
+    uint64_t get_finds = st1.finds_sent - st0.finds_sent;
+    /* 40 other keys, stored the same way, fetched one by one from another node:
+     * their traversals send more FIND requests than the packed batch did.
+     * (Other keys, so neither side profits from values the other cached; FIND
+     * requests only, so background pings and cache stores do not count.) */
+    ap_dht_record_t recs2[40];
+    char keys2[40][16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(keys2[i], sizeof keys2[i], "single-%d", i);
+        recs2[i] = (ap_dht_record_t){.key = (const uint8_t *)keys2[i],
+                                     .key_len = strlen(keys2[i]),
+                                     .value = (const uint8_t *)"s",
+                                     .value_len = 1,
+                                     .expiration_ms = now + 600000};
+    }
+    sm_t sm2 = {.s = s};
+    s->pending++;
+    assert_ok(ap_dht_store_many(s->dht[5], recs2, 40, store_many_cb, &sm2));
+    sw_run_idle(s, 60000000);
+    assert_true(sm2.done);
+    assert_int_equal(sm2.ok, 40);
     op_t one[40];
     ap_dht_get_stats(s->dht[n - 6], &st0);
-    for (int i = 0; i < 40; i++) assert_ok(sw_get(s, n - 6, keys[i], false, &one[i]));
+    for (int i = 0; i < 40; i++) assert_ok(sw_get(s, n - 6, keys2[i], false, &one[i]));
     sw_run_idle(s, 60000000);
     ap_dht_get_stats(s->dht[n - 6], &st1);
-    uint64_t single_rpcs = st1.rpcs_sent - st0.rpcs_sent;
+    uint64_t single_finds = st1.finds_sent - st0.finds_sent;
     for (int i = 0; i < 40; i++) assert_true(one[i].found);
-    print_message("batch store of 40: %llu rpcs; batch get: %llu rpcs; 40 single gets: %llu rpcs\n",
-                  (unsigned long long)batch_rpcs, (unsigned long long)get_rpcs,
-                  (unsigned long long)single_rpcs);
-    assert_true(get_rpcs * 3 < single_rpcs * 2);
+    print_message(
+        "batch store of 40: %llu rpcs; batch get: %llu finds; 40 single gets: %llu finds\n",
+        (unsigned long long)batch_rpcs, (unsigned long long)get_finds,
+        (unsigned long long)single_finds);
+    assert_true(get_finds * 3 < single_finds * 2);
 
     /* coalescing: 10 concurrent gets of one key on one node = one traversal */
     op_t c[10];
