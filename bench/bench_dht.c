@@ -5,9 +5,9 @@
  * baseline measured in the same run: the same swarm with the classic split
  * rule (b = 1).
  *
- * The simulator used here is simnet (tests/lib/simnet.c, compiled in): a
- * small deterministic RPC-only driver of runtime.h written for the DHT until
- * the full simulator (include/apiary/sim.h) lands.
+ * The simulator is apiary/sim.h (one connection per node pair, a one round
+ * trip handshake on first contact, 50 ms +0..10 ms jitter one way). A crashed
+ * node's DHT is freed by the sim's on_crash hook.
  *
  * Loopback part: 64 nodes on one libuv host (the real driver, its own loop
  * thread), over TCP + Noise on 127.0.0.1 ("transport":"tcp") and over the
@@ -20,11 +20,11 @@
  * default 300), --seed S, --part sim|loopback|all. */
 #include "bench.h"
 
-#include "../tests/lib/simnet.c"
-
 #include "apiary/dht.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
+#include "apiary/sim.h"
+#include "runtime/rt_impl.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@
 #include <string.h>
 
 typedef struct bsw {
-    simnet_t *net;
+    ap_sim_t *sim;
     int n;
     ap_dht_t **dht;
     ap_dht_config_t cfg;
@@ -62,6 +62,18 @@ static bool idle(void *arg)
     return ((bsw_t *)arg)->pending == 0;
 }
 
+static void run_for(bsw_t *s, bool (*pred)(void *), void *arg, uint64_t us)
+{
+    ap_sim_run_until(s->sim, pred, arg, ap_sim_now_us(s->sim) + us);
+}
+
+static void on_crash(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
+{
+    bsw_t *s = arg;
+    ap_dht_free(s->dht[node]);
+    s->dht[node] = NULL;
+}
+
 static void bootstrap(bsw_t *s, int i, int below)
 {
     char a[3][32];
@@ -85,23 +97,28 @@ static bsw_t *bsw_new(int n, uint64_t seed, const ap_dht_config_t *cfg)
     if (!s) return NULL;
     s->n = n;
     s->cfg = *cfg;
-    s->net = simnet_new(n, seed, 50000, 10000);
+    s->sim = ap_sim_new(seed);
     s->dht = calloc((size_t)n, sizeof *s->dht);
-    if (!s->net || !s->dht) return NULL;
+    if (!s->sim || !s->dht) return NULL;
+    ap_sim_link_t link = {.latency_us = 50000, .jitter_us = 10000};
+    ap_sim_set_default_link(s->sim, &link);
+    ap_sim_node_opts_t no = {.on_crash = on_crash, .hook_arg = s};
+    for (int i = 0; i < n; i++)
+        if (ap_sim_add_node(s->sim, &no) != i) return NULL;
     ap__rng_seed(s->rng, seed ^ 0x5eed);
     for (int i = 0; i < n; i++) {
-        if (ap_dht_new(simnet_rt(s->net, i), &s->cfg, &s->dht[i])) return NULL;
+        if (ap_dht_new(ap_sim_node(s->sim, i), &s->cfg, &s->dht[i])) return NULL;
         if (i) bootstrap(s, i, i);
-        simnet_run_until(s->net, NULL, NULL, 20000);
+        run_for(s, NULL, NULL, 20000);
     }
-    simnet_run_until(s->net, idle, s, 600ull * 1000000);
+    run_for(s, idle, s, 600ull * 1000000);
     return s;
 }
 
 static void bsw_free(bsw_t *s)
 {
     for (int i = 0; i < s->n; i++) ap_dht_free(s->dht[i]);
-    simnet_free(s->net);
+    ap_sim_free(s->sim);
     free(s->dht);
     free(s);
 }
@@ -116,9 +133,7 @@ static int live(bsw_t *s)
 
 static void crash(bsw_t *s, int i)
 {
-    ap_dht_free(s->dht[i]);
-    s->dht[i] = NULL;
-    simnet_crash(s->net, i);
+    ap_sim_crash(s->sim, i); /* on_crash frees the DHT */
 }
 
 static void store_cb(ap_dht_t *d, void *arg, int status, int nstored)
@@ -134,7 +149,7 @@ static void get_cb(ap_dht_t *d, void *arg, int status, const ap_dht_result_t *re
     bop_t *o = arg;
     o->done = true;
     o->status = status;
-    o->t1 = simnet_now_us(o->s->net);
+    o->t1 = ap_sim_now_us(o->s->sim);
     if (status == 0 && res && res->found && !res->is_dict) {
         o->found = true;
         o->hops = res->hops;
@@ -157,12 +172,12 @@ static void store_all(bsw_t *s, const char *prefix, int nkeys)
                              .key_len = strlen(key),
                              .value = (const uint8_t *)val,
                              .value_len = strlen(val),
-                             .expiration_ms = ap_rt_wall_ms(simnet_rt(s->net, node)) + 3600000};
+                             .expiration_ms = ap_rt_wall_ms(ap_sim_node(s->sim, node)) + 3600000};
         ops[i].s = s;
         s->pending++;
         if (ap_dht_store(s->dht[node], &r, store_cb, &ops[i])) s->pending--;
     }
-    simnet_run_until(s->net, idle, s, 600ull * 1000000);
+    run_for(s, idle, s, 600ull * 1000000);
     free(ops);
 }
 
@@ -197,13 +212,13 @@ static void get_all(bsw_t *s, const char *prefix, int nkeys, gstats_t *g)
         int node = live(s);
         ap_dht_stats_t a, b;
         ap_dht_get_stats(s->dht[node], &a);
-        bop_t o = {.s = s, .t0 = simnet_now_us(s->net)};
+        bop_t o = {.s = s, .t0 = ap_sim_now_us(s->sim)};
         s->pending++;
         if (ap_dht_get(s->dht[node], (const uint8_t *)key, strlen(key), false, get_cb, &o)) {
             s->pending--;
             continue;
         }
-        simnet_run_until(s->net, idle, s, 600ull * 1000000);
+        run_for(s, idle, s, 600ull * 1000000);
         ap_dht_get_stats(s->dht[node], &b);
         g->n++;
         if (o.found && !strcmp(o.value, val)) {
@@ -276,12 +291,12 @@ static int run_size(ap_bench_ctx_t *c, int n, int nkeys, uint64_t seed, bool chu
             for (int k = 0, t = 0; k < per && t < 10 * n; t++) {
                 int i = (int)brand(s, (uint64_t)n);
                 if (s->dht[i]) continue;
-                simnet_restart(s->net, i);
-                if (ap_dht_new(simnet_rt(s->net, i), &s->cfg, &s->dht[i])) break;
+                if (ap_sim_restart(s->sim, i)) break;
+                if (ap_dht_new(ap_sim_node(s->sim, i), &s->cfg, &s->dht[i])) break;
                 bootstrap(s, i, 0);
                 k++;
             }
-            simnet_run_until(s->net, NULL, NULL, 6000000);
+            run_for(s, NULL, NULL, 6000000);
             if (tick % 10 == 9) {
                 get_all(s, "ch", nkeys, &g);
                 found += g.found;

@@ -180,6 +180,7 @@ typedef struct ap_dht_stats {
     size_t stored_bytes;
     size_t cached_records;
     uint64_t rpcs_sent;
+    uint64_t finds_sent; /* FIND requests of traversals (a subset of rpcs_sent) */
     uint64_t rpcs_served;
     uint64_t stores_refused; /* records refused by this node as a storer */
 } ap_dht_stats_t;

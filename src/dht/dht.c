@@ -627,6 +627,7 @@ static bool send_find(lookup_t *lk, const ap_peer_id_t *peer, const char *addr, 
         call_free(c);
         return false;
     }
+    dht->stats.finds_sent++;
     return true;
 }
 

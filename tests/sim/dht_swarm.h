@@ -1,11 +1,14 @@
-/* A swarm of DHT nodes on simnet, shared by the DHT scenario tests (each test
- * file includes this once). */
+/* A swarm of DHT nodes on the simulator (apiary/sim.h), shared by the DHT
+ * scenario tests (each test file includes this once). Links: latency_us one
+ * way plus up to latency_us / 5 of jitter. A crashed node's DHT is freed by
+ * the sim's on_crash hook, after the sim has completed the node's pending
+ * calls with AP_ECANCELED (sim.h's crash contract). */
 #ifndef AP_TEST_DHT_SWARM_H
 #define AP_TEST_DHT_SWARM_H
 
 #include "apiary/dht.h"
 #include "runtime/rt_impl.h"
-#include "simnet.h"
+#include "apiary/sim.h"
 
 #define SW_FN static __attribute__((unused))
 
@@ -14,7 +17,7 @@
 #include <string.h>
 
 typedef struct swarm {
-    simnet_t *net;
+    ap_sim_t *sim;
     int n;
     ap_dht_t **dht;
     ap_dht_config_t cfg;
@@ -43,14 +46,51 @@ SW_FN bool sw_idle(void *arg)
     return ((swarm_t *)arg)->pending == 0;
 }
 
+/* Runs until pred(arg) holds or timeout_us of virtual time passed. */
+SW_FN bool sw_run(swarm_t *s, ap_sim_pred_fn pred, void *arg, uint64_t timeout_us)
+{
+    return ap_sim_run_until(s->sim, pred, arg, ap_sim_now_us(s->sim) + timeout_us);
+}
+
 SW_FN void sw_run_idle(swarm_t *s, uint64_t timeout_us)
 {
-    simnet_run_until(s->net, sw_idle, s, timeout_us);
+    sw_run(s, sw_idle, s, timeout_us);
+}
+
+SW_FN ap_rt_t *sw_rt(swarm_t *s, int i)
+{
+    return ap_sim_node(s->sim, i);
+}
+
+SW_FN const ap_peer_id_t *sw_peer(swarm_t *s, int i)
+{
+    return ap_sim_peer_id(s->sim, i);
 }
 
 SW_FN int sw_start_node(swarm_t *s, int i)
 {
-    return ap_dht_new(simnet_rt(s->net, i), &s->cfg, &s->dht[i]);
+    return ap_dht_new(sw_rt(s, i), &s->cfg, &s->dht[i]);
+}
+
+/* on_crash hook: the sim has already completed every pending operation of
+ * the node (AP_ECANCELED); free its DHT now. */
+SW_FN void sw_on_crash(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
+{
+    swarm_t *s = arg;
+    ap_dht_free(s->dht[node]);
+    s->dht[node] = NULL;
+}
+
+/* Brings crashed node i back with the same identity and an empty runtime
+ * (the caller starts a DHT on it with sw_start_node). */
+SW_FN int sw_restart(swarm_t *s, int i)
+{
+    return ap_sim_restart(s->sim, i);
+}
+
+SW_FN void sw_set_skew(swarm_t *s, int i, int64_t skew_ms)
+{
+    ap_sim_set_skew(s->sim, i, skew_ms);
 }
 
 /* Node i joins through 1..3 random live nodes among [0, i) (or among all
@@ -84,8 +124,14 @@ SW_FN swarm_t *sw_new_n(int n, int nstart, uint64_t seed, uint64_t latency_us,
 {
     swarm_t *s = calloc(1, sizeof *s);
     s->n = n;
-    s->net = simnet_new(n, seed, latency_us, latency_us / 5);
+    s->sim = ap_sim_new(seed);
     s->dht = calloc((size_t)n, sizeof *s->dht);
+    if (!s->sim || !s->dht) return NULL;
+    ap_sim_link_t link = {.latency_us = latency_us, .jitter_us = latency_us / 5};
+    ap_sim_set_default_link(s->sim, &link);
+    ap_sim_node_opts_t no = {.on_crash = sw_on_crash, .hook_arg = s};
+    for (int i = 0; i < n; i++)
+        if (ap_sim_add_node(s->sim, &no) != i) return NULL;
     if (cfg)
         s->cfg = *cfg;
     else
@@ -95,7 +141,7 @@ SW_FN swarm_t *sw_new_n(int n, int nstart, uint64_t seed, uint64_t latency_us,
     for (int i = 1; i < nstart; i++) {
         if (sw_start_node(s, i)) return NULL;
         sw_bootstrap(s, i, i);
-        simnet_run_until(s->net, NULL, NULL, join_gap_us);
+        sw_run(s, NULL, NULL, join_gap_us);
     }
     sw_run_idle(s, 120ull * 1000000);
     return s;
@@ -110,15 +156,13 @@ SW_FN swarm_t *sw_new(int n, uint64_t seed, uint64_t latency_us, const ap_dht_co
 SW_FN void sw_crash(swarm_t *s, int i)
 {
     if (!s->dht[i]) return;
-    ap_dht_free(s->dht[i]);
-    s->dht[i] = NULL;
-    simnet_crash(s->net, i);
+    ap_sim_crash(s->sim, i); /* sw_on_crash frees the DHT */
 }
 
 SW_FN void sw_free(swarm_t *s)
 {
     for (int i = 0; i < s->n; i++) ap_dht_free(s->dht[i]);
-    simnet_free(s->net);
+    ap_sim_free(s->sim);
     free(s->dht);
     free(s);
 }
@@ -181,7 +225,7 @@ SW_FN int sw_store(swarm_t *s, int node, const char *key, const char *subkey, co
 {
     memset(o, 0, sizeof *o);
     o->s = s;
-    ap_rt_t *rt = simnet_rt(s->net, node);
+    ap_rt_t *rt = sw_rt(s, node);
     ap_dht_record_t r = {.key = (const uint8_t *)key,
                          .key_len = strlen(key),
                          .subkey = (const uint8_t *)subkey,

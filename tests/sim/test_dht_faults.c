@@ -63,15 +63,13 @@ static void test_crash_20pct(void **state)
     }
     int found = get_keys(s, "c", nkeys, false);
     print_message("20%% crashed: %d/%d found\n", found, nkeys);
-    /* The issue's target is >= 99.5%; this run measures 397/400 (99.25%):
-     * the three misses still have 3-4 live holders and a retry finds them, so
-     * the gap is in the traversal, not in replication (docs/dht.md, "Known
-     * gaps"). Assert the 99% this build reliably meets. */
-    assert_true(found * 100 >= nkeys * 99);
+    /* the issue's target: >= 99.5% (on the real simulator this seed finds
+     * 399/400) */
+    assert_true(found * 1000 >= nkeys * 995);
     /* and again with latest=true (must still terminate and find) */
     found = get_keys(s, "c", nkeys, true);
     print_message("20%% crashed, latest: %d/%d found\n", found, nkeys);
-    assert_true(found * 100 >= nkeys * 99);
+    assert_true(found * 1000 >= nkeys * 995);
     sw_free(s);
 }
 
@@ -92,12 +90,12 @@ static void test_churn(void **state)
         for (int c = 0, tries = 0; c < per_tick && tries < 10 * n; tries++) {
             int i = (int)sw_rand(s, (uint64_t)n);
             if (s->dht[i]) continue;
-            simnet_restart(s->net, i);
+            assert_ok(sw_restart(s, i));
             assert_ok(sw_start_node(s, i));
             sw_bootstrap(s, i, 0);
             c++;
         }
-        simnet_run_until(s->net, NULL, NULL, 6000000);
+        sw_run(s, NULL, NULL, 6000000);
         if (tick % 10 == 9) {
             int f = get_keys(s, "ch", nkeys, false);
             print_message("churn minute %d: %d/%d found\n", tick / 10 + 1, f, nkeys);
@@ -115,7 +113,10 @@ static void test_partition_heals(void **state)
     int n = ap_test_sanitized() ? 100 : 400;
     swarm_t *s = sw_new(n, ap_test_seed(4), 50000, NULL, 20000);
     assert_non_null(s);
-    for (int i = 0; i < n; i++) simnet_set_group(s->net, i, i < n / 2 ? 1 : 2);
+    int *group = calloc((size_t)n, sizeof *group);
+    for (int i = 0; i < n; i++) group[i] = i < n / 2 ? 1 : 2;
+    assert_ok(ap_sim_partition(s->sim, group));
+    free(group);
     /* the same key written on both sides, B's expiring later */
     op_t a, b;
     assert_ok(sw_store(s, 1, "split", NULL, "from-A", 100000, &a));
@@ -130,10 +131,10 @@ static void test_partition_heals(void **state)
     sw_run_idle(s, 60000000);
     assert_string_equal(ga.value, "from-A");
     assert_string_equal(gb.value, "from-B");
-    simnet_run_until(s->net, NULL, NULL, 20000000);
+    sw_run(s, NULL, NULL, 20000000);
     /* heal; a minute later the newest value wins everywhere */
-    for (int i = 0; i < n; i++) simnet_set_group(s->net, i, 0);
-    simnet_run_until(s->net, NULL, NULL, 60000000);
+    ap_sim_heal(s->sim);
+    sw_run(s, NULL, NULL, 60000000);
     int ok = 0, tries = 20;
     op_t g[20];
     for (int t = 0; t < tries; t++) assert_ok(sw_get(s, sw_random_live(s), "split", true, &g[t]));
@@ -159,10 +160,10 @@ static void test_handover(void **state)
     for (int i = old; i < old + fresh; i++) {
         assert_ok(sw_start_node(s, i));
         sw_bootstrap(s, i, i);
-        simnet_run_until(s->net, NULL, NULL, 20000);
+        sw_run(s, NULL, NULL, 20000);
     }
     sw_run_idle(s, 120000000);
-    simnet_run_until(s->net, NULL, NULL, 10000000);
+    sw_run(s, NULL, NULL, 10000000);
     for (int i = 0; i < old; i++) sw_crash(s, i);
     int found = get_keys(s, "ho", nkeys, false);
     print_message("hand-over: %d/%d found after every original holder crashed\n", found, nkeys);

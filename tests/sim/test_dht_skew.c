@@ -12,7 +12,7 @@ static double run_skew(swarm_t *s, int64_t skew_ms, int nkeys, double *stored_fr
 {
     for (int i = 0; i < s->n; i++) {
         int64_t off = skew_ms ? (int64_t)sw_rand(s, (uint64_t)(2 * skew_ms + 1)) - skew_ms : 0;
-        simnet_set_skew(s->net, i, off);
+        sw_set_skew(s, i, off);
     }
     op_t *ops = calloc((size_t)nkeys, sizeof *ops);
     char key[64], val[64];
@@ -25,7 +25,7 @@ static double run_skew(swarm_t *s, int64_t skew_ms, int nkeys, double *stored_fr
     int stored = 0;
     for (int i = 0; i < nkeys; i++) stored += ops[i].nstored;
     *stored_frac = (double)stored / (nkeys * s->cfg.num_replicas);
-    simnet_run_until(s->net, NULL, NULL, 2000000);
+    sw_run(s, NULL, NULL, 2000000);
     for (int i = 0; i < nkeys; i++) {
         snprintf(key, sizeof key, "skew%lld-%d", (long long)skew_ms, i);
         assert_ok(sw_get(s, sw_random_live(s), key, false, &ops[i]));
