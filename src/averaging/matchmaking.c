@@ -257,7 +257,10 @@ struct ap_avg_search {
     bool expired; /* own deadline passed */
     follower_t *fol;
     size_t nfol, capfol;
-    ap_peer_id_t tried[TRIED_MAX];
+    struct {
+        ap_peer_id_t id;
+        uint64_t until_us; /* skip this peer until then (UINT64_MAX = for good) */
+    } tried[TRIED_MAX];
     size_t ntried, tried_at;
     ap__mm_member_t *cand; /* last DHT view: earlier peers, sorted */
     size_t ncand;
@@ -439,16 +442,27 @@ static void begin(ap_avg_search_t *s)
 
 static bool was_tried(const ap_avg_search_t *s, const ap_peer_id_t *id)
 {
+    uint64_t now = ap_rt_now_us(s->mm->rt);
     size_t n = s->ntried < TRIED_MAX ? s->ntried : TRIED_MAX;
     for (size_t i = 0; i < n; i++)
-        if (ap_peer_id_eq(&s->tried[i], id)) return true;
+        if (ap_peer_id_eq(&s->tried[i].id, id)) return s->tried[i].until_us > now;
     return false;
 }
 
-static void mark_tried(ap_avg_search_t *s, const ap_peer_id_t *id)
+/* Skips a peer for good (it refused, is full, failed) or, for one that was
+ * following someone itself (it answered "redirect" to a leader this peer
+ * cannot use), until the next poll: it may lead once its own join fails. */
+static void mark_tried(ap_avg_search_t *s, const ap_peer_id_t *id, bool for_good)
 {
-    if (was_tried(s, id)) return;
-    s->tried[s->tried_at] = *id;
+    uint64_t until = for_good ? UINT64_MAX : ap_rt_now_us(s->mm->rt) + s->poll_us;
+    size_t n = s->ntried < TRIED_MAX ? s->ntried : TRIED_MAX;
+    for (size_t i = 0; i < n; i++)
+        if (ap_peer_id_eq(&s->tried[i].id, id)) {
+            if (s->tried[i].until_us != UINT64_MAX) s->tried[i].until_us = until;
+            return;
+        }
+    s->tried[s->tried_at].id = *id;
+    s->tried[s->tried_at].until_us = until;
     s->tried_at = (s->tried_at + 1) % TRIED_MAX;
     s->ntried++;
 }
@@ -470,12 +484,17 @@ static void at_deadline(ap_avg_search_t *s)
 static void try_next(ap_avg_search_t *s)
 {
     if (s->finished || s->following) return;
+    /* past the deadline no new join starts: waiting stays bounded by
+     * deadline + answer grace */
+    if (s->expired) {
+        at_deadline(s);
+        return;
+    }
     for (size_t i = 0; i < s->ncand; i++) {
         if (was_tried(s, &s->cand[i].id)) continue;
         join(s, &s->cand[i]);
         return;
     }
-    if (s->expired) at_deadline(s);
 }
 
 static void join_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
@@ -487,8 +506,8 @@ static void join_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, s
     s->following = false;
     char sl[AP_PEER_SHORT_LEN];
     ap_peer_id_short(&s->leader.id, sl);
-    mark_tried(s, &s->leader.id);
     if (status) {
+        mark_tried(s, &s->leader.id, true);
         ap_log(AP_LOG_DEBUG, MOD, "join %s failed: %s%s%s", sl, ap_err_name(status),
                errmsg ? ": " : "", errmsg ? errmsg : "");
         if (status != AP_ECANCELED) try_next(s);
@@ -496,6 +515,7 @@ static void join_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, s
     }
     ap__mm_resp_t r;
     int rc = ap__mm_resp_decode(resp, len, &r);
+    mark_tried(s, &s->leader.id, rc || r.code != AP__MM_REDIRECT);
     if (rc) {
         ap_log(AP_LOG_WARN, MOD, "bad join response from %s: %s", sl, ap_err_name(rc));
         try_next(s);
@@ -535,7 +555,7 @@ static void join_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, s
     if (r.code == AP__MM_REDIRECT) {
         /* only ever towards an earlier peer: the order stays strict */
         if (ap__mm_order(r.redirect.exp_ms, &r.redirect.id, s->self.exp_ms, &s->self.id) < 0 &&
-            !was_tried(s, &r.redirect.id)) {
+            !was_tried(s, &r.redirect.id) && !s->expired) {
             ap_log(AP_LOG_DEBUG, MOD, "%s redirects", sl);
             join(s, &r.redirect);
             return;
@@ -571,7 +591,7 @@ static void join(ap_avg_search_t *s, const ap__mm_member_t *leader)
     free(b);
     if (!s->call_id) {
         s->following = false;
-        mark_tried(s, &leader->id);
+        mark_tried(s, &leader->id, true);
         if (s->expired) at_deadline(s);
     }
 }
