@@ -306,6 +306,106 @@ static void test_cancel(void **state)
     env_free(&e);
 }
 
+/* ---- bad input at a leader ------------------------------------------------------ */
+
+typedef struct call {
+    bool done;
+    int status;
+    uint32_t code;
+    char reason[AP__MM_REASON_MAX];
+    size_t n;
+} call_t;
+
+static void on_call(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                    const char *errmsg)
+{
+    (void)rt, (void)errmsg;
+    call_t *c = arg;
+    c->done = true;
+    c->status = status;
+    if (status) return;
+    ap__mm_resp_t r;
+    assert_ok(ap__mm_resp_decode(resp, len, &r));
+    c->code = r.code;
+    memcpy(c->reason, r.reason, sizeof c->reason);
+    c->n = r.n;
+    free(r.members);
+}
+
+static void call_join(env_t *e, int from, const uint8_t *key, size_t key_len, int as,
+                      int64_t exp_ms, call_t *c)
+{
+    ap_rt_t *rt = ap_sim_node(e->sim, from);
+    ap__mm_member_t m;
+    memset(&m, 0, sizeof m);
+    m.id = *ap_sim_peer_id(e->sim, as);
+    m.role = AP_AVG_NORMAL;
+    m.up = m.down = 1e6;
+    m.exp_ms = exp_ms;
+    uint8_t *b;
+    size_t n;
+    assert_ok(ap__mm_req_encode(key, key_len, &m, &b, &n));
+    memset(c, 0, sizeof *c);
+    assert_true(ap_rt_rpc_call(rt, ap_sim_peer_id(e->sim, 0), AP_AVG_MATCH_PROTO, b, n, NULL,
+                               on_call, c) != 0);
+    free(b);
+}
+
+static bool call_done(void *arg)
+{
+    return ((call_t *)arg)->done;
+}
+
+static void test_bad_joins(void **state)
+{
+    (void)state;
+    env_t e;
+    env_init(&e, 3, ap_test_seed(608));
+    search(&e, 0, 8, 2, 3 * SEC);
+    int64_t wall = ap_rt_wall_ms(ap_sim_node(e.sim, 1));
+    uint64_t lim = ap_sim_now_us(e.sim) + 10 * SEC;
+    call_t c, held, again;
+    /* garbage */
+    memset(&c, 0, sizeof c);
+    assert_true(ap_rt_rpc_call(ap_sim_node(e.sim, 1), ap_sim_peer_id(e.sim, 0), AP_AVG_MATCH_PROTO,
+                               (const uint8_t *)"\xff\xff\xff", 3, NULL, on_call, &c) != 0);
+    assert_true(ap_sim_run_until(e.sim, call_done, &c, lim));
+    assert_int_equal(c.status, AP_EPROTO);
+    /* naming another peer */
+    call_join(&e, 1, KEY, sizeof KEY - 1, 2, wall + 10000, &c);
+    assert_true(ap_sim_run_until(e.sim, call_done, &c, lim));
+    assert_int_equal(c.code, AP__MM_REJECTED);
+    assert_string_equal(c.reason, "peer id is not the caller's");
+    /* an asker that expires earlier than the leader: never waits for it */
+    call_join(&e, 1, KEY, sizeof KEY - 1, 1, wall + 100, &c);
+    assert_true(ap_sim_run_until(e.sim, call_done, &c, lim));
+    assert_int_equal(c.code, AP__MM_REJECTED);
+    assert_string_equal(c.reason, "leader does not expire earlier");
+    /* another key */
+    call_join(&e, 2, (const uint8_t *)"other", 5, 2, wall + 10000, &c);
+    assert_true(ap_sim_run_until(e.sim, call_done, &c, lim));
+    assert_int_equal(c.code, AP__MM_REJECTED);
+    assert_string_equal(c.reason, "not looking for this group");
+    /* accepted: held; the same peer again is refused */
+    call_join(&e, 1, KEY, sizeof KEY - 1, 1, wall + 10000, &held);
+    ap_sim_run_for(e.sim, 100000);
+    assert_false(held.done);
+    call_join(&e, 1, KEY, sizeof KEY - 1, 1, wall + 10000, &again);
+    assert_true(ap_sim_run_until(e.sim, call_done, &again, lim));
+    assert_int_equal(again.code, AP__MM_REJECTED);
+    assert_string_equal(again.reason, "already joined");
+    /* at its deadline the leader begins with the one it holds */
+    assert_true(ap_sim_run_until(e.sim, call_done, &held, lim));
+    assert_int_equal(held.status, 0);
+    assert_int_equal(held.code, AP__MM_BEGIN);
+    assert_int_equal(held.n, 2);
+    assert_true(e.nd[0].ended);
+    assert_int_equal(e.nd[0].status, 0);
+    assert_int_equal(e.nd[0].n, 2);
+    assert_int_equal(index_of(&e, &e.nd[0].mem[1].id), 1);
+    env_free(&e);
+}
+
 /* ---- a full step ------------------------------------------------------------- */
 
 #define NT 2
@@ -478,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_dead_leader),
         cmocka_unit_test(test_concurrent_with_crashes),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_bad_joins),
         cmocka_unit_test(test_averager_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
