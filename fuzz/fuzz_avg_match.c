@@ -15,7 +15,7 @@ static void check_member(const ap__mm_member_t *m)
         !(m->down > 0) || m->naddrs < 0 || m->naddrs > AP__MM_ADDRS_MAX)
         abort();
     for (int i = 0; i < m->naddrs; i++)
-        if (!m->addrs[i][0] || strnlen(m->addrs[i], AP_RT_ADDR_MAX) >= AP_RT_ADDR_MAX) abort();
+        if (!m->addrs[i][0] || !memchr(m->addrs[i], 0, AP_RT_ADDR_MAX)) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
