@@ -616,12 +616,11 @@ static void got_view(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
 {
     (void)dht;
     ap_avg_search_t *s = arg;
-    s->dht_ops--;
-    if (s->finished) {
+    if (s->finished || status == AP_ECANCELED) {
+        s->dht_ops--;
         maybe_free(s);
         return;
     }
-    if (status == AP_ECANCELED) return;
     ap_rt_t *rt = s->mm->rt;
     if (status == 0 && res->found && res->is_dict) {
         ap__mm_member_t *c = calloc(res->nrecords ? res->nrecords : 1, sizeof *c);
@@ -647,9 +646,12 @@ static void got_view(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
         s->cand = c;
         s->ncand = c ? nc : 0;
     }
+    /* this get still holds s (dht_ops): try_next may finish the search */
     if (!s->following) try_next(s);
     if (!s->finished && !s->expired)
         s->poll_timer = ap_rt_timer_start(rt, s->poll_us, 0, poll_timer_fn, s);
+    s->dht_ops--;
+    maybe_free(s);
 }
 
 static void poll_dht(ap_avg_search_t *s)
