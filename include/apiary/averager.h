@@ -21,13 +21,13 @@
  * and uses nothing but runtime.h, so it runs unchanged on the simulator and on
  * the real driver.
  *
- * Not here yet (see docs/averaging.md, "What is left"): matchmaking over the
- * DHT. Until it lands a step runs in a group the caller supplies
- * (ap_averager_step_group); matchmaking will produce exactly that group. */
+ * Groups come from matchmaking over the DHT (ap_averager_step, below), or
+ * from the caller (ap_averager_step_group). */
 #ifndef APIARY_AVERAGER_H
 #define APIARY_AVERAGER_H
 
 #include "apiary/common.h"
+#include "apiary/dht.h"
 #include "apiary/error.h"
 #include "apiary/peer.h"
 #include "apiary/runtime.h"
@@ -196,7 +196,7 @@ AP_EXPORT void ap_allreduce_cancel(ap_allreduce_t *ar);
  * peer's coordinate on the active dimension becomes its index in the group,
  * so the next round mixes peers that were in different groups. On a full
  * s^d grid, d rounds give every peer the exact global mean (tested on 16x16);
- * matchmaking (DHT) will look peers up by this key. */
+ * matchmaking (ap_avg_match_t.key) looks peers up by this key. */
 
 #define AP_AVG_MOSHPIT_MAX_DIMS 8
 
@@ -215,7 +215,7 @@ AP_EXPORT int ap_avg_moshpit_advance(uint32_t *coords, int dims, uint64_t round,
  * the tensors through ap_averager_tensor() only while no step runs. */
 
 typedef enum ap_avg_stage {
-    AP_AVG_STAGE_LOOKING = 1, /* looking for a group (matchmaking; not yet used) */
+    AP_AVG_STAGE_LOOKING = 1, /* looking for a group (matchmaking) */
     AP_AVG_STAGE_RUNNING = 2, /* the all-reduce round runs */
     AP_AVG_STAGE_DONE = 3,    /* finished; see the result for the averaged fraction */
     AP_AVG_STAGE_FAILED = 4,  /* canceled or could not run */
@@ -272,6 +272,75 @@ AP_EXPORT void ap_avg_step_free(ap_avg_step_t *st);
  * round's status; *res (may be NULL) gets the result. */
 AP_EXPORT int ap_averager_step_group_wait(ap_averager_t *av, const ap_avg_group_t *g, double weight,
                                           uint64_t deadline_at_us, ap_allreduce_result_t *res);
+
+/* ---- matchmaking over the DHT ----------------------------------------------
+ *
+ * Peers looking for a group declare themselves in the DHT dictionary of the
+ * group key (subkey "[owner:<PeerID>]", owner-signed; value: role, declared
+ * bandwidth, addresses, and the expiration = when the peer stops looking).
+ * Searchers are totally ordered by (expiration, PeerID). A peer only ever asks
+ * a peer EARLIER than itself to lead it, so the wait-for graph is acyclic and
+ * no deadlock can form (no timeout is needed to break one). The earliest
+ * peer of a group leads: it answers each join with "rejected" (with a
+ * reason), "redirect" (it follows a better leader itself), "full", or holds
+ * it and answers "begin" once the group reaches target_group_size, or at its
+ * expiration if it has min_group_size members. "begin" carries the group id,
+ * the peer order (leader first, then by the order above) and what each
+ * declared. A follower that starts following a leader redirects its own
+ * waiting followers to it. Details: docs/averaging.md, "Matchmaking".
+ *
+ * Everything runs on the loop thread of the runtime (sans-I/O). */
+
+#define AP_AVG_MATCH_PROTO "/apiary/avg/match/1"
+
+typedef struct ap_avg_matchmaker ap_avg_matchmaker_t;
+
+typedef struct ap_avg_match {
+    const uint8_t *key;         /* group key: a run-wide name, or ap_avg_moshpit_key(); borrowed */
+    size_t key_len;             /* 1..256 bytes */
+    uint32_t target_group_size; /* begin as soon as the group has this many (0 = 16; ≤ 256) */
+    uint32_t min_group_size;    /* at the deadline begin if ≥ this many (0 = 2; ≥ 2) */
+    uint64_t deadline_at_us;    /* when looking ends (ap_rt_now_us time); required */
+    uint64_t poll_us;           /* re-read the DHT this often while looking (0 = 200 ms) */
+    /* A follower waits for its leader's answer up to its own deadline plus
+     * this (0 = 2 s): the leader expires first, so its answer is due by then. */
+    uint64_t answer_grace_us;
+} ap_avg_match_t;
+
+/* The matchmaker of one node: registers AP_AVG_MATCH_PROTO on the service's
+ * runtime and declares through dht (same runtime; borrowed, must outlive
+ * it). Loop thread. */
+AP_EXPORT int ap_avg_matchmaker_new(ap_avg_service_t *svc, ap_dht_t *dht,
+                                    ap_avg_matchmaker_t **out);
+/* AP_EBUSY while a search runs. Loop thread. */
+AP_EXPORT int ap_avg_matchmaker_free(ap_avg_matchmaker_t *mm);
+
+typedef struct ap_avg_search ap_avg_search_t;
+/* status 0: g is the group (valid during the call only; this peer is in it).
+ * Else AP_ETIMEDOUT (no group of min_group_size by the deadline),
+ * AP_ECANCELED, or the error that stopped the search. The search object is
+ * freed after the callback returns. */
+typedef void (*ap_avg_match_fn)(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g);
+
+/* Looks for a group as member self (its id must be this node's). One search
+ * per key per node at a time (AP_EBUSY). cb runs exactly once, never inside
+ * this call. *out (may be NULL) is valid until cb runs. Loop thread. */
+AP_EXPORT int ap_avg_match_start(ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
+                                 const ap_avg_member_t *self, ap_avg_match_fn cb, void *arg,
+                                 ap_avg_search_t **out);
+/* Ends the search: cb runs with AP_ECANCELED before this returns; waiting
+ * followers are told "rejected". */
+AP_EXPORT void ap_avg_match_cancel(ap_avg_search_t *s);
+
+/* One step with matchmaking: stage LOOKING until a group is found, then
+ * RUNNING as ap_averager_step_group (the round's deadline comes from the
+ * averager's round options). If no group forms, the step ends FAILED with
+ * the search's status in the result. cb, *out, cancel and free as in
+ * ap_averager_step_group. Loop thread. */
+AP_EXPORT int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
+                               double weight, ap_avg_step_fn cb, void *arg, ap_avg_step_t **out);
+/* The group the step ran in (valid once RUNNING; NULL before): its size. */
+AP_EXPORT size_t ap_avg_step_group_size(const ap_avg_step_t *st);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,10 @@ struct ap_avg_step {
     ap_allreduce_result_t res;
     ap_avg_step_fn cb;
     void *arg;
-    bool orphaned; /* freed by the user while running: free at the end */
+    bool orphaned;           /* freed by the user while running: free at the end */
+    ap_avg_search_t *search; /* matchmaking in progress (stage LOOKING) */
+    double weight;
+    size_t group_n;
 };
 
 int ap_averager_new(ap_avg_service_t *svc, const size_t *sizes, size_t ntensors,
@@ -169,8 +172,78 @@ int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double we
         return rc;
     }
     av->running = st;
+    st->group_n = g->n;
     *out = st;
     return 0;
+}
+
+/* ---- with matchmaking ------------------------------------------------------------ */
+
+static void step_fail(ap_rt_t *rt, ap_avg_step_t *st, int status)
+{
+    memset(&st->res, 0, sizeof st->res);
+    st->res.status = status;
+    st->res.elems = st->av->total;
+    st->stage = AP_AVG_STAGE_FAILED;
+    st->av->running = NULL;
+    if (st->orphaned) {
+        free(st);
+        return;
+    }
+    if (st->cb) st->cb(rt, st->arg, st);
+}
+
+static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g)
+{
+    ap_avg_step_t *st = arg;
+    ap_averager_t *av = st->av;
+    st->search = NULL;
+    if (status) {
+        step_fail(rt, st, status);
+        return;
+    }
+    if (st->orphaned) {
+        /* freed while looking: the group is told nothing; the round's members
+         * drop this peer by their connect grace */
+        step_fail(rt, st, AP_ECANCELED);
+        return;
+    }
+    st->stage = AP_AVG_STAGE_RUNNING;
+    st->group_n = g->n;
+    bool aux = av->o.role == AP_AVG_AUX;
+    int rc = ap_allreduce_start(av->svc, g, aux ? NULL : av->buf, av->total, aux ? 0 : st->weight,
+                                &av->o.round, step_done, st, &st->ar);
+    if (rc) step_fail(rt, st, rc);
+}
+
+int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
+                     double weight, ap_avg_step_fn cb, void *arg, ap_avg_step_t **out)
+{
+    if (!av || !mm || !m || !out) return AP_EINVAL;
+    if (!isfinite(weight) || weight < 0) return AP_EINVAL;
+    if (av->running) return AP_EBUSY;
+    ap_avg_step_t *st = calloc(1, sizeof *st);
+    if (!st) return AP_ENOMEM;
+    st->av = av;
+    st->cb = cb;
+    st->arg = arg;
+    st->weight = weight;
+    st->stage = AP_AVG_STAGE_LOOKING;
+    ap_avg_member_t me;
+    ap_averager_member(av, &me);
+    int rc = ap_avg_match_start(mm, m, &me, step_matched, st, &st->search);
+    if (rc) {
+        free(st);
+        return rc;
+    }
+    av->running = st;
+    *out = st;
+    return 0;
+}
+
+size_t ap_avg_step_group_size(const ap_avg_step_t *st)
+{
+    return st && st->stage != AP_AVG_STAGE_LOOKING ? st->group_n : 0;
 }
 
 ap_avg_stage_t ap_avg_step_stage(const ap_avg_step_t *st)
@@ -185,12 +258,20 @@ const ap_allreduce_result_t *ap_avg_step_result(const ap_avg_step_t *st)
 
 void ap_avg_step_cancel(ap_avg_step_t *st)
 {
-    if (st && st->ar) ap_allreduce_cancel(st->ar);
+    if (st && st->search)
+        ap_avg_match_cancel(st->search);
+    else if (st && st->ar)
+        ap_allreduce_cancel(st->ar);
 }
 
 void ap_avg_step_free(ap_avg_step_t *st)
 {
     if (!st) return;
+    if (st->search) {
+        st->orphaned = true;
+        ap_avg_match_cancel(st->search); /* frees st through step_fail */
+        return;
+    }
     if (st->ar) {
         st->orphaned = true;
         ap_allreduce_cancel(st->ar);
