@@ -19,6 +19,17 @@ check 2 "no arguments" "$cli"
 check 2 "unknown command" "$cli" no-such-command
 check 0 "bench --help" "$cli" bench --help
 check 2 "unknown bench" "$cli" bench no-such-bench
+check 0 "dht --help" "$cli" dht --help
+check 2 "dht get without --initial-peers" "$cli" dht get somekey
+check 2 "dht store without --ttl" "$cli" dht store k v --initial-peers /ip4/127.0.0.1/tcp/1
+idtmp=$(mktemp -d)
+check 0 "identity (creates the key)" "$cli" identity --identity "$idtmp/k.key"
+[ "$(stat -c %a "$idtmp/k.key")" = 600 ] || { echo "FAIL: key file mode"; fail=1; }
+[ "$("$cli" identity --identity "$idtmp/k.key")" = "$("$cli" identity --identity "$idtmp/k.key")" ] || { echo "FAIL: identity not stable"; fail=1; }
+chmod 644 "$idtmp/k.key"
+check 1 "identity refuses a readable key" "$cli" identity --identity "$idtmp/k.key"
+check 2 "identity bad --addr" "$cli" identity --identity "$idtmp/k2.key" --addr nonsense
+rm -rf "$idtmp"
 "$cli" --version | grep -q '^apiary [0-9]' || { echo "FAIL: version text"; fail=1; }
 rm -f /tmp/apiary-cli-smoke.$$
 exit $fail

@@ -62,7 +62,12 @@ typedef struct ap_node_opts {
     uint64_t rng_seed;
     /* In-process listen address "/memory/<n>"; NULL = the next free number.
      * AP_EEXIST if another live node holds it (a restarted node may reuse the
-     * address of a freed one). */
+     * address of a freed one).
+     * Or a TCP multiaddr "/ip4/A.B.C.D/tcp/PORT" / "/ip6/.../tcp/PORT" (PORT 0
+     * = any; ap_rt_listen_addrs reads the bound one back): the node then talks
+     * TCP + Noise XX (docs/transport.md) and dials ip4/ip6/dns4/dns6 + /tcp
+     * multiaddrs, e.g. ap_rt_dial(rt, "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...").
+     * A node is either in-process or TCP. */
     const char *listen;
 } ap_node_opts_t;
 

@@ -1,5 +1,6 @@
 /* The uv testbed: N nodes on one libuv host, driven by the test thread,
- * talking through the in-process transport. crash = ap_node_free (the
+ * talking through the in-process transport (ap_testbed_uv) or TCP + Noise on
+ * loopback (ap_testbed_uv_tcp). crash = ap_node_free (the
  * connections drop at once); restart = a new node with the same identity at
  * the same /memory/ address. */
 #include "testbed.h"
@@ -21,6 +22,7 @@ struct ap_testbed {
     ap_peer_id_t *ids;
     char (*addrs)[AP_RT_ADDR_MAX];
     int *gen;
+    bool tcp; /* nodes listen on 127.0.0.1 TCP (Noise) instead of /memory/ */
 };
 
 static void derive(ap_testbed_t *tb, int i)
@@ -38,7 +40,9 @@ static int start_node(ap_testbed_t *tb, int i, const char *listen)
     ap_node_opts_t o = {.ed25519_seed = tb->idseed[i],
                         .rng_seed =
                             tb->seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)tb->gen[i] + 1,
-                        .listen = listen};
+                        .listen = listen    ? listen
+                                  : tb->tcp ? "/ip4/127.0.0.1/tcp/0"
+                                            : NULL};
     int rc = ap_node_new(tb->host, &o, &tb->nodes[i]);
     if (rc < 0) return rc;
     tb->ids[i] = *ap_rt_self(tb->nodes[i]);
@@ -67,10 +71,11 @@ static void tb_destroy(ap_testbed_t *tb)
     free(tb);
 }
 
-static ap_testbed_t *tb_create(int n, uint64_t seed)
+static ap_testbed_t *tb_create_any(int n, uint64_t seed, bool tcp)
 {
     ap_testbed_t *tb = calloc(1, sizeof *tb);
     if (!tb) return NULL;
+    tb->tcp = tcp;
     tb->n = n;
     tb->seed = seed;
     tb->host = ap_host_new();
@@ -92,6 +97,16 @@ static ap_testbed_t *tb_create(int n, uint64_t seed)
     }
     for (int i = 0; i < n; i++) teach(tb, i);
     return tb;
+}
+
+static ap_testbed_t *tb_create(int n, uint64_t seed)
+{
+    return tb_create_any(n, seed, false);
+}
+
+static ap_testbed_t *tb_create_tcp(int n, uint64_t seed)
+{
+    return tb_create_any(n, seed, true);
 }
 
 static ap_rt_t *tb_node(ap_testbed_t *tb, int i)
@@ -128,6 +143,19 @@ static void tb_restart(ap_testbed_t *tb, int i)
 const ap_testbed_ops_t ap_testbed_uv = {
     .name = "uv",
     .create = tb_create,
+    .destroy = tb_destroy,
+    .node = tb_node,
+    .run_until = tb_run_until,
+    .crash = tb_crash,
+    .restart = tb_restart,
+    .virtual_time = false,
+};
+
+/* The same, over real TCP on 127.0.0.1 with Noise XX (src/net/tcp.c):
+ * every node listens on its own port; a restarted node rebinds it. */
+const ap_testbed_ops_t ap_testbed_uv_tcp = {
+    .name = "uv-tcp",
+    .create = tb_create_tcp,
     .destroy = tb_destroy,
     .node = tb_node,
     .run_until = tb_run_until,

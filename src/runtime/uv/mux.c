@@ -383,12 +383,8 @@ static int get_conn(ap_node_t *n, const ap_peer_id_t *peer, ap_mconn_t **out)
         ap_book_t *b = &n->book[i];
         if (!ap_peer_id_eq(&b->peer, peer)) continue;
         for (int k = b->n - 1; k >= 0; k--) {
-            unsigned no;
-            bool has_id;
-            ap_peer_id_t id;
             ap_conn_t *t;
-            if (ap__mem_parse(b->addrs[k], &no, &has_id, &id) < 0) continue;
-            if (ap__mem_dial(n, no, &t) < 0) continue;
+            if (ap__addr_dial(n, b->addrs[k], &t) < 0) continue;
             c = ap__mconn_new(n, t, false);
             if (!c) {
                 t->vt->close(t);
@@ -408,13 +404,12 @@ static int get_conn(ap_node_t *n, const ap_peer_id_t *peer, ap_mconn_t **out)
 int ap__mux_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr)
 {
     ap_node_t *n = NODE(rt);
-    unsigned no;
     bool has_id;
     ap_peer_id_t id;
     if (!peer || !addr) return AP_EINVAL;
     if (strlen(addr) >= AP_RT_ADDR_MAX) return AP_EADDR;
-    int rc = ap__mem_parse(addr, &no, &has_id, &id);
-    if (rc < 0) return strncmp(addr, "/ip", 3) == 0 ? AP_ENOTSUP : AP_EADDR;
+    int rc = ap__addr_parse(n, addr, &has_id, &id);
+    if (rc < 0) return rc;
     if (has_id && !ap_peer_id_eq(&id, peer)) return AP_EADDR;
     ap_book_t *b = NULL;
     for (size_t i = 0; i < n->nbook && !b; i++)
@@ -475,13 +470,12 @@ static void dial_deferred(ap_node_t *n, void *arg, int status)
 int ap__mux_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_fn cb, void *arg)
 {
     ap_node_t *n = NODE(rt);
-    unsigned no;
     bool has_id;
     ap_peer_id_t id;
     if (!cb || !addr) return AP_EINVAL;
     if (atomic_load(&n->closing)) return AP_ESHUTDOWN;
-    int rc = ap__mem_parse(addr, &no, &has_id, &id);
-    if (rc < 0) return strncmp(addr, "/ip", 3) == 0 ? AP_ENOTSUP : AP_EADDR;
+    int rc = ap__addr_parse(n, addr, &has_id, &id);
+    if (rc < 0) return rc;
     ap_mconn_t *c = has_id ? find_conn(n, &id) : NULL;
     if (c && c->state == MC_UP) {
         dial_now_t *d = malloc(sizeof *d);
@@ -497,7 +491,7 @@ int ap__mux_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_fn 
     if (!d) return AP_ENOMEM;
     if (!c) {
         ap_conn_t *t;
-        rc = ap__mem_dial(n, no, &t);
+        rc = ap__addr_dial(n, addr, &t);
         if (rc < 0) { /* nobody there: report from the loop, never re-entrantly */
             free(d);
             dial_now_t *dn = malloc(sizeof *dn);

@@ -188,7 +188,8 @@ static int uv_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, 
     if (max >= 1) {
         if (with_id) {
             char id[AP_PEER_ID_STR_MAX];
-            snprintf(addrs[0], AP_RT_ADDR_MAX, "%s/p2p/%s", n->addr, ap_peer_id_str(&rt->self, id));
+            snprintf(addrs[0], AP_RT_ADDR_MAX, "%.180s/p2p/%s", n->addr,
+                     ap_peer_id_str(&rt->self, id));
         } else {
             snprintf(addrs[0], AP_RT_ADDR_MAX, "%s", n->addr);
         }
@@ -252,7 +253,9 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     n->host = h;
     n->next_id = 1;
-    rc = ap__mem_register(n, o.listen);
+    bool tcp =
+        o.listen && (strncmp(o.listen, "/ip4/", 5) == 0 || strncmp(o.listen, "/ip6/", 5) == 0);
+    rc = tcp ? ap__tcpc_start(n, o.listen) : ap__mem_register(n, o.listen);
     if (rc < 0) {
         ap__rt_fini(&n->rt);
         free(n);
@@ -281,6 +284,7 @@ static void node_free(ap_rt_t *rt)
     ap__host_drop_tasks(n); /* posts dropped; call_sync waiters get AP_ESHUTDOWN */
     ap__host_drop_timers(n);
     ap__mux_close_all(n); /* conns drop; streams and calls finish (queued callbacks) */
+    ap__tcpc_stop(n);     /* after the mux released its connections */
     /* Work: wait for what already runs, cancel the rest; after() gets ECANCELED. */
     while (n->works) {
         ap_uv_work_t *w = n->works;

@@ -218,7 +218,8 @@ struct ap_node {
     ap_node_t *next; /* host's list */
     atomic_bool closing;
     unsigned mem_no;
-    char addr[48];
+    char addr[AP_RT_ADDR_MAX];
+    struct ap_tcpc *tcpc; /* TCP transport (tcp_conn.c), or NULL: in-process */
     ap_mconn_t *conns;
     ap_book_t *book;
     size_t nbook, book_cap;
@@ -278,5 +279,17 @@ int ap__mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id
 int ap__mem_dial(ap_node_t *n, unsigned no, ap_conn_t **out);
 int ap__mem_register(ap_node_t *n, const char *listen); /* sets n->mem_no, n->addr */
 void ap__mem_unregister(ap_node_t *n);
+
+/* tcp_conn.c: the secure TCP transport (src/net/tcp.h) behind the same seam.
+ * A node whose listen address is "/ip4/.../tcp/N" or "/ip6/.../tcp/N" runs
+ * one transport on its host's loop (sets n->tcpc and n->addr). */
+int ap__tcpc_start(ap_node_t *n, const char *listen);
+void ap__tcpc_stop(ap_node_t *n); /* connections must be released (mux) first */
+int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out);
+/* Address dispatch for the mux: "/memory/<n>[/p2p/ID]" (in-process) or an
+ * ip4/ip6/dns4/dns6 + /tcp multiaddr [/p2p/ID] (needs a TCP node).
+ * AP_EADDR if neither; AP_ENOTSUP for TCP on an in-process node. */
+int ap__addr_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id);
+int ap__addr_dial(ap_node_t *n, const char *addr, ap_conn_t **out);
 
 #endif

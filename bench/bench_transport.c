@@ -1,0 +1,907 @@
+/* `apiary bench transport`: the secure TCP transport against its ceilings.
+ *
+ * Two processes (fork): the parent sends, the child runs a sink/echo server
+ * with its own libuv loop and its own transport, on 127.0.0.1. Measured in
+ * one run:
+ *   aead_seal_MBps            (c) single-core ChaCha20-Poly1305 seal of 64 KiB
+ *                                 messages (libsodium), the AEAD ceiling
+ *   raw_tcp_MBps              (b) one plain TCP stream parent -> child
+ *   encrypted_stream_MBps     (a) one Noise-encrypted transport connection
+ *                                 parent -> child, vs (c) and vs (b)
+ *   transport_echo_rtt_p50_us / _p99_us: round trip of a 64-byte message
+ *                                 echoed by the child over the encrypted
+ *                                 connection, with 1 and 64 in flight
+ *                                 (field "callers")
+ *   idle_conn_bytes           heap bytes per idle authenticated connection in
+ *                                 the parent (N connections to the child)
+ * and through runtime/uv's mux over this transport (a node per process):
+ *   encrypted_stream_MBps     (a) with "layer":"mux": one stream, 64 KiB messages
+ *   rpc_rtt_p50_us / _p99_us  (d) unary RPC, 64-byte request, 1 and 64 callers
+ *   streams1000_MBps / streams1000_fairness (e) 1,000 concurrent streams of
+ *                                 equal size; fairness = slowest / fastest
+ *                                 per-stream rate (completion time based) */
+#include "bench.h"
+
+#include "apiary/identity.h"
+#include "apiary/error.h"
+#include "apiary/log.h"
+#include "apiary/node.h"
+#include "net/noise.h"
+#include "net/tcp.h"
+
+#include <malloc.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHUNK    (256u * 1024u)
+#define ECHO_MSG 64
+
+static uint8_t chunk_buf[CHUNK];
+
+/* ---- the child: sink / echo protocol -----------------------------------------
+ * Commands: 'B' u64 n -> swallow n bytes then answer 'K';
+ *           'E' u64 n -> echo the next n bytes back; 'Q' -> exit. */
+
+typedef struct proto {
+    int mode; /* 0 command, 1 sink, 2 echo */
+    uint8_t hdr[9];
+    size_t hlen;
+    uint64_t left;
+    void (*send)(void *ctx, const uint8_t *p, size_t n);
+    void *ctx;
+} proto_t;
+
+static bool child_quit;
+
+static void proto_feed(proto_t *s, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        if (s->mode == 0) {
+            s->hdr[s->hlen++] = *p++;
+            n--;
+            if (s->hdr[0] == 'Q') {
+                child_quit = true;
+                s->hlen = 0;
+                continue;
+            }
+            if (s->hlen < 9) continue;
+            uint64_t v = 0;
+            for (int i = 0; i < 8; i++) v = (v << 8) | s->hdr[1 + i];
+            s->left = v;
+            s->mode = s->hdr[0] == 'B' ? 1 : 2;
+            s->hlen = 0;
+            if (s->left == 0) s->mode = 0;
+            continue;
+        }
+        size_t take = n < s->left ? n : (size_t)s->left;
+        if (s->mode == 2) s->send(s->ctx, p, take);
+        p += take;
+        n -= take;
+        s->left -= take;
+        if (s->left == 0) {
+            if (s->mode == 1) s->send(s->ctx, (const uint8_t *)"K", 1);
+            s->mode = 0;
+        }
+    }
+}
+
+typedef struct child {
+    uv_loop_t loop;
+    ap_tcp_t *t;
+    uv_tcp_t raw_listener;
+    uv_timer_t quit_check;
+} child_t;
+
+static void secure_send(void *ctx, const uint8_t *p, size_t n)
+{
+    (void)ap__tcp_send(ctx, p, n); /* echo replies are small; the queue never fills */
+}
+
+static void child_on_conn(void *arg, ap_tcp_conn_t *c)
+{
+    (void)arg;
+    proto_t *s = calloc(1, sizeof *s);
+    s->send = secure_send;
+    s->ctx = c;
+    ap__tcp_conn_set_user(c, s);
+}
+
+static void child_on_data(void *arg, ap_tcp_conn_t *c, const uint8_t *d, size_t n)
+{
+    (void)arg;
+    proto_feed(ap__tcp_conn_user(c), d, n);
+}
+
+static void child_on_close(void *arg, ap_tcp_conn_t *c, int st)
+{
+    (void)arg;
+    (void)st;
+    free(ap__tcp_conn_user(c));
+}
+
+typedef struct raw_conn {
+    uv_tcp_t h;
+    proto_t p;
+} raw_conn_t;
+
+static void free_write_req(uv_write_t *w, int status)
+{
+    (void)status;
+    free(w);
+}
+
+static void raw_send(void *ctx, const uint8_t *p, size_t n)
+{
+    raw_conn_t *r = ctx;
+    uv_write_t *w = malloc(sizeof *w + n);
+    memcpy(w + 1, p, n);
+    uv_buf_t b = uv_buf_init((char *)(w + 1), (unsigned)n);
+    if (uv_write(w, (uv_stream_t *)&r->h, &b, 1, free_write_req) != 0) free(w);
+}
+
+static void big_alloc(uv_handle_t *h, size_t s, uv_buf_t *b)
+{
+    static char buf[CHUNK];
+    (void)h;
+    (void)s;
+    *b = uv_buf_init(buf, sizeof buf);
+}
+
+static void raw_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void raw_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
+{
+    raw_conn_t *r = st->data;
+    if (n < 0) {
+        uv_close((uv_handle_t *)st, raw_closed);
+        return;
+    }
+    proto_feed(&r->p, (const uint8_t *)b->base, (size_t)n);
+}
+
+static void raw_accept(uv_stream_t *srv, int status)
+{
+    if (status < 0) return;
+    raw_conn_t *r = calloc(1, sizeof *r);
+    uv_tcp_init(srv->loop, &r->h);
+    r->h.data = r;
+    r->p.send = raw_send;
+    r->p.ctx = r;
+    if (uv_accept(srv, (uv_stream_t *)&r->h) != 0) {
+        uv_close((uv_handle_t *)&r->h, raw_closed);
+        return;
+    }
+    uv_tcp_nodelay(&r->h, 1);
+    uv_read_start((uv_stream_t *)&r->h, big_alloc, raw_read);
+}
+
+static void quit_check(uv_timer_t *t)
+{
+    if (child_quit) uv_stop(t->loop);
+}
+
+static void run_child(int fd, size_t max_conns)
+{
+    child_t ch;
+    memset(&ch, 0, sizeof ch);
+    uv_loop_init(&ch.loop);
+    ap_identity_t id;
+    if (ap_identity_generate(&id) != 0) _exit(1);
+    ap_tcp_cfg_t cfg = {.max_conns = max_conns + 16, .max_handshakes = max_conns + 16};
+    ap_tcp_cbs_t cbs = {child_on_conn, child_on_data, NULL, child_on_close};
+    if (ap__tcp_new(&ch.loop, &id, &cfg, &cbs, NULL, &ch.t) != 0) _exit(1);
+    if (ap__tcp_listen(ch.t, "/ip4/127.0.0.1/tcp/0") != 0) _exit(1);
+    ap_multiaddr_t ma;
+    ap__tcp_listen_addrs(ch.t, &ma, 1);
+    char text[AP_MA_TEXT_MAX];
+    ap_multiaddr_print(&ma, text, sizeof text);
+    uv_tcp_init(&ch.loop, &ch.raw_listener);
+    struct sockaddr_in sin;
+    uv_ip4_addr("127.0.0.1", 0, &sin);
+    uv_tcp_bind(&ch.raw_listener, (struct sockaddr *)&sin, 0);
+    uv_listen((uv_stream_t *)&ch.raw_listener, 128, raw_accept);
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    uv_tcp_getsockname(&ch.raw_listener, (struct sockaddr *)&ss, &len);
+    char line[AP_MA_TEXT_MAX + 16];
+    int n =
+        snprintf(line, sizeof line, "%s %d\n", text, ntohs(((struct sockaddr_in *)&ss)->sin_port));
+    if (write(fd, line, (size_t)n) != n) _exit(1);
+    close(fd);
+    uv_timer_init(&ch.loop, &ch.quit_check);
+    uv_timer_start(&ch.quit_check, quit_check, 20, 20);
+    uv_run(&ch.loop, UV_RUN_DEFAULT);
+    _exit(0);
+}
+
+/* ---- the parent ---------------------------------------------------------------- */
+
+typedef struct parent {
+    uv_loop_t loop;
+    ap_tcp_t *t;
+    ap_tcp_conn_t *conn;
+    int dial_status;
+    int dials_done;
+    /* bulk */
+    uint64_t to_send, sent;
+    bool got_k;
+    /* echo */
+    uint64_t echo_rx;
+    /* raw */
+    uv_tcp_t raw;
+    uv_connect_t raw_creq;
+    bool raw_connected;
+    int raw_inflight;
+} parent_t;
+
+static void p_on_data(void *arg, ap_tcp_conn_t *c, const uint8_t *d, size_t n)
+{
+    parent_t *p = arg;
+    (void)c;
+    (void)d;
+    if (n == 1 && d[0] == 'K')
+        p->got_k = true;
+    else
+        p->echo_rx += n;
+}
+
+static void secure_pump(parent_t *p)
+{
+    while (p->sent < p->to_send) {
+        size_t n = p->to_send - p->sent < CHUNK ? (size_t)(p->to_send - p->sent) : CHUNK;
+        int rc = ap__tcp_send(p->conn, chunk_buf, n);
+        if (rc != 0) return; /* AP_EAGAIN: on_writable resumes */
+        p->sent += n;
+    }
+}
+
+static void p_on_writable(void *arg, ap_tcp_conn_t *c)
+{
+    (void)c;
+    secure_pump(arg);
+}
+
+static void p_dial_cb(void *arg, int status, ap_tcp_conn_t *c)
+{
+    parent_t *p = arg;
+    p->dial_status = status;
+    p->dials_done++;
+    if (status == 0 && !p->conn) p->conn = c;
+}
+
+static void cmd(uint8_t out[9], char op, uint64_t n)
+{
+    out[0] = (uint8_t)op;
+    for (int i = 0; i < 8; i++) out[1 + i] = (uint8_t)(n >> (56 - 8 * i));
+}
+
+static void raw_pump(parent_t *p);
+static void raw_wrote(uv_write_t *w, int status)
+{
+    parent_t *p = w->data;
+    free(w);
+    p->raw_inflight--;
+    if (status == 0) raw_pump(p);
+}
+
+static void raw_pump(parent_t *p)
+{
+    while (p->sent < p->to_send && p->raw_inflight < 16) {
+        size_t n = p->to_send - p->sent < CHUNK ? (size_t)(p->to_send - p->sent) : CHUNK;
+        uv_write_t *w = malloc(sizeof *w);
+        w->data = p;
+        uv_buf_t b = uv_buf_init((char *)chunk_buf, (unsigned)n);
+        if (uv_write(w, (uv_stream_t *)&p->raw, &b, 1, raw_wrote) != 0) {
+            free(w);
+            return;
+        }
+        p->raw_inflight++;
+        p->sent += n;
+    }
+}
+
+static void raw_p_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    parent_t *p = s->data;
+    if (n > 0 && b->base[0] == 'K') p->got_k = true;
+}
+
+static void raw_p_connected(uv_connect_t *c, int status)
+{
+    parent_t *p = c->data;
+    p->raw_connected = status == 0;
+    if (status == 0) uv_read_start((uv_stream_t *)&p->raw, big_alloc, raw_p_read);
+}
+
+static double bench_raw(parent_t *p, int port, uint64_t bytes)
+{
+    struct sockaddr_in sin;
+    uv_ip4_addr("127.0.0.1", port, &sin);
+    uv_tcp_init(&p->loop, &p->raw);
+    p->raw.data = p;
+    p->raw_creq.data = p;
+    uv_tcp_connect(&p->raw_creq, &p->raw, (struct sockaddr *)&sin, raw_p_connected);
+    while (!p->raw_connected) uv_run(&p->loop, UV_RUN_ONCE);
+    uv_tcp_nodelay(&p->raw, 1);
+    uint8_t hdr[9];
+    cmd(hdr, 'B', bytes);
+    double t0 = ap_bench_now();
+    uv_write_t *w = malloc(sizeof *w);
+    w->data = p;
+    uv_buf_t b = uv_buf_init((char *)hdr, 9);
+    uv_write(w, (uv_stream_t *)&p->raw, &b, 1, raw_wrote);
+    p->raw_inflight++;
+    p->to_send = bytes;
+    p->sent = 0;
+    p->got_k = false;
+    raw_pump(p);
+    while (!p->got_k) uv_run(&p->loop, UV_RUN_ONCE);
+    double dt = ap_bench_now() - t0;
+    uv_close((uv_handle_t *)&p->raw, NULL);
+    uv_run(&p->loop, UV_RUN_NOWAIT);
+    return (double)bytes / dt / 1e6;
+}
+
+static double bench_secure(parent_t *p, uint64_t bytes)
+{
+    uint8_t hdr[9];
+    cmd(hdr, 'B', bytes);
+    double t0 = ap_bench_now();
+    if (ap__tcp_send(p->conn, hdr, 9) != 0) return 0;
+    p->to_send = bytes;
+    p->sent = 0;
+    p->got_k = false;
+    secure_pump(p);
+    while (!p->got_k) uv_run(&p->loop, UV_RUN_ONCE);
+    return (double)bytes / (ap_bench_now() - t0) / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* n round trips with `inflight` messages outstanding; percentiles in us */
+static void bench_echo(parent_t *p, int n, int inflight, double *p50, double *p99)
+{
+    uint8_t hdr[9], msg[ECHO_MSG];
+    memset(msg, 'e', sizeof msg);
+    cmd(hdr, 'E', (uint64_t)n * ECHO_MSG);
+    (void)ap__tcp_send(p->conn, hdr, 9);
+    double *lat = malloc(sizeof(double) * (size_t)n);
+    double *start = malloc(sizeof(double) * (size_t)n);
+    p->echo_rx = 0;
+    int issued = 0, done = 0;
+    while (done < n) {
+        while (issued < n && issued - done < inflight) {
+            start[issued] = ap_bench_now();
+            (void)ap__tcp_send(p->conn, msg, sizeof msg);
+            issued++;
+        }
+        uv_run(&p->loop, UV_RUN_ONCE);
+        double now = ap_bench_now();
+        while (done < n && p->echo_rx >= (uint64_t)(done + 1) * ECHO_MSG) {
+            lat[done] = (now - start[done]) * 1e6;
+            done++;
+        }
+    }
+    qsort(lat, (size_t)n, sizeof *lat, cmp_double);
+    *p50 = lat[n / 2];
+    *p99 = lat[(size_t)((double)n * 0.99)];
+    free(lat);
+    free(start);
+}
+
+static double aead_ceiling(double seconds)
+{
+    static uint8_t buf[65536 + AP_NOISE_TAGLEN];
+    ap_noise_cs_t cs = {.has_key = true};
+    randombytes_buf(cs.k, sizeof cs.k);
+    uint64_t bytes = 0;
+    double t0 = ap_bench_now(), t;
+    do {
+        for (int i = 0; i < 16; i++) {
+            (void)ap__noise_cs_encrypt(&cs, NULL, 0, buf, 65536, buf);
+            bytes += 65536;
+        }
+        t = ap_bench_now();
+    } while (t - t0 < seconds);
+    return (double)bytes / (t - t0) / 1e6;
+}
+
+static size_t heap_used(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void idle_child(const char *addr, size_t n)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ap_tcp_cfg_t cfg = {.max_conns = 2, .read_buf_size = 4096};
+    ap_tcp_cbs_t cbs = {0};
+    parent_t q;
+    memset(&q, 0, sizeof q);
+    for (size_t i = 0; i < n; i++) {
+        ap_identity_t idi;
+        ap_tcp_t *t;
+        if (ap_identity_generate(&idi) != 0 || ap__tcp_new(&loop, &idi, &cfg, &cbs, &q, &t) != 0)
+            _exit(1);
+        ap__tcp_dial(t, addr, 30000, p_dial_cb, &q);
+        if (i % 32 == 31)
+            while (q.dials_done < (int)i + 1) uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT); /* until killed */
+    _exit(0);
+}
+
+static double idle_bench(uv_loop_t *loop, const ap_identity_t *id, size_t n)
+{
+    ap_tcp_cfg_t cfg = {.max_conns = n + 16, .max_handshakes = n + 16};
+    ap_tcp_cbs_t cbs = {0};
+    ap_tcp_t *t;
+    if (ap__tcp_new(loop, id, &cfg, &cbs, NULL, &t) != 0) return -1;
+    if (ap__tcp_listen(t, "/ip4/127.0.0.1/tcp/0") != 0) return -1;
+    ap_multiaddr_t ma;
+    ap__tcp_listen_addrs(t, &ma, 1);
+    char addr[AP_MA_TEXT_MAX];
+    ap_multiaddr_print(&ma, addr, sizeof addr);
+    uv_run(loop, UV_RUN_NOWAIT);
+    size_t h0 = heap_used();
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) idle_child(addr, n);
+    ap_tcp_stats_t st;
+    double deadline = ap_bench_now() + 120;
+    do {
+        uv_run(loop, UV_RUN_ONCE);
+        ap__tcp_get_stats(t, &st);
+    } while (st.open < n && ap_bench_now() < deadline);
+    /* let quiet buffers be released */
+    double until = ap_bench_now() + 1.5;
+    while (ap_bench_now() < until) uv_run(loop, UV_RUN_ONCE);
+    size_t h1 = heap_used();
+    ap__tcp_get_stats(t, &st);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ap__tcp_close(t, NULL, NULL);
+    uv_run(loop, UV_RUN_DEFAULT);
+    if (st.open < n) {
+        fprintf(stderr, "bench transport: only %u of %zu idle connections opened\n", st.open, n);
+        return -1;
+    }
+    return ((double)h1 - (double)h0) / (double)n;
+}
+
+/* ---- the mux over TCP between two processes ------------------------------------
+ * The child runs a node (host + node listening on 127.0.0.1 TCP) with an RPC
+ * echo and a stream sink; the parent's node dials it. Everything travels
+ * through runtime/uv's mux over this transport: what a protocol sees. */
+
+#define MUX_ECHO "/bench/echo/1"
+#define MUX_SINK "/bench/sink/1"
+
+static void m_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(req, &n);
+    ap_rpc_respond(req, d, n);
+}
+
+static void m_sink_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)s;
+    (void)arg;
+    (void)d;
+    (void)n;
+}
+
+static void m_sink_end(ap_stream_t *s, void *arg)
+{
+    (void)arg;
+    ap_stream_close(s);
+}
+
+static int m_sink_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                         const uint8_t *hello, size_t len)
+{
+    (void)rt;
+    (void)arg;
+    (void)peer;
+    (void)hello;
+    (void)len;
+    static const ap_stream_cbs_t cbs = {.on_msg = m_sink_msg, .on_end = m_sink_end};
+    ap_stream_set_cbs(s, &cbs, NULL);
+    return 0;
+}
+
+static void mux_child(int fd)
+{
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *n;
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    if (!h || ap_node_new(h, &o, &n) < 0) _exit(1);
+    ap_rt_rpc_register(n, MUX_ECHO, 0, m_echo, NULL);
+    ap_stream_opts_t so = {.window = 1u << 20};
+    ap_rt_stream_listen(n, MUX_SINK, &so, m_sink_accept, NULL);
+    char a[1][AP_RT_ADDR_MAX];
+    ap_rt_listen_addrs(n, a, 1, true);
+    size_t len = strlen(a[0]);
+    a[0][len] = '\n';
+    if (write(fd, a[0], len + 1) != (ssize_t)(len + 1)) _exit(1);
+    close(fd);
+    for (;;) ap_host_run_until(h, NULL, NULL, 1000000); /* until killed */
+}
+
+typedef struct mb {
+    ap_rt_t *rt;
+    ap_peer_id_t peer;
+    int dial_status, dialed;
+    /* bulk */
+    size_t total, sent, msg;
+    bool closed;
+    int close_status;
+    /* rpc */
+    int left, inflight, done;
+    double *lat, *start;
+    int *slot_of;
+    /* streams */
+    int nclosed;
+    double t0, *close_at;
+} mb_t;
+
+static uint8_t mux_msg_buf[1u << 20];
+
+static void mb_dialed(ap_rt_t *rt, void *arg, int status, const ap_peer_id_t *peer)
+{
+    (void)rt;
+    mb_t *m = arg;
+    m->dial_status = status;
+    m->dialed = 1;
+    if (status == 0) m->peer = *peer;
+}
+
+static bool mb_dialed_p(void *arg)
+{
+    return ((mb_t *)arg)->dialed;
+}
+
+static void mb_fill(ap_stream_t *s, void *arg)
+{
+    mb_t *m = arg;
+    while (m->sent < m->total) {
+        if (ap_stream_send(s, mux_msg_buf, m->msg) != 0) return;
+        m->sent += m->msg;
+    }
+    ap_stream_close(s);
+}
+
+static void mb_closed(ap_stream_t *s, void *arg, int st)
+{
+    (void)s;
+    mb_t *m = arg;
+    m->closed = true;
+    m->close_status = st;
+}
+
+static bool mb_closed_p(void *arg)
+{
+    return ((mb_t *)arg)->closed;
+}
+
+typedef struct mcall {
+    mb_t *m;
+    int idx;
+} mcall_t;
+
+static void mb_issue(mb_t *m, mcall_t *slot);
+static void mb_rpc_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                        const char *errmsg)
+{
+    (void)rt;
+    (void)resp;
+    (void)len;
+    (void)errmsg;
+    mcall_t *c = arg;
+    mb_t *m = c->m;
+    m->inflight--;
+    if (status == 0) m->lat[m->done++] = (ap_bench_now() - m->start[c->idx]) * 1e6;
+    if (m->left > 0) mb_issue(m, c);
+}
+
+static void mb_issue(mb_t *m, mcall_t *slot)
+{
+    m->left--;
+    m->inflight++;
+    m->start[slot->idx] = ap_bench_now();
+    static const uint8_t req[64] = {1};
+    ap_rpc_opts_t o = {.timeout_us = 10000000};
+    if (!ap_rt_rpc_call(m->rt, &m->peer, MUX_ECHO, req, sizeof req, &o, mb_rpc_done, slot))
+        m->inflight--;
+}
+
+static bool mb_rpc_p(void *arg)
+{
+    mb_t *m = arg;
+    return m->left == 0 && m->inflight == 0;
+}
+
+static void mux_rpc(ap_host_t *h, mb_t *m, int n, int callers, double *p50, double *p99)
+{
+    m->lat = calloc((size_t)n, sizeof *m->lat);
+    m->start = calloc((size_t)callers, sizeof *m->start);
+    mcall_t *slots = calloc((size_t)callers, sizeof *slots);
+    m->left = n;
+    m->done = 0;
+    for (int i = 0; i < callers; i++) {
+        slots[i] = (mcall_t){m, i};
+        mb_issue(m, &slots[i]);
+    }
+    ap_host_run_until(h, mb_rpc_p, m, 60000000);
+    qsort(m->lat, (size_t)m->done, sizeof *m->lat, cmp_double);
+    *p50 = m->done ? m->lat[m->done / 2] : 0;
+    *p99 = m->done ? m->lat[(size_t)((double)m->done * 0.99)] : 0;
+    free(m->lat);
+    free(m->start);
+    free(slots);
+}
+
+typedef struct sfair {
+    mb_t *m;
+    int idx;
+    size_t sent, total;
+} sfair_t;
+
+static void sf_fill(ap_stream_t *s, void *arg)
+{
+    sfair_t *f = arg;
+    while (f->sent < f->total) {
+        size_t n = f->total - f->sent < 16384 ? f->total - f->sent : 16384;
+        if (ap_stream_send(s, mux_msg_buf, n) != 0) return;
+        f->sent += n;
+    }
+    ap_stream_close(s);
+}
+
+static void sf_closed(ap_stream_t *s, void *arg, int st)
+{
+    (void)s;
+    (void)st;
+    sfair_t *f = arg;
+    f->m->close_at[f->idx] = ap_bench_now();
+    f->m->nclosed++;
+}
+
+static bool sf_all_p(void *arg)
+{
+    return ((mb_t *)arg)->nclosed >= 1000;
+}
+
+static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw)
+{
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_t pid = fork();
+    if (pid < 0) return;
+    if (pid == 0) {
+        close(fds[0]);
+        mux_child(fds[1]);
+    }
+    close(fds[1]);
+    char addr[AP_RT_ADDR_MAX + 1] = {0};
+    size_t got = 0;
+    while (got < sizeof addr - 1) {
+        ssize_t r = read(fds[0], addr + got, sizeof addr - 1 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+        if (memchr(addr, '\n', got)) break;
+    }
+    close(fds[0]);
+    char *nl = strchr(addr, '\n');
+    if (nl) *nl = 0;
+    ap_host_t *h = ap_host_new();
+    mb_t m;
+    memset(&m, 0, sizeof m);
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    if (!nl || !h || ap_node_new(h, &o, &m.rt) < 0) goto out;
+    ap_rt_dial(m.rt, addr, 10000000, mb_dialed, &m);
+    ap_host_run_until(h, mb_dialed_p, &m, 15000000);
+    if (m.dial_status != 0) {
+        fprintf(stderr, "bench transport: node dial failed: %s\n", ap_strerror(m.dial_status));
+        goto out;
+    }
+    /* (a) one stream through the mux */
+    m.total = ctx->quick ? (64u << 20) : (512u << 20);
+    m.msg = 64u << 10;
+    static const ap_stream_cbs_t cbs = {.on_writable = mb_fill, .on_close = mb_closed};
+    ap_stream_opts_t so = {.window = 4u << 20};
+    ap_stream_t *s;
+    double t0 = ap_bench_now();
+    if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &so, &cbs, &m, &s) == 0) {
+        mb_fill(s, &m);
+        ap_host_run_until(h, mb_closed_p, &m, 120000000);
+        double mbps = (double)m.total / (ap_bench_now() - t0) / 1e6;
+        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", aead,
+                           "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\",\"procs\":2,"
+                           "\"msg_bytes\":65536");
+        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", raw,
+                           "\"baseline_metric\":\"raw_tcp_MBps\",\"layer\":\"mux\",\"procs\":2,"
+                           "\"msg_bytes\":65536");
+    }
+    /* (d) unary RPC round trips */
+    double p50, p99;
+    int n = ctx->quick ? 2000 : 20000;
+    mux_rpc(h, &m, n / 10, 1, &p50, &p99); /* warm-up */
+    mux_rpc(h, &m, n, 1, &p50, &p99);
+    ap_bench_report(ctx, "rpc_rtt_p50_us", p50, "us", "\"callers\":1,\"req_bytes\":64");
+    ap_bench_report(ctx, "rpc_rtt_p99_us", p99, "us", "\"callers\":1,\"req_bytes\":64");
+    mux_rpc(h, &m, n, 64, &p50, &p99);
+    ap_bench_report(ctx, "rpc_rtt_p50_us", p50, "us", "\"callers\":64,\"req_bytes\":64");
+    ap_bench_report(ctx, "rpc_rtt_p99_us", p99, "us", "\"callers\":64,\"req_bytes\":64");
+    /* (e) 1,000 concurrent streams, each the same number of bytes: total
+     * throughput, and fairness = slowest / fastest per-stream rate */
+    size_t per = ctx->quick ? (32u << 10) : (256u << 10);
+    sfair_t *fs = calloc(1000, sizeof *fs);
+    m.close_at = calloc(1000, sizeof *m.close_at);
+    m.nclosed = 0;
+    static const ap_stream_cbs_t fcbs = {.on_writable = sf_fill, .on_close = sf_closed};
+    ap_stream_opts_t fo = {.window = 64u << 10};
+    t0 = ap_bench_now();
+    int opened = 0;
+    for (int i = 0; i < 1000; i++) {
+        fs[i] = (sfair_t){&m, i, 0, per};
+        ap_stream_t *fsx;
+        if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &fo, &fcbs, &fs[i], &fsx) != 0)
+            break;
+        opened++;
+        sf_fill(fsx, &fs[i]);
+    }
+    if (opened == 1000 && ap_host_run_until(h, sf_all_p, &m, 120000000)) {
+        double tmax = 0, rmin = 1e300, rmax = 0;
+        for (int i = 0; i < 1000; i++) {
+            double dt = m.close_at[i] - t0;
+            double r = (double)per / dt;
+            if (dt > tmax) tmax = dt;
+            if (r < rmin) rmin = r;
+            if (r > rmax) rmax = r;
+        }
+        char fields[96];
+        snprintf(fields, sizeof fields, "\"streams\":1000,\"bytes_per_stream\":%zu", per);
+        ap_bench_report(ctx, "streams1000_MBps", 1000.0 * (double)per / tmax / 1e6, "MB/s", fields);
+        ap_bench_report(ctx, "streams1000_fairness", rmin / rmax, "ratio", fields);
+    } else {
+        fprintf(stderr, "bench transport: 1000 streams did not finish (%d opened, %d closed)\n",
+                opened, m.nclosed);
+    }
+    free(fs);
+    free(m.close_at);
+out:
+    if (h) ap_host_free(h);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    if (sodium_init() < 0) return 1;
+    uint64_t bulk = ctx->quick ? (32u << 20) : (512u << 20);
+    int echo_n = ctx->quick ? 2000 : 20000;
+    size_t idle_n = ctx->quick ? 200 : 5000;
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+        close(fds[0]);
+        run_child(fds[1], idle_n);
+    }
+    close(fds[1]);
+    char line[AP_MA_TEXT_MAX + 16] = {0};
+    size_t got = 0;
+    while (got < sizeof line - 1) {
+        ssize_t r = read(fds[0], line + got, sizeof line - 1 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+        if (memchr(line, '\n', got)) break;
+    }
+    close(fds[0]);
+    char addr[AP_MA_TEXT_MAX];
+    int raw_port = 0;
+    if (sscanf(line, "%383s %d", addr, &raw_port) != 2) {
+        fprintf(stderr, "bench transport: child did not start\n");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return 1;
+    }
+
+    /* (c) first, on an otherwise idle process */
+    double aead = aead_ceiling(ctx->quick ? 0.2 : 1.0);
+    ap_bench_report(ctx, "aead_seal_MBps", aead, "MB/s", "\"msg_bytes\":65536,\"cores\":1");
+
+    parent_t p;
+    memset(&p, 0, sizeof p);
+    uv_loop_init(&p.loop);
+    ap_identity_t id;
+    ap_identity_generate(&id);
+    ap_tcp_cfg_t cfg = {.max_conns = idle_n + 16, .write_queue_max = 8u << 20};
+    ap_tcp_cbs_t cbs = {NULL, p_on_data, p_on_writable, NULL};
+    if (ap__tcp_new(&p.loop, &id, &cfg, &cbs, &p, &p.t) != 0) return 1;
+
+    double raw = bench_raw(&p, raw_port, bulk);
+    ap_bench_report(ctx, "raw_tcp_MBps", raw, "MB/s", "\"procs\":2");
+
+    ap__tcp_dial(p.t, addr, 5000, p_dial_cb, &p);
+    while (!p.dials_done) uv_run(&p.loop, UV_RUN_ONCE);
+    if (p.dial_status != 0) {
+        fprintf(stderr, "bench transport: dial failed: %s\n", ap_strerror(p.dial_status));
+        return 1;
+    }
+    double enc = bench_secure(&p, bulk);
+    ap_bench_report_vs(ctx, "encrypted_stream_MBps", enc, "MB/s", aead,
+                       "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"transport\"");
+    ap_bench_report_vs(ctx, "encrypted_stream_MBps", enc, "MB/s", raw,
+                       "\"baseline_metric\":\"raw_tcp_MBps\",\"layer\":\"transport\"");
+
+    double p50, p99;
+    bench_echo(&p, echo_n / 10, 1, &p50, &p99); /* warm-up */
+    bench_echo(&p, echo_n, 1, &p50, &p99);
+    ap_bench_report(ctx, "transport_echo_rtt_p50_us", p50, "us", "\"callers\":1,\"msg_bytes\":64");
+    ap_bench_report(ctx, "transport_echo_rtt_p99_us", p99, "us", "\"callers\":1,\"msg_bytes\":64");
+    bench_echo(&p, echo_n, 64, &p50, &p99);
+    ap_bench_report(ctx, "transport_echo_rtt_p50_us", p50, "us", "\"callers\":64,\"msg_bytes\":64");
+    ap_bench_report(ctx, "transport_echo_rtt_p99_us", p99, "us", "\"callers\":64,\"msg_bytes\":64");
+
+    bench_mux_tcp(ctx, aead, raw);
+
+    /* idle connections: a second child process dials idle_n connections,
+     * each from its own identity (one connection per peer), into one
+     * listening transport here; the heap growth of this process per
+     * connection, once quiet buffers were released, is reported (kernel
+     * socket memory is not included). */
+    ap__tcp_close(p.t, NULL, NULL);
+    uv_run(&p.loop, UV_RUN_DEFAULT);
+    double per_conn = idle_bench(&p.loop, &id, idle_n);
+    if (per_conn >= 0) {
+        char fields[96];
+        snprintf(fields, sizeof fields, "\"connections\":%zu", idle_n);
+        ap_bench_report(ctx, "idle_conn_bytes", per_conn, "B", fields);
+    }
+
+    /* tell the child to exit over a fresh connection */
+    p.conn = NULL;
+    ap__tcp_new(&p.loop, &id, &cfg, &cbs, &p, &p.t);
+    p.dials_done = 0;
+    ap__tcp_dial(p.t, addr, 5000, p_dial_cb, &p);
+    while (!p.dials_done) uv_run(&p.loop, UV_RUN_ONCE);
+    if (p.dial_status == 0) {
+        (void)ap__tcp_send(p.conn, (const uint8_t *)"Q", 1);
+        ap__tcp_conn_close(p.conn);
+    }
+    ap__tcp_close(p.t, NULL, NULL);
+    uv_run(&p.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&p.loop);
+    int status;
+    for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(20000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    return 0;
+}
+
+AP_BENCH(bench_transport_def, "transport", bench_transport,
+         "secure TCP transport: AEAD ceiling, raw TCP, encrypted stream, echo RTT, idle memory")

@@ -1,0 +1,141 @@
+/* The secure TCP transport: TCP + Noise XX (secure.h), presenting each
+ * authenticated connection as an ordered, encrypted byte pipe to one remote
+ * PeerID — the "connection" the stream multiplexer (runtime/uv) runs on.
+ * Internal.
+ *
+ * WIRE. After TCP connect, three handshake messages, then transport
+ * messages; every message is [u16 big-endian length][bytes]. A transport
+ * message is ChaCha20-Poly1305 of up to 65,519 plaintext bytes (65,535 with
+ * the tag), nonce = its index in its direction. A zero-length plaintext is a
+ * keepalive and is not delivered. Any decrypt failure (altered, replayed,
+ * reordered, truncated data), an oversized handshake message, or a
+ * handshake that is not finished by the deadline closes the connection with
+ * one WARN log line naming the peer (its short PeerID, or its address when it
+ * has not authenticated yet).
+ *
+ * ONE CONNECTION PER PEER. When two authenticated connections to the same
+ * peer exist (both sides dialled at once), both ends keep the one dialled by
+ * the smaller PeerID (memcmp of the id bytes) and close the other; two
+ * connections dialled by the same side: the older is kept. Dials to a peer
+ * with a pending dial join it.
+ *
+ * LIVENESS. If nothing was sent for keepalive_ms, an empty message is sent;
+ * if nothing arrived for dead_ms, the peer is declared dead (AP_ETIMEDOUT);
+ * if no application bytes moved for idle_ms, the connection is closed (0).
+ *
+ * BACK-PRESSURE. ap__tcp_send copies and encrypts at once into a write queue
+ * of at most write_queue_max bytes; beyond that it returns AP_EAGAIN and
+ * on_writable fires when the queue drains below half. Receiving: each
+ * transport message is delivered to on_data; ap__tcp_pause_read stops
+ * reading from the socket from the next read on (the rest of the current
+ * read is still delivered), so the kernel buffers and then the sender's
+ * queue fill up.
+ *
+ * MEMORY. An idle open connection holds its struct and the libuv handle
+ * (about 1 KiB); read and write buffers are allocated while data flows and
+ * released after a quiet sweep period.
+ *
+ * THREADING. Everything runs on the loop thread of the uv_loop_t given to
+ * ap__tcp_new; every function must be called on it. Callbacks are never
+ * invoked from inside the API call that caused them, except on_data /
+ * on_writable which run from libuv read/write callbacks. */
+#ifndef AP_NET_TCP_H
+#define AP_NET_TCP_H
+
+#include "apiary/identity.h"
+#include "apiary/multiaddr.h"
+#include "net/noise.h"
+
+#include <uv.h>
+
+typedef struct ap_tcp ap_tcp_t;
+typedef struct ap_tcp_conn ap_tcp_conn_t;
+
+#define AP_TCP_HS_MSG_MAX    2048 /* handshake messages are ~200 bytes; cap memory */
+#define AP_TCP_MAX_LISTENERS 4
+
+typedef struct ap_tcp_cfg {
+    size_t max_conns;              /* open + handshaking; 0 = 1024 */
+    size_t max_handshakes;         /* inbound handshakes in progress; 0 = 256 */
+    uint64_t handshake_timeout_ms; /* inbound: accept -> done; 0 = 10 s */
+    uint64_t keepalive_ms;         /* 0 = 15 s; UINT64_MAX = never */
+    uint64_t dead_ms;              /* 0 = 3 * keepalive; UINT64_MAX = never */
+    uint64_t idle_ms;              /* 0 = never */
+    size_t write_queue_max;        /* 0 = 4 MiB */
+    ap_noise_hash_t hash;          /* AP_NOISE_BLAKE2B (0) by default */
+    size_t read_buf_size;          /* shared read buffer; 0 = 256 KiB */
+} ap_tcp_cfg_t;
+
+typedef struct ap_tcp_cbs {
+    /* A connection authenticated and is now the one to c's peer. */
+    void (*on_conn)(void *arg, ap_tcp_conn_t *c);
+    /* Decrypted bytes, in order; data valid during the call only. */
+    void (*on_data)(void *arg, ap_tcp_conn_t *c, const uint8_t *data, size_t len);
+    /* The write queue drained below half after an AP_EAGAIN. */
+    void (*on_writable)(void *arg, ap_tcp_conn_t *c);
+    /* The connection is gone (only for connections on_conn announced).
+     * status: 0 (closed locally or idle), AP_ECLOSED (peer closed / reset),
+     * AP_ETIMEDOUT (dead peer), AP_EAUTH (decrypt failure), AP_EPROTO,
+     * AP_ESHUTDOWN (transport closing), AP_EEXIST (lost the duplicate rule).
+     * c is freed right after this returns. */
+    void (*on_close)(void *arg, ap_tcp_conn_t *c, int status);
+} ap_tcp_cbs_t;
+
+/* Creates the transport on loop for identity id (copied). cfg may be NULL
+ * (defaults). cbs is copied; arg is passed to every callback. */
+int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cfg,
+                const ap_tcp_cbs_t *cbs, void *arg, ap_tcp_t **out);
+
+/* Closes every connection (on_close with AP_ESHUTDOWN) and listener; done
+ * (may be NULL) runs once everything is released, from the loop; then t is
+ * freed. Pending dials complete with AP_ESHUTDOWN. */
+void ap__tcp_close(ap_tcp_t *t, void (*done)(void *arg), void *arg);
+
+/* Listens on an ip4/ip6 multiaddr with /tcp (port 0 = any; read the bound
+ * address back with ap__tcp_listen_addrs). */
+int ap__tcp_listen(ap_tcp_t *t, const char *multiaddr);
+/* The bound listen addresses (with /p2p/<self>). Returns the count. */
+int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max);
+
+typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
+/* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering
+ * resolution, TCP connect and handshake. cb runs exactly once, later, with 0
+ * and the open connection to that peer (possibly an existing one), or
+ * AP_EADDR, AP_EUNREACH, AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/
+ * id), AP_ELIMIT, AP_ESHUTDOWN, AP_ECANCELED. */
+int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial_fn cb, void *arg);
+
+/* The open connection to peer, or NULL. */
+ap_tcp_conn_t *ap__tcp_find(ap_tcp_t *t, const ap_peer_id_t *peer);
+
+/* Queues data (copied, encrypted now). 0, AP_EAGAIN (queue full: nothing
+ * queued, wait for on_writable), AP_ECLOSED. A send larger than the queue
+ * cap is accepted when the queue is empty. */
+int ap__tcp_send(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
+/* The connection-seam form (runtime/uv/conn.h): always queues the bytes;
+ * returns 0, 1 when the queue is above write_queue_max (on_writable follows
+ * once it is below half), or AP_ECLOSED (bytes dropped). */
+int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
+/* Same as ap__tcp_send, gathering n buffers into one logical write (no extra copy). */
+int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n);
+size_t ap__tcp_queued(const ap_tcp_conn_t *c);
+void ap__tcp_pause_read(ap_tcp_conn_t *c, bool paused);
+/* Sends what is queued, then closes; on_close(0) follows. */
+void ap__tcp_conn_close(ap_tcp_conn_t *c);
+/* Closes at once, dropping the queue; on_close(err) follows. */
+void ap__tcp_conn_abort(ap_tcp_conn_t *c, int err);
+
+const ap_peer_id_t *ap__tcp_conn_peer(const ap_tcp_conn_t *c);
+bool ap__tcp_conn_outbound(const ap_tcp_conn_t *c);
+void ap__tcp_conn_set_user(ap_tcp_conn_t *c, void *user);
+void *ap__tcp_conn_user(const ap_tcp_conn_t *c);
+const ap_identity_t *ap__tcp_identity(const ap_tcp_t *t);
+
+typedef struct ap_tcp_stats {
+    uint64_t bytes_sent, bytes_received; /* on the wire */
+    uint32_t open, handshaking;
+    uint64_t handshakes_ok, handshakes_failed, closed_bad_input, dup_closed;
+} ap_tcp_stats_t;
+void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
+
+#endif

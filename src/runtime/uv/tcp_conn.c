@@ -1,0 +1,223 @@
+/* The secure TCP transport (src/net/tcp.h: TCP + Noise XX) behind the
+ * connection seam (conn.h), so the node's mux runs over it exactly as over
+ * the in-process transport.
+ *
+ * One ap_tcp_t per TCP node, on the node's host loop. Each authenticated
+ * connection gets a wrapper (tconn_t, an ap_conn_t): inbound ones are handed
+ * to the node with ap__node_accept_conn, outbound ones are created by
+ * ap__tcpc_dial in the dialing state and fire on_up when the handshake is
+ * done (or on_close with the dial error).
+ *
+ * Lifetimes: the mux releases a wrapper with vt->close; after that no
+ * callback reaches it. A wrapper whose dial is still running is kept until
+ * the dial completes (the transport has no dial cancellation) and freed then.
+ * The per-node state (tcpc_t) outlives the node until the transport has
+ * closed every handle (ap__tcp_close's done callback). */
+#include "runtime/uv/uv_impl.h"
+
+#include "apiary/log.h"
+#include "apiary/multiaddr.h"
+#include "net/tcp.h"
+
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ap_tcpc {
+    ap_node_t *node; /* NULL once the node is gone */
+    ap_tcp_t *t;
+} tcpc_t;
+
+typedef struct tconn {
+    ap_conn_t conn; /* must be first */
+    tcpc_t *tc;
+    ap_tcp_conn_t *tcp; /* NULL while dialing or after the transport closed it */
+    bool dialing;
+    bool released; /* vt->close was called */
+    bool closed;   /* on_close delivered */
+} tconn_t;
+
+static int t_write(ap_conn_t *c, const uint8_t *p, size_t n);
+static void t_close(ap_conn_t *c);
+static const ap_conn_vt_t tcp_vt = {.write = t_write, .close = t_close};
+
+static tconn_t *tconn_new(tcpc_t *tc, bool dialer)
+{
+    tconn_t *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->conn.vt = &tcp_vt;
+    w->conn.dialer = dialer;
+    w->tc = tc;
+    return w;
+}
+
+static void deliver_close(tconn_t *w, int status)
+{
+    if (w->closed || w->released) return;
+    w->closed = true;
+    if (w->conn.cbs.on_close) w->conn.cbs.on_close(w->conn.user, &w->conn, status);
+}
+
+static int t_write(ap_conn_t *c, const uint8_t *p, size_t n)
+{
+    tconn_t *w = (tconn_t *)c;
+    if (!w->tcp) return AP_ECLOSED;
+    return ap__tcp_write(w->tcp, p, n);
+}
+
+static void t_close(ap_conn_t *c)
+{
+    tconn_t *w = (tconn_t *)c;
+    w->released = true;
+    if (w->tcp) {
+        ap__tcp_conn_set_user(w->tcp, NULL);
+        ap__tcp_conn_close(w->tcp); /* queued bytes still go out */
+        w->tcp = NULL;
+    }
+    if (!w->dialing) free(w);
+}
+
+/* ---- transport callbacks ------------------------------------------------------ */
+
+static void on_conn(void *arg, ap_tcp_conn_t *c)
+{
+    tcpc_t *tc = arg;
+    if (ap__tcp_conn_outbound(c)) return; /* the dial callback takes it */
+    if (!tc->node || atomic_load(&tc->node->closing)) {
+        ap__tcp_conn_abort(c, AP_ESHUTDOWN);
+        return;
+    }
+    tconn_t *w = tconn_new(tc, false);
+    if (!w) {
+        ap__tcp_conn_abort(c, AP_ENOMEM);
+        return;
+    }
+    w->tcp = c;
+    w->conn.remote = *ap__tcp_conn_peer(c);
+    ap__tcp_conn_set_user(c, w);
+    ap__node_accept_conn(tc->node, &w->conn);
+}
+
+static void on_data(void *arg, ap_tcp_conn_t *c, const uint8_t *p, size_t n)
+{
+    (void)arg;
+    tconn_t *w = ap__tcp_conn_user(c);
+    if (w && !w->released && w->conn.cbs.on_read) w->conn.cbs.on_read(w->conn.user, &w->conn, p, n);
+}
+
+static void on_writable(void *arg, ap_tcp_conn_t *c)
+{
+    (void)arg;
+    tconn_t *w = ap__tcp_conn_user(c);
+    if (w && !w->released && w->conn.cbs.on_drain) w->conn.cbs.on_drain(w->conn.user, &w->conn);
+}
+
+static void on_close(void *arg, ap_tcp_conn_t *c, int status)
+{
+    (void)arg;
+    tconn_t *w = ap__tcp_conn_user(c);
+    if (!w) return;
+    w->tcp = NULL;
+    deliver_close(w, status == 0 ? AP_ECLOSED : status);
+}
+
+static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
+{
+    tconn_t *w = arg;
+    w->dialing = false;
+    if (w->released) {
+        /* the mux gave up on this dial; a connection nobody uses is closed */
+        if (status == 0 && !ap__tcp_conn_user(c)) ap__tcp_conn_close(c);
+        free(w);
+        return;
+    }
+    if (status == 0 && ap__tcp_conn_user(c)) status = AP_EEXIST; /* already the mux's */
+    if (status != 0) {
+        deliver_close(w, status);
+        return;
+    }
+    w->tcp = c;
+    w->conn.remote = *ap__tcp_conn_peer(c);
+    ap__tcp_conn_set_user(c, w);
+    if (w->conn.cbs.on_up) w->conn.cbs.on_up(w->conn.user, &w->conn, &w->conn.remote);
+}
+
+/* ---- node hooks -------------------------------------------------------------------- */
+
+int ap__tcpc_start(ap_node_t *n, const char *listen)
+{
+    tcpc_t *tc = calloc(1, sizeof *tc);
+    if (!tc) return AP_ENOMEM;
+    ap_identity_t id;
+    memcpy(id.sk, n->rt.sk, AP_ED25519_SK_LEN);
+    crypto_sign_ed25519_sk_to_pk(id.pk, id.sk);
+    id.id = n->rt.self;
+    ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
+    int rc = ap__tcp_new(&n->host->loop, &id, NULL, &cbs, tc, &tc->t);
+    ap_identity_wipe(&id);
+    if (rc < 0) {
+        free(tc);
+        return rc;
+    }
+    rc = ap__tcp_listen(tc->t, listen);
+    if (rc < 0) {
+        ap__tcp_close(tc->t, free, tc);
+        return rc;
+    }
+    ap_multiaddr_t ma;
+    ap__tcp_listen_addrs(tc->t, &ma, 1);
+    ma.has_peer = false;
+    if (ap_multiaddr_print(&ma, n->addr, sizeof n->addr) < 0) n->addr[0] = 0;
+    tc->node = n;
+    n->tcpc = tc;
+    return 0;
+}
+
+void ap__tcpc_stop(ap_node_t *n)
+{
+    tcpc_t *tc = n->tcpc;
+    if (!tc) return;
+    n->tcpc = NULL;
+    tc->node = NULL;
+    ap__tcp_close(tc->t, free, tc); /* tc freed once every handle is closed */
+}
+
+int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
+{
+    tcpc_t *tc = n->tcpc;
+    if (!tc) return AP_ENOTSUP; /* an in-process node has no TCP transport */
+    tconn_t *w = tconn_new(tc, true);
+    if (!w) return AP_ENOMEM;
+    w->dialing = true;
+    int rc = ap__tcp_dial(tc->t, addr, AP_MUX_DIAL_TIMEOUT_US / 1000, dial_cb, w);
+    if (rc < 0) {
+        free(w);
+        return rc;
+    }
+    *out = &w->conn;
+    return 0;
+}
+
+/* ---- address dispatch ----------------------------------------------------------------- */
+
+int ap__addr_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id)
+{
+    unsigned no;
+    if (ap__mem_parse(addr, &no, has_id, id) == 0) return 0;
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) != 0 || !ma.has_tcp || ma.host == AP_MA_HOST_NONE)
+        return AP_EADDR;
+    if (!n->tcpc) return AP_ENOTSUP; /* an in-process node cannot reach TCP */
+    *has_id = ma.has_peer;
+    if (ma.has_peer) *id = ma.peer;
+    return 0;
+}
+
+int ap__addr_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
+{
+    unsigned no;
+    bool has_id;
+    ap_peer_id_t id;
+    if (ap__mem_parse(addr, &no, &has_id, &id) == 0) return ap__mem_dial(n, no, out);
+    return ap__tcpc_dial(n, addr, out);
+}

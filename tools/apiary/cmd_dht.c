@@ -1,0 +1,373 @@
+/* `apiary dht`: run a DHT node, or get / store one key against a live
+ * network. The node runs on a libuv host thread (include/apiary/node.h); this
+ * thread talks to it through the DHT's blocking wrappers. */
+#include "cli.h"
+
+#include "apiary/dht.h"
+#include "apiary/error.h"
+#include "apiary/identity.h"
+#include "apiary/log.h"
+#include "apiary/node.h"
+
+#include <ctype.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_PEERS 64
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f, "usage: apiary dht [options]                          run a DHT node until Ctrl-C\n"
+           "       apiary dht get KEY [--latest] [options]       print the value(s) of KEY\n"
+           "       apiary dht store KEY VALUE --ttl S [--subkey SK] [options]\n\n"
+           "options:\n"
+           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0 for a node,\n"
+           "                            /ip4/127.0.0.1/tcp/0 for get/store)\n"
+           "  --announce MULTIADDR      address to give to other peers instead (repeatable, <= 4)\n"
+           "  --initial-peers MADDR[,MADDR...]  peers to join through, with /p2p/<PeerID>\n"
+           "                            (repeatable; required for get and store)\n"
+           "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
+           "                            (default: a fresh key for this run)\n"
+           "  --client                  ask, never answer (default for get/store)\n"
+           "  --stats-interval S        node: log routing-table size and stored keys every S\n"
+           "                            seconds (default 30)\n"
+           "  --latest                  get: ask the k nearest nodes and return the newest value\n"
+           "  --ttl S                   store: the record lives S seconds (required)\n"
+           "  --subkey SK               store: write one entry of KEY's dictionary\n"
+           "  --log-level LEVEL         debug, info, warn (default), error, off\n");
+}
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig)
+{
+    stop_flag = sig;
+}
+
+typedef struct opts {
+    const char *listen;
+    const char *announce[AP_DHT_MAX_ANNOUNCE];
+    int nannounce;
+    char *peers[MAX_PEERS];
+    int npeers;
+    const char *identity;
+    bool client, latest;
+    long ttl;
+    const char *subkey;
+    int stats_interval;
+} opts_t;
+
+static int add_peers(opts_t *o, const char *list)
+{
+    char *copy = strdup(list);
+    if (!copy) return -1;
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (!*tok) continue;
+        if (o->npeers == MAX_PEERS) {
+            fprintf(stderr, "apiary dht: at most %d initial peers\n", MAX_PEERS);
+            free(copy);
+            return -1;
+        }
+        o->peers[o->npeers++] = strdup(tok);
+    }
+    free(copy);
+    return 0;
+}
+
+static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    char(*out)[AP_RT_ADDR_MAX] = arg;
+    int n = ap_rt_listen_addrs(rt, out, 4, true);
+    ap_sync_complete(done, n > 4 ? 4 : n);
+}
+
+static void wall_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    *(int64_t *)arg = ap_rt_wall_ms(rt);
+    ap_sync_complete(done, 0);
+}
+
+typedef struct node {
+    ap_host_t *host;
+    ap_rt_t *rt;
+    ap_dht_t *dht;
+} node_t;
+
+static void node_close(node_t *n)
+{
+    if (n->dht) ap_dht_free_sync(n->dht);
+    if (n->host) ap_host_free(n->host);
+    memset(n, 0, sizeof *n);
+}
+
+/* Starts host, node and DHT; bootstraps through the initial peers. */
+static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
+{
+    memset(n, 0, sizeof *n);
+    ap_identity_t id;
+    bool have_id = false;
+    if (o->identity) {
+        bool created = false;
+        int rc = ap_identity_load_or_create(&id, o->identity, &created);
+        if (rc) {
+            fprintf(stderr, "apiary dht: cannot use identity file %s: %s\n", o->identity,
+                    ap_strerror(rc));
+            return rc;
+        }
+        if (created) fprintf(stderr, "apiary dht: created identity file %s\n", o->identity);
+        have_id = true;
+    }
+    n->host = ap_host_new();
+    if (!n->host) return AP_ENOMEM;
+    int rc = ap_host_start(n->host);
+    ap_node_opts_t no = {.ed25519_sk = have_id ? id.sk : NULL,
+                         .listen = o->listen ? o->listen : dflt_listen};
+    if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
+    if (have_id) ap_identity_wipe(&id);
+    if (rc) {
+        fprintf(stderr, "apiary dht: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
+        node_close(n);
+        return rc;
+    }
+    ap_dht_config_t cfg;
+    ap_dht_config_default(&cfg);
+    cfg.client_mode = o->client;
+    for (int i = 0; i < o->nannounce; i++) cfg.announce[i] = o->announce[i];
+    cfg.nannounce = o->nannounce;
+    rc = ap_dht_new_sync(n->rt, &cfg, &n->dht);
+    if (rc) {
+        fprintf(stderr, "apiary dht: cannot start the DHT: %s\n", ap_strerror(rc));
+        node_close(n);
+        return rc;
+    }
+    if (o->npeers) {
+        rc = ap_dht_bootstrap_sync(n->dht, (const char *const *)o->peers, (size_t)o->npeers);
+        if (rc) {
+            fprintf(stderr,
+                    "apiary dht: none of the %d initial peers answered (%s); check the addresses "
+                    "(they need /p2p/<PeerID>) and that those nodes are running\n",
+                    o->npeers, ap_strerror(rc));
+            node_close(n);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void print_bytes(const uint8_t *p, size_t n)
+{
+    bool text = true;
+    for (size_t i = 0; i < n; i++)
+        if (!isprint(p[i]) && p[i] != '\t') text = false;
+    if (text) {
+        fwrite(p, 1, n, stdout);
+    } else {
+        printf("0x");
+        for (size_t i = 0; i < n; i++) printf("%02x", p[i]);
+    }
+}
+
+static int run_get(const opts_t *o, const char *key)
+{
+    node_t n;
+    int rc = node_open(&n, o, "/ip4/127.0.0.1/tcp/0");
+    if (rc) return 1;
+    ap_dht_result_t *res = NULL;
+    rc = ap_dht_get_sync(n.dht, (const uint8_t *)key, strlen(key), o->latest, &res);
+    int64_t now = 0;
+    ap_node_call_sync(n.rt, wall_fn, &now);
+    int exit_code = 0;
+    if (rc) {
+        fprintf(stderr, "apiary dht get: %s\n", ap_strerror(rc));
+        exit_code = 1;
+    } else if (!res->found) {
+        fprintf(stderr, "apiary dht get: %s: not found\n", key);
+        exit_code = 1;
+    } else {
+        for (size_t i = 0; i < res->nrecords; i++) {
+            const ap_dht_record_t *r = &res->records[i];
+            if (res->is_dict) {
+                print_bytes(r->subkey, r->subkey_len);
+                printf("\t");
+            }
+            print_bytes(r->value, r->value_len);
+            printf("\t(expires in %.1f s)\n", (double)(r->expiration_ms - now) / 1000.0);
+        }
+    }
+    ap_dht_result_free(res);
+    node_close(&n);
+    return exit_code;
+}
+
+static int run_store(const opts_t *o, const char *key, const char *value)
+{
+    node_t n;
+    int rc = node_open(&n, o, "/ip4/127.0.0.1/tcp/0");
+    if (rc) return 1;
+    int64_t now = 0;
+    ap_node_call_sync(n.rt, wall_fn, &now);
+    ap_dht_record_t r = {.key = (const uint8_t *)key,
+                         .key_len = strlen(key),
+                         .subkey = (const uint8_t *)o->subkey,
+                         .subkey_len = o->subkey ? strlen(o->subkey) : 0,
+                         .value = (const uint8_t *)value,
+                         .value_len = strlen(value),
+                         .expiration_ms = now + (int64_t)o->ttl * 1000};
+    int nstored = 0;
+    rc = ap_dht_store_sync(n.dht, &r, &nstored);
+    if (rc)
+        fprintf(stderr, "apiary dht store: %s\n", ap_strerror(rc));
+    else
+        printf("stored on %d node%s\n", nstored, nstored == 1 ? "" : "s");
+    node_close(&n);
+    return rc ? 1 : 0;
+}
+
+static int run_node(const opts_t *o)
+{
+    node_t n;
+    int rc = node_open(&n, o, "/ip4/0.0.0.0/tcp/0");
+    if (rc) return 1;
+    char addrs[4][AP_RT_ADDR_MAX];
+    int na = ap_node_call_sync(n.rt, addr_fn, addrs);
+    char id[AP_PEER_ID_STR_MAX];
+    ap_peer_id_str(ap_rt_self(n.rt), id);
+    printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");
+    printf("share one of these with --initial-peers:\n");
+    if (o->nannounce) {
+        for (int i = 0; i < o->nannounce; i++) printf("  %s/p2p/%s\n", o->announce[i], id);
+    } else {
+        for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
+    }
+    fflush(stdout);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int interval = o->stats_interval > 0 ? o->stats_interval : 30;
+    struct timespec tick = {0, 200 * 1000 * 1000};
+    int ticks = 0;
+    while (!stop_flag) {
+        nanosleep(&tick, NULL);
+        if (++ticks % (interval * 5) == 0) {
+            ap_dht_stats_t st;
+            if (ap_dht_get_stats_sync(n.dht, &st) == 0)
+                ap_log(AP_LOG_INFO, "dht",
+                       "routing table: %zu peers in %zu buckets (+%zu waiting); stored: %zu keys, "
+                       "%zu records, %zu bytes; cached: %zu records; rpcs served %llu",
+                       st.routing_peers, st.routing_buckets, st.replacement_peers, st.stored_keys,
+                       st.stored_records, st.stored_bytes, st.cached_records,
+                       (unsigned long long)st.rpcs_served);
+        }
+    }
+    fprintf(stderr, "apiary dht: %s, shutting down\n", stop_flag == SIGINT ? "SIGINT" : "SIGTERM");
+    node_close(&n);
+    return 0;
+}
+
+static int dht_main(int argc, char **argv)
+{
+    opts_t o = {.stats_interval = 30};
+    static const struct option lopts[] = {{"listen", required_argument, NULL, 'L'},
+                                          {"announce", required_argument, NULL, 'A'},
+                                          {"initial-peers", required_argument, NULL, 'P'},
+                                          {"identity", required_argument, NULL, 'i'},
+                                          {"client", no_argument, NULL, 'c'},
+                                          {"latest", no_argument, NULL, 'x'},
+                                          {"ttl", required_argument, NULL, 't'},
+                                          {"subkey", required_argument, NULL, 's'},
+                                          {"stats-interval", required_argument, NULL, 'S'},
+                                          {"log-level", required_argument, NULL, 'l'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    int c, rc = 2;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'L':
+            o.listen = optarg;
+            break;
+        case 'A':
+            if (o.nannounce == AP_DHT_MAX_ANNOUNCE) {
+                fprintf(stderr, "apiary dht: at most %d --announce addresses\n",
+                        AP_DHT_MAX_ANNOUNCE);
+                goto out;
+            }
+            o.announce[o.nannounce++] = optarg;
+            break;
+        case 'P':
+            if (add_peers(&o, optarg)) goto out;
+            break;
+        case 'i':
+            o.identity = optarg;
+            break;
+        case 'c':
+            o.client = true;
+            break;
+        case 'x':
+            o.latest = true;
+            break;
+        case 't': {
+            char *end;
+            o.ttl = strtol(optarg, &end, 10);
+            if (*end || o.ttl <= 0 || o.ttl > 86400) {
+                fprintf(stderr, "apiary dht: --ttl takes whole seconds, 1..86400\n");
+                goto out;
+            }
+            break;
+        }
+        case 's':
+            o.subkey = optarg;
+            break;
+        case 'S':
+            o.stats_interval = atoi(optarg);
+            if (o.stats_interval <= 0) {
+                fprintf(stderr, "apiary dht: --stats-interval takes seconds > 0\n");
+                goto out;
+            }
+            break;
+        case 'l':
+            if (!ap_cli_set_log_level(optarg)) goto out;
+            break;
+        case 'h':
+            usage(stdout);
+            rc = 0;
+            goto out;
+        default:
+            usage(stderr);
+            goto out;
+        }
+    }
+    int nargs = argc - optind;
+    if (nargs == 0) {
+        if (ap_log_get_level() > AP_LOG_INFO) ap_log_set_level(AP_LOG_INFO);
+        rc = run_node(&o);
+    } else if (!strcmp(argv[optind], "get") && nargs == 2) {
+        if (!o.npeers) {
+            fprintf(stderr, "apiary dht get: needs --initial-peers (a running node's address)\n");
+            goto out;
+        }
+        o.client = true;
+        rc = run_get(&o, argv[optind + 1]);
+    } else if (!strcmp(argv[optind], "store") && nargs == 3) {
+        if (!o.npeers || o.ttl <= 0) {
+            fprintf(stderr, "apiary dht store: needs --initial-peers and --ttl SECONDS\n");
+            goto out;
+        }
+        o.client = true;
+        rc = run_store(&o, argv[optind + 1], argv[optind + 2]);
+    } else {
+        usage(stderr);
+    }
+out:
+    for (int i = 0; i < o.npeers; i++) free(o.peers[i]);
+    return rc;
+}
+
+AP_CLI_COMMAND(cmd_dht, "dht", dht_main, "run a DHT node, or get/store a key (apiary dht --help)")
