@@ -1,0 +1,23 @@
+/* The chunk codec seam of the all-reduce. Only raw little-endian float32
+ * exists until the compress module lands; its codecs plug in here. */
+#ifndef AP_AVERAGING_AVG_CODEC_H
+#define AP_AVERAGING_AVG_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ap__avg_codec {
+    uint8_t id;
+    const char *name;
+    /* Encoded bytes of n elements (exact; the decoder checks it). */
+    size_t (*size)(uint32_t n);
+    void (*encode)(const float *x, uint32_t n, uint8_t *out);
+    /* Decodes exactly n elements from len bytes; AP_ECORRUPT on a size
+     * mismatch, AP_ENONFINITE if a value is NaN or infinite. */
+    int (*decode)(const uint8_t *in, size_t len, uint32_t n, float *out);
+} ap__avg_codec_t;
+
+/* NULL if the id is unknown. */
+const ap__avg_codec_t *ap__avg_codec_get(uint32_t id);
+
+#endif
