@@ -127,6 +127,7 @@ void ap_collab_free(ap_collab_t *c)
 {
     if (!c) return;
     c->dead = true;
+    c->refs++; /* synchronous on_close callbacks below must not free c under us */
     if (c->refresh_timer) ap_rt_timer_stop(c->rt, c->refresh_timer);
     c->refresh_timer = 0;
     if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
@@ -134,7 +135,6 @@ void ap_collab_free(ap_collab_t *c)
     ap__state_download_abort(c, AP_ECANCELED);
     if (c->ar) ap_allreduce_cancel(c->ar);
     if (c->cb) finish_user(c, AP_ECANCELED);
-    c->refs++;
     ap__collab_unref(c);
 }
 

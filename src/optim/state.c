@@ -286,7 +286,12 @@ static void dl_close(ap_stream_t *s, void *arg, int status)
     ap__collab_unref(c);
 }
 
-static const ap_stream_cbs_t dl_cbs = {.on_msg = dl_msg, .on_close = dl_close};
+static void dl_end(ap_stream_t *s, void *arg)
+{
+    ap_stream_close(s); /* the donor is done: end our side too */
+}
+
+static const ap_stream_cbs_t dl_cbs = {.on_msg = dl_msg, .on_end = dl_end, .on_close = dl_close};
 
 static int pick_donor(ap_collab_t *c, int hint)
 {

@@ -126,15 +126,20 @@ static ap_nn_model_t *oh_model(int max_batch, uint64_t seed)
     return m;
 }
 
+static void oh_peer_start(oh_env_t *e, int i);
+
+/* arg: the peer to start once its DHT joined, or NULL */
 static void oh_boot_done(ap_dht_t *dht, void *arg, int status)
 {
     (void)dht;
-    (void)arg;
     (void)status;
+    oh_peer_t *p = arg;
+    if (p && p->collab) oh_peer_start(p->env, p->idx);
 }
 
-/* Builds peer i's protocol objects on its (live) node; joins via node `boot`. */
-static void oh_peer_up(oh_env_t *e, int i, int boot)
+/* Builds peer i's protocol objects on its (live) node; joins via node `boot`
+ * and, if start_after_boot, starts the collab once the DHT joined. */
+static void oh_peer_up2(oh_env_t *e, int i, int boot, bool start_after_boot)
 {
     oh_peer_t *p = &e->p[i];
     ap_rt_t *rt = ap_sim_node(e->sim, i);
@@ -147,7 +152,7 @@ static void oh_peer_up(oh_env_t *e, int i, int boot)
         char a[32];
         snprintf(a, sizeof a, "/sim/%d", boot);
         const char *ad[1] = {a};
-        assert_ok(ap_dht_bootstrap(p->dht, ad, 1, oh_boot_done, NULL));
+        assert_ok(ap_dht_bootstrap(p->dht, ad, 1, oh_boot_done, start_after_boot ? p : NULL));
     }
     assert_ok(ap_avg_service_new(rt, &p->svc));
     if (!p->model) p->model = oh_model(p->batch, e->init_seed);
@@ -160,6 +165,11 @@ static void oh_peer_up(oh_env_t *e, int i, int boot)
     p->up = true;
     p->started = p->start_failed = false;
     p->busy = false;
+}
+
+static void oh_peer_up(oh_env_t *e, int i, int boot)
+{
+    oh_peer_up2(e, i, boot, false);
 }
 
 static void oh_peer_start(oh_env_t *e, int i)
@@ -195,8 +205,7 @@ static int oh_live_boot(oh_env_t *e, int except)
 static void oh_on_restart(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
 {
     oh_env_t *e = arg;
-    oh_peer_up(e, node, oh_live_boot(e, node));
-    oh_peer_start(e, node);
+    oh_peer_up2(e, node, oh_live_boot(e, node), true);
 }
 
 /* n peers with the given batch sizes/costs/roles (NULL = defaults: batch b,
@@ -244,7 +253,7 @@ static void oh_env_free(oh_env_t *e)
 }
 
 /* Mean loss of a parameter vector on a fixed evaluation set. */
-static double oh_eval(const float *params, size_t count)
+static __attribute__((unused)) double oh_eval(const float *params, size_t count)
 {
     enum { NE = 512 };
     static float x[NE * OH_DIM];
@@ -260,7 +269,7 @@ static double oh_eval(const float *params, size_t count)
     return loss;
 }
 
-static double oh_max_diff(const float *a, const float *b, size_t n)
+static __attribute__((unused)) double oh_max_diff(const float *a, const float *b, size_t n)
 {
     double d = 0;
     for (size_t i = 0; i < n; i++) {
@@ -277,7 +286,7 @@ typedef struct oh_epoch_pred {
 } oh_epoch_pred_t;
 
 /* True when at least min_peers live non-aux peers reached epoch. */
-static bool oh_reached(void *arg)
+static __attribute__((unused)) bool oh_reached(void *arg)
 {
     oh_epoch_pred_t *q = arg;
     int k = 0;
