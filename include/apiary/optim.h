@@ -23,11 +23,15 @@
  *     gradients for the parts not averaged) and logs a WARN saying so.
  *
  * GROUPS. The averaging module has no DHT matchmaking yet, so the group of an
- * epoch is formed from the progress records: every peer whose fresh record
- * (not older than stale_ms) says it is in this epoch, ordered by PeerID. The
- * group id is a hash of (run_id, epoch, members): peers whose views differ
- * run disjoint rounds and the parts they miss stay local (see
- * docs/training.md, "Groups").
+ * epoch is formed from the progress records. A peer that finds the epoch due
+ * marks its record READY (with its wall time) and waits matchmaking_window;
+ * a peer between batches that sees a READY record of its epoch joins at once.
+ * The group is every fresh record of the epoch that became ready within
+ * matchmaking_window of the first one, ordered by PeerID; a peer that became
+ * ready later is not in it and catches up by downloading the state. The group
+ * id is a hash of (run_id, epoch, members): peers whose views still differ
+ * run disjoint rounds and the parts they miss stay local (docs/training.md,
+ * "Groups").
  *
  * STATE SHARING. Peers that accept connections advertise themselves as
  * donors (flag in their progress record). A newcomer (ap_collab_start) or a
@@ -81,8 +85,9 @@ typedef struct ap_progress {
     int64_t time_ms;        /* wall clock of the report */
     int64_t epoch_start_ms; /* wall clock when the peer began this epoch */
     ap_avg_role_t role;
-    double up, down; /* declared bandwidth, bytes/s */
-    bool donor;      /* serves state downloads */
+    double up, down;  /* declared bandwidth, bytes/s */
+    bool donor;       /* serves state downloads */
+    int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
 } ap_progress_t;
 
 /* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
@@ -94,7 +99,8 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *   AP_ECORRUPT   undecodable;
  *   AP_ERANGE     negative samples or speed, non-finite numbers, speed over
  *                 AP_OPTIM_MAX_SPS, a time more than max_skew_ms in the future,
- *                 an epoch start after the report, a bad role or bandwidth;
+ *                 an epoch start after the report, a ready time outside
+ *                 [epoch start, report], a bad role or bandwidth;
  *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
  *                 duration (samples > 2·sps·(elapsed + 1 s) + 1).
  * peer is not part of the encoding (it is the owner of the subkey). */
@@ -106,16 +112,17 @@ AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
-    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
-    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
-    uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
-    double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
-    uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
-    uint32_t chunk_elems;          /* all-reduce chunk (0 = 16384) */
+    const char *run_id;             /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size;     /* samples per global epoch (> 0) */
+    ap_avg_role_t role;             /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim;     /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;         /* learning rate per global epoch */
+    double max_grad_norm;           /* clip the averaged gradient (0 = no clipping) */
+    uint32_t average_state_every;   /* epochs between state averaging (0 = never) */
+    double up, down;                /* declared bandwidth, bytes/s (0 = averager's estimate) */
+    uint64_t averaging_timeout_us;  /* cap on one averaging round (0 = 30 s) */
+    uint32_t chunk_elems;           /* all-reduce chunk (0 = 16384) */
+    uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
     /* Progress tracking. */
     int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */
     int64_t stale_ms;        /* records older than this are ignored (0 = 20 s) */

@@ -30,6 +30,7 @@ void ap_collab_config_default(ap_collab_config_t *cfg)
 static void fill_defaults(ap_collab_config_t *c)
 {
     if (!c->averaging_timeout_us) c->averaging_timeout_us = 30000000;
+    if (!c->matchmaking_window_us) c->matchmaking_window_us = 1000000;
     if (!c->progress_ttl_ms) c->progress_ttl_ms = 60000;
     if (!c->stale_ms) c->stale_ms = 20000;
     if (!c->max_skew_ms) c->max_skew_ms = 5000;
@@ -130,6 +131,8 @@ void ap_collab_free(ap_collab_t *c)
     c->refs++; /* synchronous on_close callbacks below must not free c under us */
     if (c->refresh_timer) ap_rt_timer_stop(c->rt, c->refresh_timer);
     c->refresh_timer = 0;
+    if (c->mm_timer) ap_rt_timer_stop(c->rt, c->mm_timer);
+    c->mm_timer = 0;
     if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
     ap__state_abort_serving(c);
     ap__state_download_abort(c, AP_ECANCELED);
@@ -212,6 +215,9 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->up = c->cfg.up;
     p->down = c->cfg.down;
     p->donor = c->cfg.role == AP_AVG_NORMAL && c->started;
+    p->ready_ms = c->ready_ms;
+    if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
+    if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
 }
 
 /* Keeps our own entry of the view current (the DHT read may lag our store). */
@@ -362,6 +368,7 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
     for (size_t i = 0; collect && i < c->nview && c->nmembers < AP_AVG_MAX_PEERS; i++) {
         const ap_progress_t *p = &c->view[i];
         if (p->epoch != c->epoch || !fresh(c, p, now)) continue;
+        if (p->ready_ms <= 0 || p->ready_ms > c->cutoff_ms) continue; /* not in this round */
         ap_avg_member_t *m = &c->members[c->nmembers++];
         m->id = p->peer;
         m->role = p->role;
@@ -433,6 +440,7 @@ static void next_epoch(ap_collab_t *c)
     c->local_samples = 0;
     memset(c->acc, 0, c->acc_bytes);
     c->epoch_start_ms = ap_rt_wall_ms(c->rt);
+    c->ready_ms = 0;
     c->st.epoch = c->epoch;
 }
 
@@ -516,7 +524,7 @@ static void after_epoch(ap_collab_t *c)
     finish_user(c, 0);
 }
 
-static void begin_averaging(ap_collab_t *c)
+static void run_round(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
     float *data = NULL;
@@ -547,6 +555,70 @@ static void begin_averaging(ap_collab_t *c)
         next_epoch(c);
         after_epoch(c);
     }
+}
+
+/* The first READY time among the records of this epoch (0 = none). */
+static int64_t first_ready(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt), first = 0;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (p->epoch != c->epoch || p->ready_ms <= 0 || !fresh(c, p, now)) continue;
+        if (!first || p->ready_ms < first) first = p->ready_ms;
+    }
+    return first;
+}
+
+static void mm_decide(ap_collab_t *c)
+{
+    int64_t first = first_ready(c);
+    int64_t win = (int64_t)(c->cfg.matchmaking_window_us / 1000);
+    if (!first || first > c->ready_ms) first = c->ready_ms;
+    c->cutoff_ms = first + win;
+    if (c->ready_ms > c->cutoff_ms) {
+        /* became ready after this epoch's group closed: the others step
+         * without us; we load their state once they report the next epoch */
+        ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
+                (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
+        c->ready_ms = 0;
+        report(c, NULL);
+        schedule_refresh(c);
+        finish_user(c, 0);
+        return;
+    }
+    run_round(c);
+}
+
+static void mm_tick(ap_rt_t *rt, void *arg)
+{
+    ap_collab_t *c = arg;
+    c->mm_timer = 0;
+    fetch(c, mm_decide);
+}
+
+/* The epoch is due (or others are gathering): mark READY and wait the
+ * matchmaking window (plus half of it for the others' stores to land). */
+static void begin_averaging(ap_collab_t *c)
+{
+    c->phase = PH_AVERAGING;
+    int64_t now = ap_rt_wall_ms(c->rt);
+    c->ready_ms = now > c->epoch_start_ms ? now : c->epoch_start_ms;
+    report(c, NULL);
+    int64_t first = first_ready(c);
+    int64_t win = (int64_t)(c->cfg.matchmaking_window_us / 1000);
+    uint64_t wait = c->cfg.matchmaking_window_us + c->cfg.matchmaking_window_us / 2;
+    if (first && first < c->ready_ms) {
+        int64_t left = first + win - c->ready_ms; /* the group closes at first + window */
+        wait = (uint64_t)(left > 0 ? left : 0) * 1000 + c->cfg.matchmaking_window_us / 2;
+    }
+    c->mm_timer = ap_rt_timer_start(c->rt, wait, 0, mm_tick, c);
+}
+
+/* Someone of this epoch is READY and the group is still open. */
+static bool gathering(ap_collab_t *c)
+{
+    int64_t first = first_ready(c);
+    return first && ap_rt_wall_ms(c->rt) <= first + (int64_t)(c->cfg.matchmaking_window_us / 1000);
 }
 
 static void load_done(ap_rt_t *rt, void *arg, int status)
@@ -586,7 +658,7 @@ static void decide(ap_collab_t *c)
         }
         return;
     }
-    if (e.reported >= c->cfg.target_batch_size) {
+    if (e.reported >= c->cfg.target_batch_size || gathering(c)) {
         begin_averaging(c);
         return;
     }
@@ -611,7 +683,7 @@ static void aux_check(ap_collab_t *c)
         report(c, NULL);
         return;
     }
-    if (e.reported >= c->cfg.target_batch_size) {
+    if (e.reported >= c->cfg.target_batch_size || gathering(c)) {
         c->aux_in_round = true;
         begin_averaging(c);
     }
@@ -630,7 +702,8 @@ static void refresh_tick(ap_rt_t *rt, void *arg)
     uint64_t now = ap_rt_now_us(rt);
     if (c->phase == PH_IDLE && now - c->last_report_us > (uint64_t)c->cfg.stale_ms * 1000 / 3)
         report(c, NULL);
-    if (!c->fetching && (c->phase == PH_IDLE))
+    /* a submit may have read the view recently: no second read then */
+    if (!c->fetching && c->phase == PH_IDLE && now - c->view_at_us >= c->cfg.min_refresh_us)
         fetch(c, refresh_fetched);
     else
         schedule_refresh(c);

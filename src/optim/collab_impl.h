@@ -101,6 +101,9 @@ struct ap_collab {
     size_t nmembers;
     uint64_t round_samples;
     bool aux_in_round;
+    int64_t ready_ms;  /* when this peer became ready in this epoch (0 = not) */
+    int64_t cutoff_ms; /* the epoch's group: ready by this time */
+    uint64_t mm_timer;
 
     dl_state_t dl;
     serve_ctx_t *serving[AP__MAX_SERVING];

@@ -18,6 +18,7 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.up = p->up;
     m.down = p->down;
     m.donor = p->donor;
+    m.ready_ms = p->ready_ms;
     size_t len = apiary__optim__progress__get_packed_size(&m);
     if (len > cap) return AP_EMSGSIZE;
     apiary__optim__progress__pack(&m, buf);
@@ -40,6 +41,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.up = m->up;
     p.down = m->down;
     p.donor = m->donor;
+    p.ready_ms = m->ready_ms;
     uint32_t role = m->role;
     apiary__optim__progress__free_unpacked(m, NULL);
 
@@ -48,6 +50,8 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
         !isfinite(p.down) || p.up < 0 || p.down < 0)
         return AP_ERANGE;
     if (p.time_ms > now_ms + max_skew_ms || p.epoch_start_ms > p.time_ms) return AP_ERANGE;
+    if (p.ready_ms != 0 && (p.ready_ms < p.epoch_start_ms || p.ready_ms > p.time_ms))
+        return AP_ERANGE;
     /* An honest peer's samples are its speed times the time it has been in
      * this epoch; allow a factor of two and one second of slack for the
      * speed estimate's smoothing. */
