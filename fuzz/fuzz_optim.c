@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint8_t buf[AP__PROGRESS_MAX];
             int len = ap_progress_encode(&p, buf, sizeof buf);
             ap_progress_t q;
-            if (len <= 0 || ap_progress_decode(buf, (size_t)len, now, 5000, &q) != 0) abort();
+            if (len < 0 || ap_progress_decode(buf, (size_t)len, now, 5000, &q) != 0) abort();
             if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms) abort();
         }
     } else {
