@@ -70,7 +70,7 @@ static int run_n(const char *exe, const char *dir, int n, double dur, double *sp
     pid_t pids[8];
     char logs[8][600];
     char target[32], durs[32];
-    snprintf(target, sizeof target, "%d", 256 * n);
+    snprintf(target, sizeof target, "%d", 512 * n);
     snprintf(durs, sizeof durs, "%.0f", dur);
     for (int i = 0; i < n; i++) {
         char seed[16];
@@ -128,7 +128,7 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     exe[el] = 0;
     char dir[] = "/tmp/apiary-bench-train-XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    double dur = c->quick ? 10 : 30;
+    double dur = c->quick ? 15 : 60;
     double sps[5] = {0}, bps[5] = {0};
     const int ns[3] = {1, 2, 4};
     for (int k = 0; k < 3; k++) {

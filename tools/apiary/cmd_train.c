@@ -136,6 +136,8 @@ static int parse_peers(topts_t *o, const char *list)
 
 static int run(const topts_t *o)
 {
+    /* a peer closing a TCP connection must not kill us with SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
     /* the model and its data */
     ap_nn_model_t *m = NULL;
     ap_nn_text_t *text = NULL;
