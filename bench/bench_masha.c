@@ -90,7 +90,7 @@ static best_run_t tune(const ap_masha_problem_t *p, const method_def_t *m, bool 
                        uint64_t seed)
 {
     best_run_t best = {0};
-    double coarse = quick ? 1.6 : 1.35;
+    double coarse = quick ? 2.2 : 1.35;
     /* from large steps down: large ones diverge fast, and the first that
      * converges caps the iterations of the smaller ones */
     for (double g = 4; g > 0.01; g /= coarse) try_gamma(p, m, g, seed, &best, quick);

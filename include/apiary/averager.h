@@ -107,23 +107,35 @@ typedef struct ap_avg_group {
     size_t n;
 } ap_avg_group_t;
 
-/* Chunk codecs (the wire's codec byte). Only raw float32 exists until the
- * compress module lands; the seam is internal (src/averaging/avg_codec.h). */
-typedef enum ap_avg_codec { AP_AVG_CODEC_F32 = 0 } ap_avg_codec_t;
+/* Chunk codecs (the wire's codec byte; the same numbers as apiary/compress.h).
+ * Results travel with the same codec as the data. */
+typedef enum ap_avg_codec {
+    AP_AVG_CODEC_F32 = 0,        /* raw float32, exact */
+    AP_AVG_CODEC_FP16 = 1,       /* IEEE half */
+    AP_AVG_CODEC_BF16 = 2,       /* bfloat16 */
+    AP_AVG_CODEC_UNIFORM8 = 4,   /* 8-bit uniform bins over mean ± 6 std */
+    AP_AVG_CODEC_BLOCKWISE8 = 6, /* 8-bit blockwise dynamic codebook */
+} ap_avg_codec_t;
 
 typedef struct ap_allreduce_opts {
     uint32_t chunk_elems; /* elements per chunk; 0 = 16384. Same in the whole group. */
     uint8_t codec;        /* ap_avg_codec_t; same in the whole group */
     double min_share;     /* as in ap_avg_balance_opts_t; same in the whole group */
-    /* Round deadline: start + deadline_factor·T_lp + deadline_slack_us, where
-     * T_lp is the LP's predicted time for this group (0 = 4 and 2 s). */
+    /* Round deadline: start + connect_grace_us + deadline_factor·T_lp +
+     * deadline_slack_us, where T_lp is the LP's predicted time for this group
+     * (0 = 4 and 2 s). */
     double deadline_factor;
     uint64_t deadline_slack_us;
     /* Stall rule: a stream with no message for max(stall_min_us,
      * stall_factor·expected message time at its measured rate) is dropped
-     * (0 = 500 ms and 10). */
+     * (0 = 1 s and 10). */
     uint64_t stall_min_us;
     double stall_factor;
+    /* How long a member may take to connect (its first stream to arrive,
+     * or the connection a higher-index peer waits for before dialing) before
+     * it counts as gone (0 = 2 s). A member whose dial fails is dropped at
+     * once. */
+    uint64_t connect_grace_us;
     /* Absolute cap on the round deadline in ap_rt_now_us() time (0 = none). */
     uint64_t deadline_at_us;
 } ap_allreduce_opts_t;
@@ -175,6 +187,26 @@ AP_EXPORT int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g,
 /* Aborts the round: every stream is reset, the parts not yet averaged keep
  * their local values, done runs later with status AP_ECANCELED. Loop thread. */
 AP_EXPORT void ap_allreduce_cancel(ap_allreduce_t *ar);
+
+/* ---- Moshpit groups ---------------------------------------------------------
+ *
+ * Peers sit on a virtual d-dimensional grid. In round r the active dimension
+ * is r mod d, and the peers that share every OTHER coordinate form a group:
+ * its key is BLAKE2b-256(prefix, r, those coordinates). After the round a
+ * peer's coordinate on the active dimension becomes its index in the group,
+ * so the next round mixes peers that were in different groups. On a full
+ * s^d grid, d rounds give every peer the exact global mean (tested on 16x16);
+ * matchmaking (DHT) will look peers up by this key. */
+
+#define AP_AVG_MOSHPIT_MAX_DIMS 8
+
+/* key = BLAKE2b-256(prefix || round || coords except dimension round mod d).
+ * prefix is any run-wide name (e.g. the experiment). AP_EINVAL if dims is 0
+ * or > AP_AVG_MOSHPIT_MAX_DIMS. Any thread. */
+AP_EXPORT int ap_avg_moshpit_key(const char *prefix, const uint32_t *coords, int dims,
+                                 uint64_t round, uint8_t key[AP_AVG_GROUP_ID_LEN]);
+/* Sets coords[round mod dims] = index (this peer's index in its group). */
+AP_EXPORT int ap_avg_moshpit_advance(uint32_t *coords, int dims, uint64_t round, uint32_t index);
 
 /* ---- the Averager ------------------------------------------------------------
  *

@@ -241,8 +241,10 @@ AP_EXPORT int ap_nn_gpt_loss(ap_nn_model_t *m, const int32_t *tokens, const int3
 AP_EXPORT const float *ap_nn_gpt_probs(const ap_nn_model_t *m);
 /* Number of parameters a config would have (without building it). */
 AP_EXPORT size_t ap_nn_gpt_param_count(const ap_nn_gpt_config_t *cfg);
-/* Samples n bytes after prompt (len >= 1) with the given temperature and seed into
- * out (caller's, n bytes). Whole models only. */
+/* Samples n bytes after prompt (len >= 1) with the given temperature (> 0) and
+ * seed into out (caller's, n bytes), feeding back the last ctx bytes. Whole
+ * models with vocab <= 256 only (AP_EINVAL otherwise). Dropout is off while
+ * sampling. */
 AP_EXPORT int ap_nn_gpt_generate(ap_nn_model_t *m, const uint8_t *prompt, int len, uint8_t *out,
                                  int n, float temperature, uint64_t seed);
 

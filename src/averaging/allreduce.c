@@ -213,6 +213,7 @@ static uint32_t chunk_len(const ap_allreduce_t *ar, uint64_t count, uint32_t c)
 }
 
 static void check_done(ap_allreduce_t *ar);
+static void open_deferred(ap_allreduce_t *ar, int k);
 static void pump_results(ap_allreduce_t *ar);
 static void pump_send_all(ap_allreduce_t *ar);
 
@@ -252,6 +253,13 @@ static void finalise_chunks(ap_allreduce_t *ar)
         double w = ar->wsum[c];
         if (w > 0) {
             for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            /* a lossy codec: keep what the others will decode, so that every
+             * member holds the same values */
+            if (ar->codec->id != AP_AVG_CODEC_F32 &&
+                (ar->codec->encode(ar->result + s, len, ar->frame + AP__AVG_FRAME_HDR) ||
+                 ar->codec->decode(ar->frame + AP__AVG_FRAME_HDR, ar->codec->size(len), len,
+                                   ar->result + s)))
+                ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
             if (ar->sends) ar->res.elems_averaged += len;
         } else if (!ar->sends) {
             /* aux with every sender dropped: nothing to average, nobody to tell */
@@ -318,10 +326,10 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         uint32_t c = sl->next_out;
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-        ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
-                          ar->frame + AP__AVG_FRAME_HDR);
+        int rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
+                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        int rc = ap_stream_send(s, ar->frame, fl);
+        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
         if (rc == AP_EAGAIN) return;
         if (rc) {
             drop_sender(ar, j, AP_ERESET, "cannot send results");
@@ -473,10 +481,10 @@ static int send_one(ap_allreduce_t *ar, int k)
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
         ap__avg_frame_header(ar->frame, AP__AVG_FRAME_DATA, ar->codec->id, c, len);
-        ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
-                          ar->frame + AP__AVG_FRAME_HDR);
+        int rc = ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
+                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        int rc = ap_stream_send(s, ar->frame, fl);
+        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
         if (rc == AP_EAGAIN) return 0;
         if (rc) {
             fail_part(ar, k, AP_ERESET, "cannot send data");
@@ -542,6 +550,11 @@ static void on_link_close(ap_stream_t *s, void *arg, int status)
             if (os->state == SLOT_ACTIVE)
                 fail_part(ar, l->peer, status, status ? ap_strerror(status) : "closed early");
         }
+        /* unreachable: it cannot deliver its data to us either */
+        if (status == AP_EUNREACH && ar->in && ar->in[l->peer].state == SLOT_WAITING)
+            drop_sender(ar, l->peer, AP_EUNREACH, "unreachable");
+        finalise_chunks(ar);
+        pump_results(ar);
     } else {
         in_slot_t *sl = &ar->in[l->peer];
         if (sl->link == l) {
@@ -623,7 +636,8 @@ static void stop_round(ap_allreduce_t *ar, int err, const char *why)
         }
     }
     for (int k = 0; ar->sends && k < ar->n; k++)
-        if (k != ar->self && ar->cnt[k] && (ar->out[k].state == SLOT_ACTIVE))
+        if (k != ar->self && ar->cnt[k] &&
+            (ar->out[k].state == SLOT_ACTIVE || ar->out[k].state == SLOT_WAITING))
             fail_part(ar, k, err, why);
     reset_open_links(ar, err);
     check_done(ar);
@@ -637,6 +651,12 @@ static void tick_cb(ap_rt_t *rt, void *arg)
     if (now >= ar->deadline_us) {
         stop_round(ar, AP_ETIMEDOUT, "round deadline");
         return;
+    }
+    /* deferred parts whose connection did not come up: dial now */
+    if (ar->out && now >= ar->start_us + ar->o.connect_grace_us / 2) {
+        for (int k = 0; k < ar->n; k++)
+            if (k != ar->self) open_deferred(ar, k);
+        pump_send_all(ar);
     }
     /* Everything delivered but a peer keeps its direction open: give the
      * graceful close stall_min_us, then reset. */
@@ -668,6 +688,8 @@ static void tick_cb(ap_rt_t *rt, void *arg)
         double gap_us = chunk_bytes / rate * 1e6 * ar->o.stall_factor;
         uint64_t limit = ar->o.stall_min_us;
         if (gap_us > (double)limit) limit = gap_us > 1e15 ? (uint64_t)1e15 : (uint64_t)gap_us;
+        if (sl->state == SLOT_WAITING && limit < ar->o.connect_grace_us)
+            limit = ar->o.connect_grace_us;
         uint64_t last = sl->state == SLOT_WAITING ? ar->start_us : sl->last_us;
         if (now > last + limit)
             drop_sender(ar, j, AP_ETIMEDOUT,
@@ -680,13 +702,42 @@ static void tick_cb(ap_rt_t *rt, void *arg)
 
 /* A member whose connection dropped cannot deliver or reduce any more: act at
  * once instead of waiting for the stall rule. */
+static int open_part(ap_allreduce_t *ar, int k);
+
+/* Whether to wait before opening the stream to reducer k. Two peers that
+ * both send to each other would both dial at once, and the transport then
+ * drops one of the two connections with the streams on it. So the peer with
+ * the higher index waits until the lower one's connection is up (it dials us
+ * for its own part), or for connect_grace_us / 2 at most. The lower index never
+ * waits, so nobody waits in a cycle. */
+static bool defer_open(const ap_allreduce_t *ar, int k)
+{
+    return k < ar->self && ar->m[k].role != AP_AVG_AUX && ar->cnt[ar->self] > 0 &&
+           !ap_rt_is_connected(ar->rt, &ar->m[k].id);
+}
+
+static void open_deferred(ap_allreduce_t *ar, int k)
+{
+    if (!ar->out || !ar->cnt[k] || ar->out[k].state != SLOT_WAITING) return;
+    if (open_part(ar, k)) fail_part(ar, k, AP_ENOMEM, "cannot open a stream");
+}
+
 static void on_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, ap_peer_event_t ev)
 {
     ap_allreduce_t *ar = arg;
-    (void)rt;
-    if (ev != AP_PEER_DISCONNECTED || ar->stopped || ar->finishing) return;
+    if (ar->stopped || ar->finishing) return;
+    if (ev == AP_PEER_CONNECTED) { /* a deferred part can go over this connection now */
+        for (int j = 0; j < ar->n; j++)
+            if (j != ar->self && ap_peer_id_eq(&ar->m[j].id, peer)) open_deferred(ar, j);
+        pump_send_all(ar);
+        return;
+    }
+    /* a duplicate connection closing while another one stays up is no loss */
+    if (ev != AP_PEER_DISCONNECTED || ap_rt_is_connected(rt, peer)) return;
     for (int j = 0; j < ar->n; j++) {
         if (j == ar->self || !ap_peer_id_eq(&ar->m[j].id, peer)) continue;
+        if (ar->out && ar->cnt[j] && ar->out[j].state == SLOT_WAITING)
+            fail_part(ar, j, AP_ECLOSED, "disconnected");
         if (ar->in && ar->m[j].role != AP_AVG_AUX &&
             (ar->in[j].state == SLOT_WAITING ||
              (ar->in[j].state == SLOT_ACTIVE && ar->in[j].next_in < ar->my_chunks)))
@@ -834,7 +885,9 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     rc = ap_avg_round_counts(shares, g->n, ar->total, ar->cnt);
     if (rc) goto out;
     for (size_t i = 1; i < g->n; i++) ar->off[i] = ar->off[i - 1] + ar->cnt[i - 1];
-    ar->t_lp_s = t * (double)ar->total * (double)ar->codec->size(1);
+    /* bytes per element on the wire with this codec (headers included) */
+    double bpe = (double)ar->codec->size(ar->o.chunk_elems) / (double)ar->o.chunk_elems;
+    ar->t_lp_s = t * (double)ar->total * bpe;
     ar->res.predicted_s = ar->t_lp_s;
     ar->res.my_part_elems = ar->cnt[ar->self];
     size_t ce = ar->o.chunk_elems;
@@ -914,7 +967,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (o.chunk_elems > AP__AVG_CHUNK_MAX) return AP_EINVAL;
     if (!(o.deadline_factor > 0)) o.deadline_factor = 4;
     if (!o.deadline_slack_us) o.deadline_slack_us = 2000000;
-    if (!o.stall_min_us) o.stall_min_us = 500000;
+    if (!o.stall_min_us) o.stall_min_us = 1000000;
+    if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
@@ -943,7 +997,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
         round_free(ar);
         return rc;
     }
-    double dl = o.deadline_factor * ar->t_lp_s * 1e6 + (double)o.deadline_slack_us;
+    double dl = (double)o.connect_grace_us + o.deadline_factor * ar->t_lp_s * 1e6 +
+                (double)o.deadline_slack_us;
     ar->deadline_us = ar->start_us + (dl > 1e15 ? (uint64_t)1e15 : (uint64_t)dl);
     if (o.deadline_at_us && o.deadline_at_us < ar->deadline_us) ar->deadline_us = o.deadline_at_us;
     ar->next = svc->rounds;
@@ -969,7 +1024,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
         }
     }
     for (int k = 0; sends && k < ar->n; k++) {
-        if (k == self || ar->cnt[k] == 0) continue;
+        if (k == self || ar->cnt[k] == 0 || defer_open(ar, k)) continue;
         if (open_part(ar, k)) {
             ar->out[k].state = SLOT_DROPPED;
             ar->res.parts_failed++;

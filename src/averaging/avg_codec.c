@@ -1,5 +1,8 @@
 #include "averaging/avg_codec.h"
 
+#include "apiary/averager.h"
+
+#include "apiary/compress.h"
 #include "apiary/error.h"
 
 #include <math.h>
@@ -10,7 +13,7 @@ static size_t f32_size(uint32_t n)
     return (size_t)n * 4;
 }
 
-static void f32_encode(const float *x, uint32_t n, uint8_t *out)
+static int f32_encode(const float *x, uint32_t n, uint8_t *out)
 {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     memcpy(out, x, (size_t)n * 4);
@@ -24,6 +27,7 @@ static void f32_encode(const float *x, uint32_t n, uint8_t *out)
         out[4 * i + 3] = (uint8_t)(v >> 24);
     }
 #endif
+    return 0;
 }
 
 static int f32_decode(const uint8_t *in, size_t len, uint32_t n, float *out)
@@ -39,8 +43,51 @@ static int f32_decode(const uint8_t *in, size_t len, uint32_t n, float *out)
     return bad ? AP_ENONFINITE : 0;
 }
 
+/* compress-module codecs: the chunk is one compress message (its own header,
+ * offset 0); the decoder checks codec, count and offset, then finiteness. */
+static bool finite_all(const float *x, uint32_t n)
+{
+    int bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, &x[i], 4);
+        bad |= (v & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+#define CX(name, cid)                                                                              \
+    static size_t name##_size(uint32_t n)                                                          \
+    {                                                                                              \
+        ap_codec_cfg_t cfg = {.id = cid};                                                          \
+        return ap_compress_size(&cfg, n);                                                          \
+    }                                                                                              \
+    static int name##_encode(const float *x, uint32_t n, uint8_t *out)                             \
+    {                                                                                              \
+        ap_codec_cfg_t cfg = {.id = cid};                                                          \
+        size_t len;                                                                                \
+        return ap_compress_encode(&cfg, x, n, 0, out, ap_compress_size(&cfg, n), &len);            \
+    }                                                                                              \
+    static int name##_decode(const uint8_t *in, size_t len, uint32_t n, float *out)                \
+    {                                                                                              \
+        ap_compress_hdr_t h;                                                                       \
+        if (ap_compress_parse(in, len, &h) || h.codec != cid || h.count != n || h.offset != 0)     \
+            return AP_ECORRUPT;                                                                    \
+        if (ap_compress_decode(in, len, out, n, NULL)) return AP_ECORRUPT;                         \
+        return finite_all(out, n) ? 0 : AP_ENONFINITE;                                             \
+    }
+
+CX(fp16, AP_CODEC_FP16)
+CX(bf16, AP_CODEC_BF16)
+CX(uniform8, AP_CODEC_UNIFORM8)
+CX(blockwise8, AP_CODEC_BLOCKWISE8)
+
 static const ap__avg_codec_t codecs[] = {
-    {0, "none", f32_size, f32_encode, f32_decode},
+    {AP_AVG_CODEC_F32, "none", f32_size, f32_encode, f32_decode},
+    {AP_AVG_CODEC_FP16, "fp16", fp16_size, fp16_encode, fp16_decode},
+    {AP_AVG_CODEC_BF16, "bf16", bf16_size, bf16_encode, bf16_decode},
+    {AP_AVG_CODEC_UNIFORM8, "uniform8", uniform8_size, uniform8_encode, uniform8_decode},
+    {AP_AVG_CODEC_BLOCKWISE8, "blockwise8", blockwise8_size, blockwise8_encode, blockwise8_decode},
 };
 
 const ap__avg_codec_t *ap__avg_codec_get(uint32_t id)

@@ -1,5 +1,5 @@
-/* The chunk codec seam of the all-reduce. Only raw little-endian float32
- * exists until the compress module lands; its codecs plug in here. */
+/* The chunk codec seam of the all-reduce: raw little-endian float32, and the
+ * fixed-size codecs of the compress module (apiary/compress.h). */
 #ifndef AP_AVERAGING_AVG_CODEC_H
 #define AP_AVERAGING_AVG_CODEC_H
 
@@ -11,7 +11,8 @@ typedef struct ap__avg_codec {
     const char *name;
     /* Encoded bytes of n elements (exact; the decoder checks it). */
     size_t (*size)(uint32_t n);
-    void (*encode)(const float *x, uint32_t n, uint8_t *out);
+    /* Writes exactly size(n) bytes; 0 or an AP_E* code. */
+    int (*encode)(const float *x, uint32_t n, uint8_t *out);
     /* Decodes exactly n elements from len bytes; AP_ECORRUPT on a size
      * mismatch, AP_ENONFINITE if a value is NaN or infinite. */
     int (*decode)(const uint8_t *in, size_t len, uint32_t n, float *out);

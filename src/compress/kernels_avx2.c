@@ -5,6 +5,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -248,25 +249,13 @@ AVX static bool absmax(const float *src, size_t n, float *amax)
     return ok && _mm256_movemask_ps(bad) == 0;
 }
 
-/* P(t) of kernels.h for t in 1..127; -inf below, +inf above */
-AVX static inline __m256 bw_probe_v(__m256i t)
-{
-    __m256 tf = _mm256_cvtepi32_ps(t);
-    __m256 num =
-        _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(tf, tf)),
-                                    _mm256_add_ps(tf, tf)),
-                      _mm256_set1_ps(1.0f));
-    __m256 p = _mm256_mul_ps(num, _mm256_set1_ps(1.0f / 32258.0f));
-    __m256 lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(1), t));
-    __m256 hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(t, _mm256_set1_epi32(127)));
-    p = _mm256_blendv_ps(p, _mm256_set1_ps(-INFINITY), lo);
-    return _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY), hi);
-}
-
-/* Blockwise codes without table lookups: guess round(127 sqrt(u)) (sqrt as
- * u * rsqrt(u), 12-bit accurate; u = 0 gives NaN, clamped to 0), correct
- * by one with the probe values computed arithmetically, verify; misses use
- * the reference. */
+/* Blockwise codes without table lookups. The reference's code is the
+ * largest j with P(j) < u, P(j) = ((j - 1/2)^2 + 1/4) / 127^2, i.e. in exact
+ * arithmetic j = floor(s) with s = 1/2 + sqrt(max(0, 127^2 u - 1/4)),
+ * clamped to 127. The float evaluation of s is accurate to ~1e-5, and the
+ * reference's float-rounded thresholds move the answer only when s is within
+ * ~1e-5 of an integer, so lanes with frac(s) in [0.001, 0.999] are exact;
+ * the others (about 0.2 %) take the reference. */
 AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
 {
     float inv = amax > 0 ? 1.0f / amax : 0.0f;
@@ -275,31 +264,26 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
         return;
     }
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 vi = _mm256_set1_ps(inv), k127 = _mm256_set1_ps(127.0f),
-                 half = _mm256_set1_ps(0.5f);
-    const __m256i one = _mm256_set1_epi32(1), c127 = _mm256_set1_epi32(127),
-                  zero = _mm256_setzero_si256();
+    const __m256 vi = _mm256_set1_ps(inv), k2 = _mm256_set1_ps(16129.0f),
+                 quarter = _mm256_set1_ps(0.25f), half = _mm256_set1_ps(0.5f),
+                 zero = _mm256_setzero_ps(), c127 = _mm256_set1_ps(127.0f),
+                 lo = _mm256_set1_ps(0.001f), hi = _mm256_set1_ps(0.999f);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(src + i);
         __m256 u = _mm256_mul_ps(_mm256_and_ps(x, absmask), vi);
-        __m256i g = _mm256_cvttps_epi32(
-            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(u, _mm256_rsqrt_ps(u)), k127), half));
-        g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
-        __m256i dn = _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(g), u, _CMP_NLT_UQ));
-        __m256i up =
-            _mm256_castps_si256(_mm256_cmp_ps(bw_probe_v(_mm256_add_epi32(g, one)), u, _CMP_LT_OQ));
-        g = _mm256_sub_epi32(_mm256_add_epi32(g, dn), up); /* masks are -1 */
-        g = _mm256_min_epi32(_mm256_max_epi32(g, zero), c127);
-        __m256 cur = bw_probe_v(g), nx = bw_probe_v(_mm256_add_epi32(g, one));
-        int ok = _mm256_movemask_ps(
-            _mm256_and_ps(_mm256_cmp_ps(cur, u, _CMP_LT_OQ), _mm256_cmp_ps(u, nx, _CMP_LE_OQ)));
+        __m256 a = _mm256_max_ps(_mm256_sub_ps(_mm256_mul_ps(u, k2), quarter), zero);
+        __m256 sv = _mm256_add_ps(half, _mm256_sqrt_ps(a));
+        __m256 fl = _mm256_floor_ps(sv), fr = _mm256_sub_ps(sv, fl);
+        int nearm = _mm256_movemask_ps(
+            _mm256_or_ps(_mm256_cmp_ps(fr, lo, _CMP_LT_OQ), _mm256_cmp_ps(fr, hi, _CMP_GT_OQ)));
+        __m256i g = _mm256_cvttps_epi32(_mm256_min_ps(fl, c127));
         __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 24),
                                         _mm256_set1_epi32(0x80));
         store_codes8(codes + i, _mm256_or_si256(g, sign));
-        if (ok != 0xff)
+        if (nearm)
             for (int j = 0; j < 8; j++)
-                if (!(ok >> j & 1))
+                if (nearm >> j & 1)
                     codes[i + (size_t)j] = ap__bw_code_ref(src[i + (size_t)j], inv, amax, false);
     }
     ap__kernels_scalar.bw_codes(src + i, n - i, amax, codes + i);
@@ -322,14 +306,23 @@ static const ap__kernels_t avx2_kernels = {
     .bw_codes = bw_codes,
 };
 
-const ap__kernels_t *ap__kernels_avx2(void)
+static const ap__kernels_t *avx2_or_null;
+static void avx2_detect(void)
 {
     /* avx2 via the compiler (it also checks that the OS saves YMM state);
-     * F16C from CPUID.1:ECX bit 29 (older clang lacks "f16c" here). */
+     * F16C from CPUID.1:ECX bit 29 (older clang lacks "f16c" here). CPUID
+     * traps in VMs, so this runs once. */
     __builtin_cpu_init();
     unsigned a, b, c, d;
-    if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d)) return NULL;
-    return (c & (1u << 29)) ? &avx2_kernels : NULL;
+    if (__builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)))
+        avx2_or_null = &avx2_kernels;
+}
+
+const ap__kernels_t *ap__kernels_avx2(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, avx2_detect);
+    return avx2_or_null;
 }
 
 #else

@@ -31,7 +31,7 @@ struct dial_req {
     dial_req_t *next, *prev;
 };
 
-#define WBLOCK_CAP (256u * 1024u)
+#define WBLOCK_CAP (1024u * 1024u)
 
 struct wblock {
     uv_write_t req;
@@ -50,6 +50,7 @@ struct ap_tcp_conn {
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool has_expected;
+    bool sink; /* injected (fuzzing): no socket; written bytes are dropped */
     ap_peer_id_t expected;
     ap_peer_id_t peer; /* valid once authenticated */
     bool has_peer;
@@ -394,6 +395,16 @@ static void wq_commit(ap_tcp_conn_t *c, size_t n)
 static void flush(ap_tcp_conn_t *c)
 {
     if (c->st == C_CLOSING || c->st == C_CONNECTING) return;
+    if (c->sink) { /* no socket: the bytes count as sent */
+        while (c->wq_head) {
+            wblock_t *b = c->wq_head;
+            c->wq_head = b->next;
+            c->queued -= b->len;
+            wblock_recycle(c, b);
+        }
+        c->wq_tail = c->wq_unsub = NULL;
+        return;
+    }
     while (c->wq_unsub) {
         wblock_t *b = c->wq_unsub;
         if (!b->next && c->inflight > 0) break; /* the open tail waits for a batch */
@@ -971,6 +982,48 @@ int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial
     return 0;
 }
 
+int ap__tcp_conn_inject(ap_tcp_t *t, const ap_peer_id_t *peer, const ap_noise_cs_t *send,
+                        const ap_noise_cs_t *recv, bool outbound, ap_tcp_conn_t **out)
+{
+    if (t->closing) return AP_ESHUTDOWN;
+    if (ap__tcp_find(t, peer)) return AP_EEXIST;
+    ap_tcp_conn_t *c = conn_new(t, outbound);
+    if (!c) return AP_ENOMEM;
+    c->sink = true;
+    c->peer = *peer;
+    c->has_peer = true;
+    c->send = *send;
+    c->recv = *recv;
+    set_who_peer(c);
+    if (table_insert(t, c) != 0) {
+        conn_close(c, AP_ENOMEM);
+        return AP_ENOMEM;
+    }
+    c->st = C_OPEN;
+    t->stats.open++;
+    c->announced = true;
+    c->last_app = c->last_rx = c->last_tx = now_ms(t);
+    *out = c;
+    if (t->cbs.on_conn) t->cbs.on_conn(t->arg, c);
+    return 0;
+}
+
+void ap__tcp_conn_feed(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
+{
+    if (c->st != C_OPEN) return;
+    c->last_rx = now_ms(c->t);
+    uint8_t *copy = malloc(n ? n : 1); /* process() decrypts in place */
+    if (!copy) return;
+    memcpy(copy, p, n);
+    process(c, copy, n);
+    free(copy);
+}
+
+bool ap__tcp_conn_is_open(const ap_tcp_conn_t *c)
+{
+    return c->st == C_OPEN;
+}
+
 void ap__tcp_conn_close(ap_tcp_conn_t *c)
 {
     if (c->st == C_CLOSING) return;
@@ -1097,7 +1150,7 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     if (!c->keepalive_ms) c->keepalive_ms = 15000;
     if (!c->dead_ms) c->dead_ms = c->keepalive_ms == UINT64_MAX ? UINT64_MAX : 3 * c->keepalive_ms;
     if (!c->write_queue_max) c->write_queue_max = 4u << 20;
-    if (c->read_buf_size < 4096) c->read_buf_size = c->read_buf_size ? 4096 : 256u * 1024u;
+    if (c->read_buf_size < 4096) c->read_buf_size = c->read_buf_size ? 4096 : 1024u * 1024u;
     if (cbs) t->cbs = *cbs;
     t->arg = arg;
     int rc = ap__secure_creds_init(&t->creds, id, c->hash, NULL);

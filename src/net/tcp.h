@@ -99,10 +99,14 @@ int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max);
 
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering
- * resolution, TCP connect and handshake. cb runs exactly once, later, with 0
- * and the open connection to that peer (possibly an existing one), or
- * AP_EADDR, AP_EUNREACH, AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/
- * id), AP_ELIMIT, AP_ESHUTDOWN, AP_ECANCELED. */
+ * resolution, TCP connect and handshake (0 = 30 s). Returns an error and
+ * never calls cb for what is known at once: AP_EADDR (not such an address),
+ * AP_EINVAL (our own PeerID), AP_ELIMIT (max_conns reached), AP_ESHUTDOWN,
+ * AP_ENOMEM. Otherwise returns 0 and cb runs exactly once, later, with 0 and
+ * the open connection to that peer (possibly one that existed already), or
+ * AP_EUNREACH (refused, no route, closed during the handshake),
+ * AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/ id, or failed the
+ * handshake), AP_EEXIST (lost the duplicate rule), AP_ESHUTDOWN. */
 int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial_fn cb, void *arg);
 
 /* The open connection to peer, or NULL. */
@@ -124,6 +128,17 @@ void ap__tcp_pause_read(ap_tcp_conn_t *c, bool paused);
 void ap__tcp_conn_close(ap_tcp_conn_t *c);
 /* Closes at once, dropping the queue; on_close(err) follows. */
 void ap__tcp_conn_abort(ap_tcp_conn_t *c, int err);
+
+/* Fuzzing and tests only: an authenticated connection to peer with the given
+ * transport cipher states and no socket. Bytes from the "peer" are fed with
+ * ap__tcp_conn_feed (the same framing loop as socket reads: length prefix,
+ * decrypt, on_data); bytes written to it are dropped. on_conn fires before
+ * this returns. AP_EEXIST if peer is connected. */
+int ap__tcp_conn_inject(ap_tcp_t *t, const ap_peer_id_t *peer, const ap_noise_cs_t *send,
+                        const ap_noise_cs_t *recv, bool outbound, ap_tcp_conn_t **out);
+void ap__tcp_conn_feed(ap_tcp_conn_t *c, const uint8_t *p, size_t n);
+/* Whether c is open (not failed or closing); c stays valid until on_close. */
+bool ap__tcp_conn_is_open(const ap_tcp_conn_t *c);
 
 const ap_peer_id_t *ap__tcp_conn_peer(const ap_tcp_conn_t *c);
 bool ap__tcp_conn_outbound(const ap_tcp_conn_t *c);

@@ -8,41 +8,49 @@
 #define SIDE   16
 #define NPEERS (SIDE * SIDE)
 
-static void group_id(uint8_t gid[32], int round, int g)
+/* Starts one Moshpit round: every alive peer computes its group key from its
+ * grid coordinates (ap_avg_moshpit_key); peers with the same key form a
+ * group, ordered by peer index; each peer's coordinate then advances to its
+ * index in the group (ap_avg_moshpit_advance). */
+static uint32_t coords[NPEERS][2];
+
+static void moshpit_start(avg_env_t *e, int round, uint32_t chunk)
 {
-    memset(gid, 0, 32);
-    memcpy(gid, "moshpit", 7);
-    gid[8] = (uint8_t)round;
-    gid[9] = (uint8_t)(round >> 8);
-    gid[10] = (uint8_t)g;
-    gid[11] = (uint8_t)(g >> 8);
+    static uint8_t key[NPEERS][32];
+    static bool used[NPEERS];
+    for (int i = 0; i < NPEERS; i++) {
+        used[i] = e->nd[i].crashed;
+        if (!used[i]) assert_ok(ap_avg_moshpit_key("test", coords[i], 2, (uint64_t)round, key[i]));
+    }
+    ap_allreduce_opts_t o = {.chunk_elems = chunk};
+    for (int i = 0; i < NPEERS; i++) {
+        if (used[i]) continue;
+        int idx[NPEERS], m = 0;
+        for (int j = i; j < NPEERS; j++)
+            if (!used[j] && !memcmp(key[i], key[j], 32)) {
+                idx[m++] = j;
+                used[j] = true;
+            }
+        for (int k = 0; k < m; k++)
+            assert_ok(ap_avg_moshpit_advance(coords[idx[k]], 2, (uint64_t)round, (uint32_t)k));
+        if (m < 2) continue;
+        avg_start(e, idx, m, key[i], NULL, NULL, &o);
+    }
 }
 
-/* One Moshpit round: the alive peers in groups; coordinate axis chosen by
- * the round (Moshpit's group bits: one coordinate fixed per round). The grid
- * position of a peer is a permutation of its index drawn from the round when
- * shuffle is set. */
-static void moshpit_round(avg_env_t *e, int round, const int *pos, uint64_t elems)
+static void moshpit_init(void)
 {
-    (void)elems;
-    ap_allreduce_opts_t o = {.chunk_elems = 64};
-    for (int g = 0; g < SIDE; g++) {
-        int idx[SIDE], m = 0;
-        for (int c = 0; c < SIDE; c++) {
-            int cell = round % 2 == 0 ? g * SIDE + c : c * SIDE + g;
-            int peer = pos[cell];
-            if (!e->nd[peer].crashed) idx[m++] = peer;
-        }
-        if (m < 2) continue;
-        uint8_t gid[32];
-        group_id(gid, round, g);
-        avg_start(e, idx, m, gid, NULL, NULL, &o);
+    for (int i = 0; i < NPEERS; i++) {
+        coords[i][0] = (uint32_t)(i / SIDE);
+        coords[i][1] = (uint32_t)(i % SIDE);
     }
+}
+
+static void moshpit_round(avg_env_t *e, int round)
+{
+    moshpit_start(e, round, 64);
     assert_true(avg_run_until(e, avg_all_done, e, 600000000ull));
-    for (int i = 0; i < e->n; i++) {
-        if (e->nd[i].crashed) continue;
-        e->nd[i].in_round = false;
-    }
+    for (int i = 0; i < e->n; i++) e->nd[i].in_round = false;
 }
 
 static double spread(avg_env_t *e, const double *target)
@@ -64,18 +72,15 @@ static void test_grid_two_rounds(void **state)
     const uint64_t elems = 100;
     avg_env_t e;
     avg_env_init(&e, NPEERS, elems, ap_test_seed(81));
-    int pos[NPEERS];
-    for (int i = 0; i < NPEERS; i++) {
-        pos[i] = i;
-        e.nd[i].weight = 1; /* equal weights: row means then column means = global mean */
-    }
+    moshpit_init();
+    for (int i = 0; i < NPEERS; i++) e.nd[i].weight = 1; /* equal weights */
     double *glob = calloc(elems, sizeof *glob);
     for (int i = 0; i < NPEERS; i++)
         for (uint64_t k = 0; k < elems; k++) glob[k] += e.nd[i].orig[k] / NPEERS;
     double s0 = spread(&e, glob);
-    moshpit_round(&e, 0, pos, elems);
+    moshpit_round(&e, 0);
     double s1 = spread(&e, glob);
-    moshpit_round(&e, 1, pos, elems);
+    moshpit_round(&e, 1);
     double s2 = spread(&e, glob);
     printf("moshpit 16x16: spread %.3g -> %.3g -> %.3g\n", s0, s1, s2);
     assert_true(s1 > 1e-3); /* one round is not enough */
@@ -93,30 +98,14 @@ static void test_grid_with_failures(void **state)
     const uint64_t elems = 32;
     avg_env_t e;
     avg_env_init(&e, NPEERS, elems, ap_test_seed(82));
-    int pos[NPEERS];
+    moshpit_init();
     for (int i = 0; i < NPEERS; i++) e.nd[i].weight = 1;
     double prev = INFINITY, prev2 = INFINITY;
     int rounds_to_1e6 = -1;
     double *mean = calloc(elems, sizeof *mean);
     const int max_rounds = ap_test_sanitized() ? 5 : 20; /* scaled down under ASan */
     for (int round = 0; round < max_rounds; round++) {
-        /* Moshpit's grid: a peer's coordinate on the next axis is its place
-         * in its previous group, so the grid stays fixed and the axis
-         * alternates; the group id is drawn from (round, coordinate). */
-        for (int i = 0; i < NPEERS; i++) pos[i] = i;
-        /* start the round, crash ~1% mid-round */
-        ap_allreduce_opts_t o = {.chunk_elems = 8};
-        for (int g = 0; g < SIDE; g++) {
-            int idx[SIDE], m = 0;
-            for (int c = 0; c < SIDE; c++) {
-                int peer = pos[round % 2 == 0 ? g * SIDE + c : c * SIDE + g];
-                if (!e.nd[peer].crashed) idx[m++] = peer;
-            }
-            if (m < 2) continue;
-            uint8_t gid[32];
-            group_id(gid, round + 100, g);
-            avg_start(&e, idx, m, gid, NULL, NULL, &o);
-        }
+        moshpit_start(&e, round, 8);
         avg_run_for(&e, 200 + avg_rnd(&e) % 3000);
         for (int k = 0; k < 3; k++) {
             int v = (int)(avg_rnd(&e) % NPEERS);

@@ -403,6 +403,31 @@ static void test_dict_batch_coalesce(void **state)
                   (unsigned long long)(st1.rpcs_sent - st0.rpcs_sent));
     assert_true(st1.rpcs_sent - st0.rpcs_sent <= one_traversal + 2);
 
+    /* remote caching: gets leave copies at visited nodes that lacked the value */
+    op_t cs;
+    assert_ok(sw_store(s, 2, "cache-me", NULL, "c", 600000, &cs));
+    sw_run_idle(s, 60000000);
+    assert_ok(cs.status);
+    size_t before = 0, after = 0;
+    for (int i = 0; i < n; i++) {
+        ap_dht_stats_t x;
+        ap_dht_get_stats(s->dht[i], &x);
+        before += x.stored_records;
+    }
+    op_t cg[10];
+    for (int i = 0; i < 10; i++) {
+        assert_ok(sw_get(s, 20 + 13 * i, "cache-me", false, &cg[i]));
+        sw_run_idle(s, 60000000);
+        assert_true(cg[i].found);
+    }
+    for (int i = 0; i < n; i++) {
+        ap_dht_stats_t x;
+        ap_dht_get_stats(s->dht[i], &x);
+        after += x.stored_records;
+    }
+    print_message("remote caching: %zu -> %zu stored records after 10 gets\n", before, after);
+    assert_true(after > before);
+
     /* caching: a second get on the same node is answered locally (0 hops) */
     op_t again;
     assert_ok(sw_get(s, n - 8, "batch-3", false, &again));

@@ -286,12 +286,44 @@ static void test_bad_input(void **state)
     assert_int_equal(ap_avg_balance_closed_form(asym, 2, a, &t), AP_ENOTSUP);
 }
 
+static void test_moshpit_key(void **state)
+{
+    (void)state;
+    uint8_t k1[32], k2[32];
+    uint32_t a[3] = {1, 2, 3}, b[3] = {9, 2, 3}, c[3] = {1, 7, 3};
+    /* round 0: dimension 0 is active, so it does not enter the key */
+    assert_ok(ap_avg_moshpit_key("x", a, 3, 0, k1));
+    assert_ok(ap_avg_moshpit_key("x", b, 3, 0, k2));
+    assert_memory_equal(k1, k2, 32);
+    assert_ok(ap_avg_moshpit_key("x", c, 3, 0, k2));
+    assert_memory_not_equal(k1, k2, 32);
+    /* round 1: dimension 1 active: a and c meet, a and b do not */
+    assert_ok(ap_avg_moshpit_key("x", a, 3, 1, k1));
+    assert_ok(ap_avg_moshpit_key("x", c, 3, 1, k2));
+    assert_memory_equal(k1, k2, 32);
+    assert_ok(ap_avg_moshpit_key("x", b, 3, 1, k2));
+    assert_memory_not_equal(k1, k2, 32);
+    /* the round (same active dimension, round 4 vs 1) and the prefix separate runs */
+    assert_ok(ap_avg_moshpit_key("x", a, 3, 4, k2));
+    assert_memory_not_equal(k1, k2, 32);
+    assert_ok(ap_avg_moshpit_key("y", a, 3, 1, k2));
+    assert_memory_not_equal(k1, k2, 32);
+    assert_ok(ap_avg_moshpit_advance(a, 3, 4, 5)); /* 4 mod 3 = dimension 1 */
+    assert_true(a[0] == 1 && a[1] == 5 && a[2] == 3);
+    assert_int_equal(ap_avg_moshpit_key("x", a, 0, 0, k1), AP_EINVAL);
+    assert_int_equal(ap_avg_moshpit_advance(a, 9, 0, 0), AP_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lp_matches_closed_form), cmocka_unit_test(test_lp_optimal_asymmetric),
-        cmocka_unit_test(test_known_instances),        cmocka_unit_test(test_min_share),
-        cmocka_unit_test(test_round_counts),           cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_lp_matches_closed_form),
+        cmocka_unit_test(test_lp_optimal_asymmetric),
+        cmocka_unit_test(test_known_instances),
+        cmocka_unit_test(test_min_share),
+        cmocka_unit_test(test_round_counts),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_moshpit_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,6 +229,30 @@ static void test_fast_matches_scalar_many(void **state)
         }
         free(x);
     }
+    /* blockwise: values within a few ulps of every threshold, several block
+     * scales (the fast path's near-threshold detection must catch them) */
+    {
+        const float *P = ap__bw_probe();
+        float scales[] = {1.0f, 3.7f, 1e-20f, 2.5e30f};
+        for (size_t si = 0; si < 4; si++) {
+            float v[2048];
+            size_t n = 0;
+            v[n++] = scales[si];
+            for (int j = 1; j < 128; j++)
+                for (int d = -4; d <= 4; d++) {
+                    float t = P[j];
+                    for (int k = 0; k < (d < 0 ? -d : d); k++)
+                        t = nextafterf(t, d < 0 ? 0.0f : 2.0f);
+                    v[n++] = (d & 1 ? -t : t) * scales[si];
+                }
+            uint8_t a[2048], b[2048];
+            float amax = 0;
+            ap__kernels_scalar.absmax(v, n, &amax);
+            ap__kernels_avx2()->bw_codes(v, n, amax, a);
+            ap__kernels_scalar.bw_codes(v, n, amax, b);
+            assert_memory_equal(a, b, n);
+        }
+    }
     /* large chunks (grid/LUT fast paths engage above ~16K elements) */
     for (int kind = 0; kind < IN__COUNT; kind++) {
         size_t n = 70001;

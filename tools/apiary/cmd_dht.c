@@ -287,6 +287,7 @@ static int dht_main(int argc, char **argv)
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c, rc = 2;
+    bool level_set = getenv("APIARY_LOG") != NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
         switch (c) {
@@ -334,6 +335,7 @@ static int dht_main(int argc, char **argv)
             break;
         case 'l':
             if (!ap_cli_set_log_level(optarg)) goto out;
+            level_set = true;
             break;
         case 'h':
             usage(stdout);
@@ -346,7 +348,8 @@ static int dht_main(int argc, char **argv)
     }
     int nargs = argc - optind;
     if (nargs == 0) {
-        if (ap_log_get_level() > AP_LOG_INFO) ap_log_set_level(AP_LOG_INFO);
+        /* the periodic routing-table / storage lines are INFO */
+        if (!level_set) ap_log_set_level(AP_LOG_INFO);
         rc = run_node(&o);
     } else if (!strcmp(argv[optind], "get") && nargs == 2) {
         if (!o.npeers) {

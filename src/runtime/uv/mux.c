@@ -363,10 +363,81 @@ static void on_drain(void *user, ap_conn_t *t)
     want_flush(c);
 }
 
+static int sid_cmp(const void *a, const void *b)
+{
+    uint32_t x = (*(ap_mstream_t *const *)a)->sid, y = (*(ap_mstream_t *const *)b)->sid;
+    return x < y ? -1 : x > y;
+}
+
+/* A dial of ours lost the race to a connection the same peer opened to us
+ * (the transport resolved the dial with a connection this mux already owns,
+ * AP_EEXIST): the dial succeeds with that connection, and the calls and
+ * streams queued on the dialing connection move to it. Nothing was sent on
+ * the dialing connection (it never came up), so each stream is simply
+ * opened again on the survivor, in its original order, under a stream id of
+ * the survivor's parity. */
+static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
+{
+    ap_debug("mux", "dial to %s crossed an inbound connection: using that one", up->short_id);
+    size_t k = 0;
+    ap_mstream_t **v = c->nstreams ? malloc(c->nstreams * sizeof *v) : NULL;
+    if (c->nstreams && !v) {
+        conn_fail(c, AP_ENOMEM, NULL);
+        return;
+    }
+    for (size_t i = 0; i < c->streams.cap; i++)
+        if (c->streams.keys[i] && k < c->nstreams) v[k++] = c->streams.vals[i];
+    if (k > 1) qsort(v, k, sizeof *v, sid_cmp);
+    ap__idmap_free(&c->streams);
+    c->nstreams = 0;
+    c->sched_head = c->sched_tail = NULL;
+    ap_dial_t *dials = c->dials;
+    c->dials = NULL;
+    conn_fail(c, AP_EEXIST, NULL); /* nothing left on it: just released */
+    for (size_t i = 0; i < k; i++) {
+        ap_mstream_t *s = v[i];
+        s->conn = NULL;
+        s->in_sched = false;
+        s->sched_next = NULL;
+        int rc = up->state == MC_UP ? AP_ELIMIT : AP_ECLOSED;
+        uint32_t sid = up->next_sid;
+        if (up->state == MC_UP && up->nstreams < AP_MUX_MAX_STREAMS &&
+            up->next_sid <= UINT32_MAX - 2)
+            rc = ap__idmap_put(&up->streams, sid, s);
+        if (rc < 0) {
+            ms_finish(s, rc == AP_ENOMEM ? AP_EUNREACH : rc);
+            continue;
+        }
+        up->next_sid += 2;
+        up->nstreams++;
+        s->conn = up;
+        s->sid = sid;
+        ctl_rc(up, ap__frame_put_open(&up->obuf, sid, s->kind == MS_CALL, s->rx_window, s->proto));
+        ms_schedule(s);
+    }
+    free(v);
+    want_flush(up);
+    while (dials) {
+        ap_dial_t *d = dials;
+        dials = d->next;
+        if (d->has_id && !ap_peer_id_eq(&d->id, &up->peer))
+            dial_done(d, AP_EAUTH, NULL);
+        else
+            dial_done(d, 0, &up->peer);
+    }
+}
+
 static void on_close(void *user, ap_conn_t *t, int status)
 {
     ap_mconn_t *c = user;
-    (void)t;
+    if (status == AP_EEXIST && c->state == MC_DIALING &&
+        (!c->known_peer || ap_peer_id_eq(&c->peer, &t->remote))) {
+        ap_mconn_t *up = find_conn(c->node, &t->remote);
+        if (up && up != c && up->state == MC_UP) {
+            conn_adopt(c, up);
+            return;
+        }
+    }
     conn_fail(c, status, NULL);
 }
 
@@ -1219,6 +1290,7 @@ static int ms_attach(ap_mstream_t *s, ap_mconn_t *c, bool rpc, const char *proto
     s->conn = c;
     s->sid = sid;
     s->opener = true;
+    if (s->proto != proto) snprintf(s->proto, sizeof s->proto, "%s", proto); /* re-open */
     m->exempt = true;
     s->sq = s->sq_tail = m;
     s->sbuf = len;

@@ -131,7 +131,13 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
         free(w);
         return;
     }
-    if (status == 0 && ap__tcp_conn_user(c)) status = AP_EEXIST; /* already the mux's */
+    if (status == 0 && ap__tcp_conn_user(c)) {
+        /* The dial crossed a connection the peer opened to us, which the
+         * mux already owns: on_close(AP_EEXIST) with the peer's id lets the
+         * mux finish the dial on that connection (mux.c, conn_adopt). */
+        w->conn.remote = *ap__tcp_conn_peer(c);
+        status = AP_EEXIST;
+    }
     if (status != 0) {
         deliver_close(w, status);
         return;
@@ -180,6 +186,11 @@ void ap__tcpc_stop(ap_node_t *n)
     n->tcpc = NULL;
     tc->node = NULL;
     ap__tcp_close(tc->t, free, tc); /* tc freed once every handle is closed */
+}
+
+struct ap_tcp *ap__tcpc_transport(ap_node_t *n)
+{
+    return n->tcpc ? n->tcpc->t : NULL;
 }
 
 int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)

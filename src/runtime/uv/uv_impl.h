@@ -286,6 +286,9 @@ void ap__mem_unregister(ap_node_t *n);
 int ap__tcpc_start(ap_node_t *n, const char *listen);
 void ap__tcpc_stop(ap_node_t *n); /* connections must be released (mux) first */
 int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out);
+/* The node's TCP transport (src/net/tcp.h), or NULL for an in-process node
+ * (tests and fuzzing). */
+struct ap_tcp *ap__tcpc_transport(ap_node_t *n);
 /* Address dispatch for the mux: "/memory/<n>[/p2p/ID]" (in-process) or an
  * ip4/ip6/dns4/dns6 + /tcp multiaddr [/p2p/ID] (needs a TCP node).
  * AP_EADDR if neither; AP_ENOTSUP for TCP on an in-process node. */

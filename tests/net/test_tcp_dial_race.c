@@ -1,0 +1,245 @@
+/* Dials that cross a connection from the same peer (runtime/uv over TCP):
+ * the transport keeps one connection per peer, so a dial may be resolved with
+ * a connection the node's mux already owns (the one the peer opened). The
+ * dial must then succeed on that connection, and calls queued behind it must
+ * run on it; the peers end with one connection. */
+#include "aptest.h"
+
+#include "apiary/node.h"
+#include "apiary/runtime.h"
+#include "net/tcp.h"
+#include "runtime/uv/uv_impl.h"
+
+#include <string.h>
+
+#define WAIT_US (10u * 1000u * 1000u)
+
+typedef struct dial_res {
+    bool done;
+    int status;
+    ap_peer_id_t peer;
+} dial_res_t;
+
+static void on_dial(ap_rt_t *rt, void *arg, int status, const ap_peer_id_t *peer)
+{
+    (void)rt;
+    dial_res_t *d = arg;
+    d->done = true;
+    d->status = status;
+    if (peer) d->peer = *peer;
+}
+
+static bool dial_done(void *arg)
+{
+    return ((dial_res_t *)arg)->done;
+}
+
+typedef struct pair_wait {
+    dial_res_t *a, *b;
+    int *calls_left;
+} pair_wait_t;
+
+static bool all_done(void *arg)
+{
+    pair_wait_t *w = arg;
+    return w->a->done && w->b->done && (!w->calls_left || *w->calls_left == 0);
+}
+
+static void echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(req, &n);
+    ap_rpc_respond(req, d, n);
+}
+
+typedef struct call {
+    int *left;
+    int status;
+    bool ok;
+} call_t;
+
+static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                    const char *errmsg)
+{
+    (void)rt;
+    (void)errmsg;
+    call_t *c = arg;
+    c->status = status;
+    c->ok = status == 0 && len == 5 && memcmp(resp, "hello", 5) == 0;
+    (*c->left)--;
+}
+
+static void new_node(ap_host_t *h, ap_rt_t **rt, char *addr_id, char *addr_bare)
+{
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    assert_ok(ap_node_new(h, &o, rt));
+    char a[1][AP_RT_ADDR_MAX];
+    assert_int_equal(ap_rt_listen_addrs(*rt, a, 1, true), 1);
+    strcpy(addr_id, a[0]);
+    assert_int_equal(ap_rt_listen_addrs(*rt, a, 1, false), 1);
+    strcpy(addr_bare, a[0]);
+    assert_ok(ap_rt_rpc_register(*rt, "/t/echo/1", 0, echo, NULL));
+}
+
+typedef struct two {
+    ap_rt_t *a, *b;
+} two_t;
+
+/* One side is settled when its transport has no handshake in progress and
+ * one open connection, and its mux holds exactly that one. */
+static bool side_settled(ap_rt_t *rt)
+{
+    ap_tcp_stats_t ts;
+    ap__tcp_get_stats(ap__tcpc_transport((ap_node_t *)rt), &ts);
+    ap_rt_stats_t s;
+    ap_rt_get_stats(rt, &s);
+    return ts.handshaking == 0 && ts.open == 1 && s.connections == 1;
+}
+
+static bool settled(void *arg)
+{
+    two_t *t = arg;
+    return side_settled(t->a) && side_settled(t->b);
+}
+
+static const ap_peer_id_t *self_id(ap_rt_t *rt)
+{
+    return ap_rt_self(rt);
+}
+
+/* Deterministic: A is connected to B (A dialed). B then dials A's address
+ * without a /p2p/ part: its mux cannot know it is A, so it dials; the
+ * transport authenticates A, finds the existing connection from A and keeps
+ * it (one per peer). That dial must succeed with A's id, on that one
+ * connection. Both directions of the rule (B smaller or larger) run. */
+static void test_dial_resolved_with_inbound(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 6; round++) {
+        ap_host_t *h = ap_host_new();
+        assert_non_null(h);
+        ap_rt_t *a, *b;
+        char a_id[AP_RT_ADDR_MAX], a_bare[AP_RT_ADDR_MAX], b_id[AP_RT_ADDR_MAX],
+            b_bare[AP_RT_ADDR_MAX];
+        new_node(h, &a, a_id, a_bare);
+        new_node(h, &b, b_id, b_bare);
+        /* even rounds: B has the smaller id (the transport replaces A's
+         * connection by B's); odd rounds: B's dial loses and is resolved
+         * with A's connection, which B's mux already owns */
+        if ((ap_peer_id_cmp(self_id(b), self_id(a)) < 0) != (round % 2 == 0)) {
+            ap_rt_t *t = a;
+            a = b;
+            b = t;
+            char tmp[AP_RT_ADDR_MAX];
+            strcpy(tmp, a_id);
+            strcpy(a_id, b_id);
+            strcpy(b_id, tmp);
+            strcpy(tmp, a_bare);
+            strcpy(a_bare, b_bare);
+            strcpy(b_bare, tmp);
+        }
+        dial_res_t d1 = {0};
+        assert_ok(ap_rt_dial(a, b_id, WAIT_US, on_dial, &d1));
+        assert_true(ap_host_run_until(h, dial_done, &d1, WAIT_US));
+        assert_ok(d1.status);
+        /* B must see the connection before dialing back */
+        two_t t1 = {a, b};
+        assert_true(ap_host_run_until(h, settled, &t1, WAIT_US));
+        dial_res_t d2 = {0};
+        assert_ok(ap_rt_dial(b, a_bare, WAIT_US, on_dial, &d2));
+        assert_true(ap_host_run_until(h, dial_done, &d2, WAIT_US));
+        assert_ok(d2.status);
+        assert_true(ap_peer_id_eq(&d2.peer, self_id(a)));
+        /* the transport may have replaced A's connection by B's (the rule
+         * keeps the one dialled by the smaller id): wait for one each */
+        two_t t2 = {a, b};
+        assert_true(ap_host_run_until(h, settled, &t2, WAIT_US));
+        /* and the connection works both ways */
+        int left = 2;
+        call_t c1 = {.left = &left}, c2 = {.left = &left};
+        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c1) != 0);
+        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c2) != 0);
+        pair_wait_t w = {&d1, &d2, &left};
+        assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
+        if (!c1.ok) fail_msg("c1 %s", ap_err_name(c1.status));
+        if (!c2.ok) fail_msg("c2 %s", ap_err_name(c2.status));
+        ap_rt_stats_t sa, sb;
+        ap_rt_get_stats(a, &sa);
+        ap_rt_get_stats(b, &sb);
+        assert_int_equal(sa.connections, 1);
+        assert_int_equal(sb.connections, 1);
+        ap_node_free(a);
+        ap_node_free(b);
+        assert_int_equal(ap_host_free(h), 0);
+    }
+}
+
+/* Both peers dial each other in the same loop turn, many rounds: every dial
+ * succeeds (whichever connection survives), and the peers settle on one
+ * connection each, over which calls then work. */
+static void test_simultaneous_dials(void **state)
+{
+    (void)state;
+    int rounds = ap_test_sanitized() ? 10 : 40;
+    for (int round = 0; round < rounds; round++) {
+        ap_host_t *h = ap_host_new();
+        assert_non_null(h);
+        ap_rt_t *a, *b;
+        char a_id[AP_RT_ADDR_MAX], a_bare[AP_RT_ADDR_MAX], b_id[AP_RT_ADDR_MAX],
+            b_bare[AP_RT_ADDR_MAX];
+        new_node(h, &a, a_id, a_bare);
+        new_node(h, &b, b_id, b_bare);
+        dial_res_t da = {0}, db = {0};
+        /* alternate which side starts first and whether the id is known */
+        const char *to_b = round & 2 ? b_bare : b_id;
+        const char *to_a = round & 4 ? a_bare : a_id;
+        if (round & 1) {
+            assert_ok(ap_rt_dial(a, to_b, WAIT_US, on_dial, &da));
+            assert_ok(ap_rt_dial(b, to_a, WAIT_US, on_dial, &db));
+        } else {
+            assert_ok(ap_rt_dial(b, to_a, WAIT_US, on_dial, &db));
+            assert_ok(ap_rt_dial(a, to_b, WAIT_US, on_dial, &da));
+        }
+        pair_wait_t w = {&da, &db, NULL};
+        assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
+        if (da.status || db.status)
+            fail_msg("round %d: dials ended %s / %s", round, ap_err_name(da.status),
+                     ap_err_name(db.status));
+        assert_true(ap_peer_id_eq(&da.peer, self_id(b)));
+        assert_true(ap_peer_id_eq(&db.peer, self_id(a)));
+        /* settle: the transport closes the losing duplicate */
+        two_t t2 = {a, b};
+        assert_true(ap_host_run_until(h, settled, &t2, WAIT_US));
+        int left = 2;
+        call_t c1 = {.left = &left}, c2 = {.left = &left};
+        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c1) != 0);
+        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c2) != 0);
+        pair_wait_t w2 = {&da, &db, &left};
+        assert_true(ap_host_run_until(h, all_done, &w2, WAIT_US));
+        if (!c1.ok) fail_msg("c1 %s", ap_err_name(c1.status));
+        if (!c2.ok) fail_msg("c2 %s", ap_err_name(c2.status));
+        ap_rt_stats_t sa, sb;
+        ap_rt_get_stats(a, &sa);
+        ap_rt_get_stats(b, &sb);
+        assert_int_equal(sa.connections, 1);
+        assert_int_equal(sb.connections, 1);
+        ap_node_free(a);
+        ap_node_free(b);
+        assert_int_equal(ap_host_free(h), 0);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dial_resolved_with_inbound),
+        cmocka_unit_test(test_simultaneous_dials),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

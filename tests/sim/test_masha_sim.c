@@ -1,0 +1,122 @@
+/* Distributed MASHA (server + 10 workers) on the real runtime drivers through
+ * the testbed interface: the deterministic simulator and the libuv driver
+ * (in-process transport). Each run must equal the in-process solver's run
+ * (same iterations, refreshes, bytes), and on the simulator every worker's
+ * runtime byte counter must equal the analytic count: the protocol bytes of
+ * its requests plus, per message, the protocol name (aux) and the
+ * simulator's AP_SIM_FRAME_OVERHEAD, plus one SYN to open its connection. */
+#include "aptest.h"
+#include "testbed.h"
+
+#include "apiary/masha.h"
+#include "apiary/sim.h"
+
+#include <string.h>
+
+#define M 10
+
+typedef struct wres {
+    int status;
+    bool finished;
+    ap_masha_result_t r;
+} wres_t;
+
+static wres_t res[M];
+
+static void on_done(void *arg, int status, const ap_masha_result_t *r)
+{
+    wres_t *w = arg;
+    w->status = status;
+    w->finished = true;
+    w->r = *r;
+}
+
+static bool all_done(void *arg)
+{
+    (void)arg;
+    for (int m = 0; m < M; m++)
+        if (!res[m].finished) return false;
+    return true;
+}
+
+static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double gamma, double frac)
+{
+    ap_masha_bilinear_cfg_t pc = {.n = 50, .workers = M, .lambda = 0.05, .h = 0.1, .seed = 2021};
+    ap_masha_opts_t o = {.method = method,
+                         .gamma = gamma,
+                         .fraction = frac,
+                         .seed = 99,
+                         .target = 1e-6,
+                         .max_iters = 100000};
+    memset(res, 0, sizeof res);
+    ap_testbed_t *tb = tbo->create(M + 1, ap_test_seed(7));
+    assert_non_null(tb);
+    ap_masha_node_t *srv, *wk[M];
+    assert_ok(ap_masha_server_start(tbo->node(tb, 0), &pc, &o, &srv));
+    const ap_peer_id_t *sid = ap_rt_self(tbo->node(tb, 0));
+    char addr[1][AP_RT_ADDR_MAX];
+    assert_true(ap_rt_listen_addrs(tbo->node(tb, 0), addr, 1, false) >= 1);
+    for (int m = 0; m < M; m++) {
+        ap_rt_t *rt = tbo->node(tb, 1 + m);
+        assert_ok(ap_rt_add_addr(rt, sid, addr[0]));
+        assert_ok(ap_masha_worker_start(rt, sid, &pc, &o, m, on_done, &res[m], &wk[m]));
+    }
+    assert_true(tbo->run_until(tb, all_done, NULL, 600ull * 1000000));
+
+    ap_masha_problem_t *p = ap_masha_bilinear_new(&pc);
+    ap_masha_result_t ref;
+    assert_ok(ap_masha_run(p, &o, &ref));
+    uint64_t nmsgs =
+        method == AP_MASHA_EXTRAGRADIENT ? 2 * ref.iters : 1 + ref.refreshes + ref.iters;
+    for (int m = 0; m < M; m++) {
+        assert_int_equal(res[m].status, 0);
+        assert_true(res[m].r.converged);
+        assert_int_equal(res[m].r.iters, ref.iters);
+        assert_int_equal(res[m].r.refreshes, ref.refreshes);
+        assert_int_equal(res[m].r.bytes_up, ref.bytes_up);
+        assert_int_equal(res[m].r.bytes_up, ap_masha_upload_bytes(p, &o, ref.iters, ref.refreshes));
+        if (tbo->virtual_time) {
+            ap_rt_stats_t st;
+            ap_rt_get_stats(tbo->node(tb, 1 + m), &st);
+            uint64_t want = ref.bytes_up +
+                            nmsgs * (strlen(AP_MASHA_PROTO) + 1 + AP_SIM_FRAME_OVERHEAD) +
+                            AP_SIM_FRAME_OVERHEAD /* SYN */;
+            assert_int_equal(st.bytes_sent, want);
+        }
+    }
+    print_message("%s: method %d, %llu iterations, %llu B of MASHA messages up per worker\n",
+                  tbo->name, (int)method, (unsigned long long)ref.iters,
+                  (unsigned long long)ref.bytes_up);
+    for (int m = 0; m < M; m++) ap_masha_node_free(wk[m]);
+    ap_masha_node_free(srv);
+    ap_masha_problem_free(p);
+    tbo->destroy(tb);
+}
+
+static void test_sim_eg(void **s)
+{
+    (void)s, run(&ap_testbed_sim, AP_MASHA_EXTRAGRADIENT, 1.8, 0);
+}
+static void test_sim_masha1(void **s)
+{
+    (void)s, run(&ap_testbed_sim, AP_MASHA_1, 0.177, 0.02);
+}
+static void test_sim_masha2(void **s)
+{
+    (void)s, run(&ap_testbed_sim, AP_MASHA_2, 0.2, 0.1);
+}
+static void test_uv_masha1(void **s)
+{
+    (void)s, run(&ap_testbed_uv, AP_MASHA_1, 0.4, 0.1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_eg),
+        cmocka_unit_test(test_sim_masha1),
+        cmocka_unit_test(test_sim_masha2),
+        cmocka_unit_test(test_uv_masha1),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
