@@ -32,7 +32,7 @@ check 2 "identity bad --addr" "$cli" identity --identity "$idtmp/k2.key" --addr 
 rm -rf "$idtmp"
 check 0 "train --help" "$cli" train --help
 check 2 "train bad --model" "$cli" train --model nosuch
-check 2 "train unavailable --compression" "$cli" train --compression topk
+check 2 "train unknown --compression" "$cli" train --compression zip
 check 2 "train --client with --auxiliary" "$cli" train --client --auxiliary
 check 2 "train bad --bandwidth" "$cli" train --bandwidth fast
 check 0 "demo --help" "$cli" demo --help

@@ -112,16 +112,18 @@ AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;             /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size;     /* samples per global epoch (> 0) */
-    ap_avg_role_t role;             /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim;     /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;         /* learning rate per global epoch */
-    double max_grad_norm;           /* clip the averaged gradient (0 = no clipping) */
-    uint32_t average_state_every;   /* epochs between state averaging (0 = never) */
-    double up, down;                /* declared bandwidth, bytes/s (0 = averager's estimate) */
-    uint64_t averaging_timeout_us;  /* cap on one averaging round (0 = 30 s) */
-    uint32_t chunk_elems;           /* all-reduce chunk (0 = 16384) */
+    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
+    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
+    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
+    uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
+    double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
+    uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
+    uint32_t chunk_elems;          /* all-reduce chunk (0 = 16384) */
+    uint8_t codec; /* gradient rounds' codec (ap_avg_codec_t, the same on every peer; state
+                      rounds always use float32) */
     uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
     /* Progress tracking. */
     int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */

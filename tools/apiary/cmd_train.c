@@ -43,8 +43,8 @@ static void usage(void)
            "  --client                  cannot accept connections (client-only peer)\n"
            "  --auxiliary               help averaging, train nothing\n"
            "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
-           "  --compression none        averaging codec (only float32 exists in the averaging\n"
-           "                            module today; others are refused)\n"
+           "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
+           "                            bf16, uniform8, blockwise8 (same on every peer)\n"
            "  --checkpoint-dir DIR      save every epoch, resume from it at start\n"
            "  --lr X                    Adam learning rate (default 3e-3)\n"
            "  --average-state-every N   epochs between state averaging (default 5)\n"
@@ -71,6 +71,7 @@ typedef struct topts {
     int batch;
     bool client, aux;
     double up, down, lr, slowdown, duration, mm_window;
+    uint8_t codec;
     uint32_t state_every;
     uint64_t seed;
 } topts_t;
@@ -223,6 +224,7 @@ static int run(const topts_t *o)
     cfg.down = o->down;
     cfg.averaging_timeout_us = 20000000;
     cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
+    cfg.codec = o->codec;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
@@ -458,10 +460,20 @@ static int train_main(int argc, char **argv)
             break;
         }
         case 'C':
-            if (strcmp(optarg, "none") != 0) {
+            if (strcmp(optarg, "none") == 0)
+                o.codec = AP_AVG_CODEC_F32;
+            else if (strcmp(optarg, "fp16") == 0)
+                o.codec = AP_AVG_CODEC_FP16;
+            else if (strcmp(optarg, "bf16") == 0)
+                o.codec = AP_AVG_CODEC_BF16;
+            else if (strcmp(optarg, "uniform8") == 0)
+                o.codec = AP_AVG_CODEC_UNIFORM8;
+            else if (strcmp(optarg, "blockwise8") == 0)
+                o.codec = AP_AVG_CODEC_BLOCKWISE8;
+            else {
                 fprintf(stderr,
-                        "apiary train: --compression %s is not available: the averaging module "
-                        "carries float32 only today (use none)\n",
+                        "apiary train: --compression %s: use none, fp16, bf16, uniform8 or "
+                        "blockwise8 (the codecs the averaging module carries)\n",
                         optarg);
                 return 2;
             }
