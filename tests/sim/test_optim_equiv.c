@@ -105,12 +105,74 @@ static void test_equivalence_fp16(void **state)
     run_equiv(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_FP16, 2e-2, 0.10);
 }
 
+/* Three trainers and one auxiliary peer (averages, trains nothing): the aux
+ * joins every group (size 4) and the result is still exactly one 3*b batch
+ * per epoch. */
+static void test_auxiliary_peer(void **state)
+{
+    (void)state;
+    const uint64_t epochs = ap_test_sanitized() ? 4 : 8;
+    oh_env_t e;
+    ap_collab_config_t cfg;
+    ap_collab_config_default(&cfg);
+    cfg.run_id = "aux";
+    cfg.target_batch_size = 3 * B;
+    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.lr.base = cfg.lr.min = 1e-2f;
+    cfg.average_state_every = 0;
+    cfg.averaging_timeout_us = 5000000;
+    const ap_avg_role_t roles[4] = {AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_CLIENT, AP_AVG_AUX};
+    oh_env_init(&e, 4, ap_test_seed(43), &cfg, B, NULL, roles);
+    e.data_slots = 3;
+    e.max_epochs = epochs;
+    for (int i = 0; i < 4; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
+    ap_sim_run_for(e.sim, 500000);
+    for (int i = 0; i < 4; i++) oh_peer_start(&e, i);
+    for (uint64_t ep = 1; ep <= epochs; ep++) {
+        oh_epoch_pred_t q = {&e, ep, 3};
+        assert_true(ap_sim_run_until(e.sim, oh_reached, &q, ap_sim_now_us(e.sim) + 60000000));
+        for (int i = 0; i < 3; i++) {
+            ap_collab_stats_t st;
+            ap_collab_get_stats(e.p[i].collab, &st);
+            assert_int_equal(st.last_epoch_samples, 3 * B);
+            assert_int_equal(st.last_group_size, 4); /* the aux is in every group */
+            assert_true(st.last_averaged_fraction >= 1.0);
+        }
+    }
+    ap_sim_run_for(e.sim, 3000000);
+    assert_true(ap_collab_epoch(e.p[3].collab) >= epochs); /* the aux followed */
+    assert_int_equal(e.p[3].batches, 0);                   /* and trained nothing */
+    ap_nn_model_t *ref = oh_model(3 * B, e.init_seed);
+    ap_nn_params_t *rp = ap_nn_model_params(ref);
+    ap_nn_optim_t *o = NULL;
+    assert_ok(ap_nn_optim_new(&cfg.optim, rp->count, rp->views, rp->nviews, &o));
+    float *x = malloc(sizeof(float) * 3 * B * OH_DIM);
+    int32_t *y = malloc(sizeof(int32_t) * 3 * B);
+    for (uint64_t k = 0; k < epochs; k++) {
+        ap_nn_synth_classify(OH_TASK, OH_STREAM, k * 3 * B, 3 * B, OH_DIM, OH_CLASSES, x, y);
+        ap_nn_model_zero_grad(ref);
+        float l;
+        assert_ok(ap_nn_mlp_forward(ref, x, y, 3 * B, &l));
+        assert_ok(ap_nn_mlp_backward(ref));
+        assert_ok(ap_nn_optim_step(o, rp->data, rp->grad, ap_nn_lr_at(&cfg.lr, k)));
+    }
+    for (int i = 0; i < 3; i++)
+        assert_true(oh_max_diff(ap_nn_model_params(e.p[i].model)->data, rp->data, rp->count) <
+                    1e-4);
+    free(x);
+    free(y);
+    ap_nn_optim_free(o);
+    ap_nn_model_free(ref);
+    oh_env_free(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_equivalence_with_state_averaging),
         cmocka_unit_test(test_equivalence_fp16),
+        cmocka_unit_test(test_auxiliary_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
