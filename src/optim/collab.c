@@ -524,6 +524,19 @@ static void after_epoch(ap_collab_t *c)
     finish_user(c, 0);
 }
 
+/* Whether other (non-aux) peers with fresh records are in this epoch or later. */
+static bool others_active(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (!is_self(c, &p->peer) && p->role != AP_AVG_AUX && fresh(c, p, now) &&
+            p->epoch >= c->epoch)
+            return true;
+    }
+    return false;
+}
+
 static void run_round(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
@@ -537,8 +550,20 @@ static void run_round(ap_collab_t *c)
     }
     ap_avg_group_t g;
     form_group(c, &g, "grad", true);
+    if (c->nmembers <= 1 && others_active(c)) {
+        /* others train in this run but none gathered with us: stepping
+         * alone would fork the model. Wait for their next epoch and load
+         * their state instead. */
+        ap_info(OPT_MOD, "epoch %llu: no group formed with the other peers; waiting to load state",
+                (unsigned long long)c->epoch);
+        c->ready_ms = 0;
+        report(c, NULL);
+        schedule_refresh(c);
+        finish_user(c, 0);
+        return;
+    }
     if (c->nmembers <= 1) {
-        /* alone in this epoch: the local gradient is the global one */
+        /* alone in the run: the local gradient is the global one */
         c->st.last_group_size = 1;
         c->st.last_averaged_fraction = 1.0;
         if (c->cfg.role != AP_AVG_AUX) apply_step(c, c->buf);

@@ -48,8 +48,21 @@ static void test_newcomer_catches_up(void **state)
     oh_env_t e;
     start_three(&e, 5, 4, NULL);
     e.init_seed = 999; /* the newcomer's own initialisation differs */
+    /* 64 kbit/s down: the state (params + Adam m, v) takes ~1 s on the link */
+    assert_ok(ap_sim_set_node_bw(e.sim, 3, 0, 64000));
+    uint64_t t_join = ap_sim_now_us(e.sim);
     assert_ok(ap_sim_restart(e.sim, 3));
     assert_true(ap_sim_run_until(e.sim, started3, &e, ap_sim_now_us(e.sim) + 30000000));
+    {
+        const ap_nn_optim_t *o3 = ap_collab_optim(e.p[3].collab);
+        double link_s = (double)((o3->n + o3->state_count) * sizeof(float)) * 8 / 64000.0;
+        double took_s = (double)(ap_sim_now_us(e.sim) - t_join) / 1e6;
+        print_message("newcomer in sync %.2f s after joining; its link needs %.2f s for the "
+                      "state: ratio %.2f (target <= 2)\n",
+                      took_s, link_s, took_s / link_s);
+        assert_true(took_s <= 2 * link_s);
+    }
+    assert_ok(ap_sim_set_node_bw(e.sim, 3, 0, 0)); /* then a normal link */
     assert_false(e.p[3].start_failed);
     ap_collab_stats_t st;
     ap_collab_get_stats(e.p[3].collab, &st);
