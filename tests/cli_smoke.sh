@@ -30,6 +30,13 @@ chmod 644 "$idtmp/k.key"
 check 1 "identity refuses a readable key" "$cli" identity --identity "$idtmp/k.key"
 check 2 "identity bad --addr" "$cli" identity --identity "$idtmp/k2.key" --addr nonsense
 rm -rf "$idtmp"
+check 0 "train --help" "$cli" train --help
+check 2 "train bad --model" "$cli" train --model nosuch
+check 2 "train unknown --compression" "$cli" train --compression zip
+check 2 "train --client with --auxiliary" "$cli" train --client --auxiliary
+check 2 "train bad --bandwidth" "$cli" train --bandwidth fast
+check 0 "demo --help" "$cli" demo --help
+check 2 "demo too short" "$cli" demo --duration 5
 "$cli" --version | grep -q '^apiary [0-9]' || { echo "FAIL: version text"; fail=1; }
 rm -f /tmp/apiary-cli-smoke.$$
 exit $fail

@@ -1,0 +1,155 @@
+/* `apiary bench train`: collaborative training throughput on loopback with
+ * real processes (a DHT bootstrap node + N `apiary train` peers over TCP +
+ * Noise), N = 1, 2, 4.
+ *   samples_per_s       global samples/s of N peers (field peers)
+ *   scaling_efficiency  samples/s(N) / (N * samples/s(1)), baseline = the
+ *                       single peer measured in the same run (peers 2, 4)
+ *   bytes_per_sample    bytes sent by all peers / samples (peers 2, 4)
+ * The machine has 2 shared cores, so every peer runs with --slowdown 3 (it
+ * sleeps 3x its compute time after each batch, like a slower accelerator):
+ * four peers then need about one core for compute and the measurement shows
+ * the collaboration's overhead rather than CPU contention. */
+#include "bench.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static pid_t spawn(const char *exe, char *const argv[], const char *log)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stdout)) _exit(127);
+        dup2(fileno(stdout), STDERR_FILENO);
+        execv(exe, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static bool find_line(const char *path, const char *prefix, char *out, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[1024];
+    bool found = false;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, prefix, strlen(prefix)) == 0) {
+            snprintf(out, n, "%s", line);
+            found = true;
+        }
+    fclose(f);
+    return found;
+}
+
+/* Runs N peers for dur seconds; returns 0 and the totals. */
+static int run_n(const char *exe, const char *dir, int n, double dur, double *sps, double *bps)
+{
+    char blog[600], addr[1100] = "", line[1100];
+    snprintf(blog, sizeof blog, "%s/boot%d.log", dir, n);
+    char *bargv[] = {(char *)exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
+    pid_t boot = spawn(exe, bargv, blog);
+    for (int i = 0; i < 100 && !addr[0]; i++) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (find_line(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(addr, sizeof addr, "%s", line + 2);
+        }
+    }
+    if (!addr[0]) {
+        kill(boot, SIGTERM);
+        waitpid(boot, NULL, 0);
+        return -1;
+    }
+    pid_t pids[8];
+    char logs[8][600];
+    char target[32], durs[32];
+    snprintf(target, sizeof target, "%d", 512 * n);
+    snprintf(durs, sizeof durs, "%.0f", dur);
+    for (int i = 0; i < n; i++) {
+        char seed[16];
+        snprintf(seed, sizeof seed, "%d", i + 1);
+        snprintf(logs[i], sizeof logs[i], "%s/n%d_peer%d.log", dir, n, i);
+        char *av[] = {(char *)exe,
+                      "train",
+                      "--run-id",
+                      "bench",
+                      "--initial-peers",
+                      addr,
+                      "--listen",
+                      "/ip4/127.0.0.1/tcp/0",
+                      "--target-batch-size",
+                      target,
+                      "--batch-size",
+                      "16",
+                      "--duration",
+                      durs,
+                      "--slowdown",
+                      "3",
+                      "--seed",
+                      seed,
+                      NULL};
+        pids[i] = spawn(exe, av, logs[i]);
+    }
+    for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
+    kill(boot, SIGTERM);
+    waitpid(boot, NULL, 0);
+    double samples = 0, bytes = 0, el = 0;
+    for (int i = 0; i < n; i++) {
+        if (!find_line(logs[i], "summary:", line, sizeof line)) return -1;
+        double lsps = 0, secs = 0;
+        unsigned long long sent = 0;
+        const char *p = strstr(line, "local ");
+        const char *q = strstr(line, "bytes sent ");
+        const char *r = strrchr(line, '|');
+        if (!p || !q || !r || sscanf(p, "local %lf", &lsps) != 1 ||
+            sscanf(q, "bytes sent %llu", &sent) != 1 || sscanf(r, "| %lfs", &secs) != 1)
+            return -1;
+        samples += lsps * secs;
+        bytes += (double)sent;
+        if (secs > el) el = secs;
+    }
+    *sps = el > 0 ? samples / el : 0;
+    *bps = samples > 0 ? bytes / samples : 0;
+    return 0;
+}
+
+static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
+{
+    char exe[1024];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (el <= 0) return 1;
+    exe[el] = 0;
+    char dir[] = "/tmp/apiary-bench-train-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    double dur = c->quick ? 15 : 60;
+    double sps[5] = {0}, bps[5] = {0};
+    const int ns[3] = {1, 2, 4};
+    for (int k = 0; k < 3; k++) {
+        int n = ns[k];
+        if (run_n(exe, dir, n, dur, &sps[n], &bps[n]) != 0) {
+            fprintf(stderr, "bench train: the %d-peer run failed (logs in %s)\n", n, dir);
+            return 1;
+        }
+        char f[64];
+        snprintf(f, sizeof f, "\"peers\":%d,\"slowdown\":3", n);
+        ap_bench_report(c, "samples_per_s", sps[n], "samples/s", f);
+        if (n > 1) {
+            char g[160];
+            snprintf(g, sizeof g, "%s,\"single_peer_samples_per_s\":%.1f", f, sps[1]);
+            ap_bench_report(c, "scaling_efficiency", sps[1] > 0 ? sps[n] / (n * sps[1]) : 0,
+                            "ratio", g);
+            ap_bench_report(c, "bytes_per_sample", bps[n], "B", f);
+        }
+    }
+    return 0;
+}
+
+AP_BENCH(bench_train_def, "train", bench_train,
+         "collaborative training on loopback: samples/s of 1, 2, 4 peer processes")

@@ -1,0 +1,225 @@
+/* Apiary — collaborative training (DeDLOC): the collaborative optimizer, the
+ * progress tracker and state sharing.
+ *
+ * A RUN (named by run_id) is one model trained by any number of peers. One
+ * GLOBAL EPOCH is target_batch_size samples, contributed by whichever peers
+ * are there. Each peer computes gradients on its own batches and hands them to
+ * ap_collab_submit(); the optimizer
+ *   - accumulates them locally (sum of grad * samples);
+ *   - reports its PROGRESS in the DHT: under the key "<run_id>_progress", one
+ *     owner-signed subkey per peer ("[owner:<PeerID>]") holding (epoch,
+ *     samples accumulated, samples/s, wall time, role, bandwidth, donor flag);
+ *   - estimates the global number of samples of the current epoch and the ETA
+ *     of the next epoch from every peer's record (extrapolated by its speed),
+ *     and refreshes that view more often as the ETA nears;
+ *   - when the epoch is due, averages the accumulated gradients with the
+ *     other peers of the epoch (all-reduce, weight = samples accumulated) and
+ *     applies the same optimizer step (SGD/Adam/AdamW/LAMB from the model kit,
+ *     apiary/nn_optim.h) as every other peer: this equals one big-batch step;
+ *   - every average_state_every epochs also averages parameters and optimizer
+ *     state (equal weights), which pulls peers that drifted apart back
+ *     together;
+ *   - if averaging fails (in whole or in part) steps on what it has (the local
+ *     gradients for the parts not averaged) and logs a WARN saying so.
+ *
+ * GROUPS. The averaging module has no DHT matchmaking yet, so the group of an
+ * epoch is formed from the progress records. A peer that finds the epoch due
+ * marks its record READY (with its wall time) and waits matchmaking_window;
+ * a peer between batches that sees a READY record of its epoch joins at once.
+ * The group is every fresh record of the epoch that became ready within
+ * matchmaking_window of the first one, ordered by PeerID; a peer that became
+ * ready later is not in it and catches up by downloading the state. The group
+ * id is a hash of (run_id, epoch, members): peers whose views still differ
+ * run disjoint rounds and the parts they miss stay local (docs/training.md,
+ * "Groups").
+ *
+ * STATE SHARING. Peers that accept connections advertise themselves as
+ * donors (flag in their progress record). A newcomer (ap_collab_start) or a
+ * laggard (a peer that sees others in a later epoch) downloads parameters,
+ * optimizer state and epoch over streams ("/apiary/optim/state/1") from up to
+ * max_donors donors at once, a contiguous part from each; a part whose donor
+ * leaves or misbehaves is re-requested from another donor from where it
+ * stopped. A wrong-shaped, non-finite or corrupt part is refused and logged.
+ *
+ * THREADING. An ap_collab_t belongs to the loop thread of its runtime: every
+ * function here except the *_sync wrappers must be called there, and every
+ * callback runs there. The *_sync wrappers are for a user's training thread
+ * next to a node of the real driver (apiary/node.h).
+ *
+ * BUFFERS. The parameter buffer (params, n floats) is BORROWED from the caller
+ * for the optimizer's lifetime. The optimizer writes it only (a) inside
+ * ap_collab_start until its callback runs and (b) between ap_collab_submit
+ * and its callback; the caller must not touch params then, and may read and
+ * write it freely otherwise (e.g. compute the next batch). All other memory
+ * (optimizer state, accumulators, averaging and download buffers) is owned by
+ * the optimizer and allocated once in ap_collab_new.
+ *
+ * Protocol code: sans-I/O, runtime.h only (runs unchanged on the simulator). */
+#ifndef APIARY_OPTIM_H
+#define APIARY_OPTIM_H
+
+#include "apiary/averager.h"
+#include "apiary/common.h"
+#include "apiary/dht.h"
+#include "apiary/error.h"
+#include "apiary/nn_optim.h"
+#include "apiary/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AP_OPTIM_STATE_PROTO "/apiary/optim/state/1"
+#define AP_OPTIM_RUN_ID_MAX  128 /* bytes of a run id */
+#define AP_OPTIM_MAX_DONORS  16
+/* Cap on the samples/s a progress record may claim. */
+#define AP_OPTIM_MAX_SPS 1e9
+
+/* ---- progress records ------------------------------------------------------ */
+
+typedef struct ap_progress {
+    ap_peer_id_t peer;
+    uint64_t epoch;
+    int64_t samples;        /* accumulated in this epoch */
+    double samples_per_s;   /* the peer's recent speed */
+    int64_t time_ms;        /* wall clock of the report */
+    int64_t epoch_start_ms; /* wall clock when the peer began this epoch */
+    ap_avg_role_t role;
+    double up, down;  /* declared bandwidth, bytes/s */
+    bool donor;       /* serves state downloads */
+    int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
+} ap_progress_t;
+
+/* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
+ * the length or AP_EMSGSIZE. */
+AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap);
+/* Decodes and validates an untrusted record read from the DHT. now_ms is the
+ * reader's wall clock, max_skew_ms the tolerated clock skew. Refused (error,
+ * nothing written):
+ *   AP_ECORRUPT   undecodable;
+ *   AP_ERANGE     negative samples or speed, non-finite numbers, speed over
+ *                 AP_OPTIM_MAX_SPS, a time more than max_skew_ms in the future,
+ *                 an epoch start after the report, a ready time outside
+ *                 [epoch start, report], a bad role or bandwidth;
+ *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
+ *                 duration (samples > 2·sps·(elapsed + 1 s) + 1).
+ * peer is not part of the encoding (it is the owner of the subkey). */
+AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
+                                 int64_t max_skew_ms, ap_progress_t *out);
+
+/* ---- the collaborative optimizer --------------------------------------------- */
+
+typedef struct ap_collab ap_collab_t;
+
+typedef struct ap_collab_config {
+    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
+    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
+    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
+    uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
+    double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
+    uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
+    uint32_t chunk_elems;          /* all-reduce chunk (0 = 16384) */
+    uint8_t codec; /* gradient rounds' codec (ap_avg_codec_t, the same on every peer; state
+                      rounds always use float32) */
+    uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
+    /* Progress tracking. */
+    int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */
+    int64_t stale_ms;        /* records older than this are ignored (0 = 20 s) */
+    int64_t max_skew_ms;     /* tolerated clock skew (0 = 5 s) */
+    uint64_t min_refresh_us; /* adaptive refresh period bounds (0 = 0.5 s, 10 s) */
+    uint64_t max_refresh_us;
+    /* State sharing. */
+    int max_donors;               /* parallel donors per download (0 = 3) */
+    uint64_t download_timeout_us; /* whole download (0 = 120 s) */
+    bool load_state_on_start;     /* download from donors in ap_collab_start (default true
+                                     via ap_collab_config_default) */
+} ap_collab_config_t;
+
+/* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
+ * every 5 epochs, load_state_on_start true, the zeros above. run_id and
+ * target_batch_size must still be set. */
+AP_EXPORT void ap_collab_config_default(ap_collab_config_t *cfg);
+
+typedef struct ap_collab_stats {
+    uint64_t epoch;                /* global epoch this peer is in */
+    uint64_t local_samples;        /* accumulated in this epoch */
+    double global_samples;         /* estimate for this epoch, all peers */
+    double global_sps;             /* sum of the peers' speeds */
+    double eta_s;                  /* estimated seconds until the epoch is due */
+    uint32_t peers;                /* fresh records in the run (any epoch) */
+    uint32_t last_group_size;      /* members of the last averaging round */
+    double last_averaged_fraction; /* of the last gradient round (1 = complete) */
+    uint64_t last_epoch_samples;   /* samples the last global step averaged */
+    uint64_t epochs_failed;        /* epochs stepped with incomplete averaging */
+    uint64_t state_rounds;         /* state averaging rounds completed */
+    uint64_t state_loads;          /* successful state downloads */
+    uint64_t state_parts_refused;  /* downloaded parts refused (bad shape/corrupt) */
+    uint64_t records_refused;      /* progress records refused as impossible */
+    uint64_t bytes_served;         /* state bytes sent to others */
+    float last_loss;               /* mean loss of the last submitted batch */
+} ap_collab_stats_t;
+
+/* Called on the loop thread. status: 0, or an error (see each function). */
+typedef void (*ap_collab_fn)(ap_rt_t *rt, void *arg, int status);
+
+/* Creates the optimizer. dht and svc (the node's DHT and averaging service)
+ * are borrowed and must outlive it. params (n floats) is borrowed (see
+ * BUFFERS); views (may be NULL) give LAMB its per-layer segments and are
+ * copied. Registers AP_OPTIM_STATE_PROTO on rt (one collab per runtime).
+ * AP_EINVAL on a bad config. Loop thread. */
+AP_EXPORT int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                            const ap_collab_config_t *cfg, float *params, size_t n,
+                            const ap_nn_view_t *views, size_t nviews, ap_collab_t **out);
+/* Cancels everything pending (callbacks run with AP_ECANCELED first), frees.
+ * NULL is a no-op. Not from inside one of its callbacks. */
+AP_EXPORT void ap_collab_free(ap_collab_t *c);
+
+/* Joins the run: reads the progress records; if donors exist and
+ * load_state_on_start, downloads the state (epoch, parameters, optimizer
+ * state) from them, else keeps params as they are (the caller initialised
+ * them; every first peer must use the same initialisation). Then reports
+ * progress and starts the refresh timer. cb runs once; status 0, or the
+ * download error (params untouched then; the peer may still train). An AUX
+ * peer then follows the epochs by itself and joins every round. */
+AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
+
+/* Adds one local batch: grad (n floats, the MEAN gradient over `samples`
+ * samples; copied, borrowed for the call) and its mean loss. Reports progress
+ * and, if the epoch is due, runs the averaging round and the optimizer step
+ * (params change), or, if this peer is behind the others, downloads their
+ * state. cb runs once when the caller may compute the next batch; status 0,
+ * AP_ECANCELED (freed) or AP_EBUSY (a submit is pending: cb is not called).
+ * Not for AUX peers (AP_ESTATE). */
+AP_EXPORT int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
+                               ap_collab_fn cb, void *arg);
+
+AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out);
+AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
+/* The optimizer state (owned by the collab; read-only for the caller). */
+AP_EXPORT const ap_nn_optim_t *ap_collab_optim(const ap_collab_t *c);
+/* Overrides the epoch and optimizer state, e.g. when resuming from a
+ * checkpoint (ap_nn_checkpoint_load into ap_collab_optim_mut). Loop thread,
+ * only while nothing is pending. */
+AP_EXPORT ap_nn_optim_t *ap_collab_optim_mut(ap_collab_t *c);
+AP_EXPORT void ap_collab_set_epoch(ap_collab_t *c, uint64_t epoch);
+
+/* ---- blocking wrappers for a user thread (real driver, apiary/node.h) -------- */
+
+/* ap_collab_new / _free on the loop thread. */
+AP_EXPORT int ap_collab_new_sync(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                                 const ap_collab_config_t *cfg, float *params, size_t n,
+                                 const ap_nn_view_t *views, size_t nviews, ap_collab_t **out);
+AP_EXPORT void ap_collab_free_sync(ap_rt_t *rt, ap_collab_t *c);
+AP_EXPORT int ap_collab_start_sync(ap_collab_t *c);
+/* Blocks until the submit's callback; returns its status. */
+AP_EXPORT int ap_collab_submit_sync(ap_collab_t *c, const float *grad, uint32_t samples,
+                                    float loss);
+AP_EXPORT int ap_collab_get_stats_sync(ap_collab_t *c, ap_collab_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

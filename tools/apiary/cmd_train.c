@@ -1,0 +1,527 @@
+/* `apiary train`: one peer of a collaborative training run (DeDLOC) over TCP.
+ * The node (DHT, averaging service, collaborative optimizer) runs on a libuv
+ * host thread; this thread computes batches of the model kit's GPT (or MLP)
+ * and hands them to the optimizer with the blocking wrappers. */
+#include "cli.h"
+
+#include "apiary/averager.h"
+#include "apiary/dht.h"
+#include "apiary/error.h"
+#include "apiary/identity.h"
+#include "apiary/log.h"
+#include "apiary/nn.h"
+#include "apiary/nn_optim.h"
+#include "apiary/node.h"
+#include "apiary/optim.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_PEERS 16
+
+static void usage(void)
+{
+    printf("usage: apiary train [options]\n"
+           "Train one model together with other peers: every --target-batch-size samples\n"
+           "(from all peers) make one global step, as if it were one big-batch run.\n"
+           "  --run-id ID               name of the collaboration (default apiary)\n"
+           "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
+           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0)\n"
+           "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
+           "  --target-batch-size N     samples per global epoch (default 256)\n"
+           "  --batch-size N            local batch (default 8)\n"
+           "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
+           "                            synthetic clusters (default gpt)\n"
+           "  --data PATH               text file (default: the shipped corpus)\n"
+           "  --client                  cannot accept connections (client-only peer)\n"
+           "  --auxiliary               help averaging, train nothing\n"
+           "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
+           "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
+           "                            bf16, uniform8, blockwise8 (same on every peer)\n"
+           "  --checkpoint-dir DIR      save every epoch, resume from it at start\n"
+           "  --lr X                    Adam learning rate (default 3e-3)\n"
+           "  --average-state-every N   epochs between state averaging (default 5)\n"
+           "  --max-epochs N            stop at this global epoch (default: never)\n"
+           "  --duration S              stop after S seconds (default: never)\n"
+           "  --slowdown X              sleep X times the compute time after each batch\n"
+           "  --seed N                  data order seed (default 1)\n"
+           "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
+           "  --log-level LEVEL         debug, info, warn (default), error, off\n"
+           "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
+}
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig)
+{
+    stop_flag = sig;
+}
+
+typedef struct topts {
+    const char *run_id, *listen, *identity, *model, *data, *ckdir;
+    char *peers[MAX_PEERS];
+    int npeers;
+    uint64_t target, max_epochs;
+    int batch;
+    bool client, aux;
+    double up, down, lr, slowdown, duration, mm_window;
+    uint8_t codec;
+    uint32_t state_every;
+    uint64_t seed;
+} topts_t;
+
+typedef struct svc_args {
+    ap_avg_service_t *svc;
+} svc_args_t;
+
+static void svc_new(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ap_sync_complete(done, ap_avg_service_new(rt, &((svc_args_t *)arg)->svc));
+}
+
+static void svc_free(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ap_sync_complete(done, ap_avg_service_free(((svc_args_t *)arg)->svc));
+}
+
+static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    char(*out)[AP_RT_ADDR_MAX] = arg;
+    int n = ap_rt_listen_addrs(rt, out, 4, true);
+    ap_sync_complete(done, n > 4 ? 4 : n);
+}
+
+static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ap_rt_get_stats(rt, arg);
+    ap_sync_complete(done, 0);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void human_bytes(uint64_t b, char *out, size_t n)
+{
+    if (b >= (1u << 30))
+        snprintf(out, n, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1u << 20))
+        snprintf(out, n, "%.1f MiB", b / 1048576.0);
+    else
+        snprintf(out, n, "%.1f KiB", b / 1024.0);
+}
+
+static int parse_peers(topts_t *o, const char *list)
+{
+    char *copy = strdup(list);
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->npeers == MAX_PEERS) {
+            fprintf(stderr, "apiary train: at most %d initial peers\n", MAX_PEERS);
+            free(copy);
+            return -1;
+        }
+        o->peers[o->npeers++] = strdup(t);
+    }
+    free(copy);
+    return 0;
+}
+
+static int run(const topts_t *o)
+{
+    /* a peer closing a TCP connection must not kill us with SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
+    /* the model and its data */
+    ap_nn_model_t *m = NULL;
+    ap_nn_text_t *text = NULL;
+    int T = 64, rc;
+    bool gpt = strcmp(o->model, "gpt") == 0;
+    if (gpt) {
+        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, 2, 4, 128, o->batch);
+        rc = ap_nn_gpt_new(&gc, &m);
+        if (!rc) {
+            const char *path = o->data ? o->data : ap_nn_default_corpus();
+            rc = ap_nn_text_open(path, &text);
+            if (rc) fprintf(stderr, "apiary train: cannot read %s: %s\n", path, ap_strerror(rc));
+        }
+    } else {
+        ap_nn_mlp_config_t mc = {
+            .in_dim = 16, .n_hidden = 1, .hidden = {64}, .n_classes = 4, .max_batch = o->batch};
+        rc = ap_nn_mlp_new(&mc, &m);
+    }
+    if (rc) {
+        ap_nn_model_free(m);
+        return 1;
+    }
+    ap_nn_model_init(m, 42); /* every first peer starts from the same point */
+    ap_nn_params_t *pr = ap_nn_model_params(m);
+
+    /* the node */
+    ap_identity_t id;
+    bool have_id = false;
+    if (o->identity) {
+        bool created = false;
+        rc = ap_identity_load_or_create(&id, o->identity, &created);
+        if (rc) {
+            fprintf(stderr, "apiary train: cannot use identity file %s: %s\n", o->identity,
+                    ap_strerror(rc));
+            ap_nn_model_free(m);
+            ap_nn_text_free(text);
+            return 1;
+        }
+        have_id = true;
+    }
+    ap_host_t *host = ap_host_new();
+    rc = host ? ap_host_start(host) : AP_ENOMEM;
+    ap_rt_t *rt = NULL;
+    ap_node_opts_t no = {.ed25519_sk = have_id ? id.sk : NULL,
+                         .listen = o->listen   ? o->listen
+                                   : o->client ? "/ip4/127.0.0.1/tcp/0"
+                                               : "/ip4/0.0.0.0/tcp/0"};
+    if (!rc) rc = ap_node_new(host, &no, &rt);
+    if (have_id) ap_identity_wipe(&id);
+    if (rc) {
+        fprintf(stderr, "apiary train: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
+        if (host) ap_host_free(host);
+        ap_nn_model_free(m);
+        ap_nn_text_free(text);
+        return 1;
+    }
+    ap_dht_config_t dc;
+    ap_dht_config_default(&dc);
+    dc.client_mode = o->client;
+    ap_dht_t *dht = NULL;
+    svc_args_t sa = {0};
+    ap_collab_t *c = NULL;
+    rc = ap_dht_new_sync(rt, &dc, &dht);
+    if (!rc && o->npeers) {
+        rc = ap_dht_bootstrap_sync(dht, (const char *const *)o->peers, (size_t)o->npeers);
+        if (rc)
+            fprintf(stderr,
+                    "apiary train: none of the %d initial peers answered (%s); check the "
+                    "addresses (they need /p2p/<PeerID>) and that those nodes run\n",
+                    o->npeers, ap_strerror(rc));
+    }
+    if (!rc) rc = ap_node_call_sync(rt, svc_new, &sa);
+    ap_collab_config_t cfg;
+    ap_collab_config_default(&cfg);
+    cfg.run_id = o->run_id;
+    cfg.target_batch_size = o->target;
+    cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
+    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.lr.base = cfg.lr.min = (float)o->lr;
+    cfg.max_grad_norm = 1.0;
+    cfg.average_state_every = o->state_every;
+    cfg.up = o->up;
+    cfg.down = o->down;
+    cfg.averaging_timeout_us = 20000000;
+    cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
+    cfg.codec = o->codec;
+    if (!rc) {
+        rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
+                                &c);
+        if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
+    }
+    char ckpath[1024] = "";
+    if (!rc && o->ckdir && !o->aux) {
+        mkdir(o->ckdir, 0700);
+        snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
+        uint64_t step = 0;
+        if (access(ckpath, R_OK) == 0) {
+            int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_optim_mut(c), &step);
+            if (lr == 0) {
+                ap_collab_set_epoch(c, step);
+                printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
+            } else {
+                fprintf(stderr,
+                        "apiary train: checkpoint %s refused (%s): another model or a corrupt "
+                        "file; starting without it\n",
+                        ckpath, ap_strerror(lr));
+            }
+        }
+    }
+    char addrs[4][AP_RT_ADDR_MAX];
+    int na = rc ? 0 : ap_node_call_sync(rt, addr_fn, addrs);
+    char pid[AP_PEER_ID_STR_MAX];
+    ap_peer_id_str(ap_rt_self(rt), pid);
+    if (!rc) {
+        printf("peer %s (%s) in run '%s': %zu parameters, target %llu samples per epoch\n", pid,
+               o->aux      ? "auxiliary"
+               : o->client ? "client-only"
+                           : "normal",
+               o->run_id, pr->count, (unsigned long long)o->target);
+        for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
+        fflush(stdout);
+        rc = ap_collab_start_sync(c);
+        if (rc)
+            fprintf(stderr, "apiary train: could not load the state from peers (%s); training on\n",
+                    ap_strerror(rc));
+        ap_collab_stats_t st0;
+        ap_collab_get_stats_sync(c, &st0);
+        if (st0.state_loads)
+            printf("caught up: loaded epoch %llu (parameters + optimizer state) from peers\n",
+                   (unsigned long long)st0.epoch);
+        fflush(stdout);
+        rc = 0;
+    }
+
+    struct sigaction sig;
+    memset(&sig, 0, sizeof sig);
+    sig.sa_handler = on_signal;
+    sigaction(SIGINT, &sig, NULL);
+    sigaction(SIGTERM, &sig, NULL);
+
+    bool tty = isatty(STDOUT_FILENO);
+    int32_t *in = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
+    float *x = malloc(sizeof(float) * (size_t)o->batch * 16);
+    uint64_t cursor = 0, sample = 0, local_samples = 0;
+    double t0 = now_s(), last_status = 0;
+    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    while (!rc && !stop_flag) {
+        if (o->duration > 0 && now_s() - t0 >= o->duration) break;
+        if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
+        float loss = 0;
+        if (!o->aux) {
+            double tb = now_s();
+            ap_nn_model_zero_grad(m);
+            int r;
+            if (gpt) {
+                r = ap_nn_text_batch(text, o->seed, &cursor, o->batch, T, in, tg);
+                if (!r) r = ap_nn_gpt_loss(m, in, tg, o->batch, T, &loss);
+                if (!r) r = ap_nn_gpt_backward(m, NULL, NULL);
+            } else {
+                ap_nn_synth_classify(7, o->seed, sample, o->batch, 16, 4, x, tg);
+                sample += (uint64_t)o->batch;
+                r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
+                if (!r) r = ap_nn_mlp_backward(m);
+            }
+            if (r) {
+                fprintf(stderr, "apiary train: batch failed: %s\n", ap_strerror(r));
+                break;
+            }
+            if (o->slowdown > 0) {
+                double dt = (now_s() - tb) * o->slowdown;
+                struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+            r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
+            if (r && r != AP_ECANCELED) {
+                fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
+                break;
+            }
+            local_samples += (uint64_t)o->batch;
+        } else {
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        ap_collab_stats_t st;
+        ap_collab_get_stats_sync(c, &st);
+        double now = now_s();
+        if (st.epoch != last_epoch) {
+            ap_rt_stats_t rs;
+            ap_node_call_sync(rt, rtstats_fn, &rs);
+            char sent[32];
+            human_bytes(rs.bytes_sent, sent, sizeof sent);
+            if (tty) printf("\r\033[K");
+            printf("epoch %llu | loss %.4f | global %.0f samples/s | peers %u | group %u%s | "
+                   "sent %s | t %.0fs\n",
+                   (unsigned long long)st.epoch, st.last_loss, st.global_sps, st.peers,
+                   st.last_group_size, st.last_averaged_fraction < 1 ? " (partial)" : "", sent,
+                   now - t0);
+            fflush(stdout);
+            last_epoch = st.epoch;
+            if (ckpath[0]) {
+                int r = ap_nn_checkpoint_save(ckpath, m, ap_collab_optim(c), st.epoch);
+                if (r) fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
+            }
+        } else if (tty && now - last_status > 0.25) {
+            printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
+                   "| eta %.1fs",
+                   (unsigned long long)st.epoch, st.global_samples, (unsigned long long)o->target,
+                   st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
+            fflush(stdout);
+            last_status = now;
+        }
+    }
+    if (c) {
+        ap_collab_stats_t st;
+        ap_rt_stats_t rs;
+        ap_collab_get_stats_sync(c, &st);
+        ap_node_call_sync(rt, rtstats_fn, &rs);
+        double el = now_s() - t0;
+        if (tty) printf("\r\033[K");
+        printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
+               "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
+               "refused records %llu | %.0fs\n",
+               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
+               (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
+               (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
+               (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused, el);
+        fflush(stdout);
+        ap_collab_free_sync(rt, c);
+    }
+    if (sa.svc) ap_node_call_sync(rt, svc_free, &sa);
+    if (dht) ap_dht_free_sync(dht);
+    ap_host_free(host);
+    ap_nn_model_free(m);
+    ap_nn_text_free(text);
+    free(in);
+    free(tg);
+    free(x);
+    return rc ? 1 : 0;
+}
+
+static int train_main(int argc, char **argv)
+{
+    topts_t o = {.run_id = "apiary",
+                 .model = "gpt",
+                 .target = 256,
+                 .batch = 8,
+                 .lr = 3e-3,
+                 .state_every = 5,
+                 .seed = 1,
+                 .mm_window = 0.5};
+    static const struct option lopts[] = {{"run-id", required_argument, NULL, 'r'},
+                                          {"initial-peers", required_argument, NULL, 'p'},
+                                          {"listen", required_argument, NULL, 'L'},
+                                          {"identity", required_argument, NULL, 'i'},
+                                          {"target-batch-size", required_argument, NULL, 't'},
+                                          {"batch-size", required_argument, NULL, 'b'},
+                                          {"model", required_argument, NULL, 'm'},
+                                          {"data", required_argument, NULL, 'd'},
+                                          {"client", no_argument, NULL, 'c'},
+                                          {"auxiliary", no_argument, NULL, 'a'},
+                                          {"bandwidth", required_argument, NULL, 'B'},
+                                          {"compression", required_argument, NULL, 'C'},
+                                          {"checkpoint-dir", required_argument, NULL, 'k'},
+                                          {"lr", required_argument, NULL, 'l'},
+                                          {"average-state-every", required_argument, NULL, 's'},
+                                          {"max-epochs", required_argument, NULL, 'E'},
+                                          {"duration", required_argument, NULL, 'D'},
+                                          {"slowdown", required_argument, NULL, 'S'},
+                                          {"seed", required_argument, NULL, 'e'},
+                                          {"matchmaking-window", required_argument, NULL, 'W'},
+                                          {"log-level", required_argument, NULL, 'v'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+        switch (ch) {
+        case 'r':
+            o.run_id = optarg;
+            break;
+        case 'p':
+            if (parse_peers(&o, optarg)) return 2;
+            break;
+        case 'L':
+            o.listen = optarg;
+            break;
+        case 'i':
+            o.identity = optarg;
+            break;
+        case 't':
+            o.target = strtoull(optarg, NULL, 10);
+            break;
+        case 'b':
+            o.batch = atoi(optarg);
+            break;
+        case 'm':
+            o.model = optarg;
+            break;
+        case 'd':
+            o.data = optarg;
+            break;
+        case 'c':
+            o.client = true;
+            break;
+        case 'a':
+            o.aux = true;
+            break;
+        case 'B': {
+            char *end;
+            double up = strtod(optarg, &end), down = up;
+            if (*end == ':') down = strtod(end + 1, &end);
+            if (*end || !(up > 0) || !(down > 0)) {
+                fprintf(stderr, "apiary train: --bandwidth wants MBIT or UP:DOWN in Mbit/s\n");
+                return 2;
+            }
+            o.up = up * 1e6 / 8;
+            o.down = down * 1e6 / 8;
+            break;
+        }
+        case 'C':
+            if (strcmp(optarg, "none") == 0)
+                o.codec = AP_AVG_CODEC_F32;
+            else if (strcmp(optarg, "fp16") == 0)
+                o.codec = AP_AVG_CODEC_FP16;
+            else if (strcmp(optarg, "bf16") == 0)
+                o.codec = AP_AVG_CODEC_BF16;
+            else if (strcmp(optarg, "uniform8") == 0)
+                o.codec = AP_AVG_CODEC_UNIFORM8;
+            else if (strcmp(optarg, "blockwise8") == 0)
+                o.codec = AP_AVG_CODEC_BLOCKWISE8;
+            else {
+                fprintf(stderr,
+                        "apiary train: --compression %s: use none, fp16, bf16, uniform8 or "
+                        "blockwise8 (the codecs the averaging module carries)\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            o.ckdir = optarg;
+            break;
+        case 'l':
+            o.lr = atof(optarg);
+            break;
+        case 's':
+            o.state_every = (uint32_t)atoi(optarg);
+            break;
+        case 'E':
+            o.max_epochs = strtoull(optarg, NULL, 10);
+            break;
+        case 'D':
+            o.duration = atof(optarg);
+            break;
+        case 'S':
+            o.slowdown = atof(optarg);
+            break;
+        case 'e':
+            o.seed = strtoull(optarg, NULL, 10);
+            break;
+        case 'W':
+            o.mm_window = atof(optarg);
+            break;
+        case 'v':
+            if (!ap_cli_set_log_level(optarg)) return 2;
+            break;
+        case 'h':
+            usage();
+            return 0;
+        default:
+            usage();
+            return 2;
+        }
+    }
+    if (o.target == 0 || o.batch <= 0 || o.batch > 1024 || !(o.lr > 0) || !(o.mm_window > 0) ||
+        (strcmp(o.model, "gpt") != 0 && strcmp(o.model, "mlp") != 0) || (o.client && o.aux)) {
+        fprintf(stderr, "apiary train: bad option (see apiary train --help)\n");
+        return 2;
+    }
+    int rc = run(&o);
+    for (int i = 0; i < o.npeers; i++) free(o.peers[i]);
+    return rc;
+}
+
+AP_CLI_COMMAND(cmd_train, "train", train_main,
+               "train a model collaboratively with other peers (apiary train --help)")
