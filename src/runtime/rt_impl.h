@@ -117,5 +117,7 @@ void ap__rt_peer_event(ap_rt_t *rt, const ap_peer_id_t *peer, ap_peer_event_t ev
 /* xoshiro256** seeded by splitmix64 from seed; shared by drivers and tests. */
 void ap__rng_seed(uint64_t s[4], uint64_t seed);
 uint64_t ap__rng_next(uint64_t s[4]);
+/* Uniform in [0, n) without modulo bias (0 when n <= 1). */
+uint64_t ap__rng_below(uint64_t s[4], uint64_t n);
 
 #endif

@@ -114,22 +114,27 @@ uint64_t ap_rt_rand_u64(ap_rt_t *rt)
     return ap__rng_next(rt->rng);
 }
 
-uint64_t ap_rt_rand_below(ap_rt_t *rt, uint64_t n)
+uint64_t ap__rng_below(uint64_t s[4], uint64_t n)
 {
     if (n <= 1) return 0;
-    /* Lemire's nearly-divisionless method. */
-    uint64_t x = ap__rng_next(rt->rng);
+    /* Lemire's nearly-divisionless method: no modulo bias. */
+    uint64_t x = ap__rng_next(s);
     __uint128_t m = (__uint128_t)x * n;
     uint64_t l = (uint64_t)m;
     if (l < n) {
         uint64_t t = -n % n;
         while (l < t) {
-            x = ap__rng_next(rt->rng);
+            x = ap__rng_next(s);
             m = (__uint128_t)x * n;
             l = (uint64_t)m;
         }
     }
     return (uint64_t)(m >> 64);
+}
+
+uint64_t ap_rt_rand_below(ap_rt_t *rt, uint64_t n)
+{
+    return ap__rng_below(rt->rng, n);
 }
 
 double ap_rt_rand_double(ap_rt_t *rt)

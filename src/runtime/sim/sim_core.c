@@ -312,19 +312,7 @@ static sim_ev_t heap_pop(ap_sim_t *sim)
 
 uint64_t ap__sim_rand_below(ap_sim_t *sim, uint64_t n)
 {
-    if (n <= 1) return 0;
-    uint64_t x = ap__rng_next(sim->rng);
-    __uint128_t m = (__uint128_t)x * n;
-    uint64_t l = (uint64_t)m;
-    if (l < n) {
-        uint64_t t = -n % n;
-        while (l < t) {
-            x = ap__rng_next(sim->rng);
-            m = (__uint128_t)x * n;
-            l = (uint64_t)m;
-        }
-    }
-    return (uint64_t)(m >> 64);
+    return ap__rng_below(sim->rng, n);
 }
 
 /* ---- peer id table -------------------------------------------------------- */
