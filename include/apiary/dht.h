@@ -183,6 +183,7 @@ typedef struct ap_dht_stats {
     uint64_t finds_sent; /* FIND requests of traversals (a subset of rpcs_sent) */
     uint64_t rpcs_served;
     uint64_t stores_refused; /* records refused by this node as a storer */
+    uint64_t fail_refreshes; /* bucket refreshes started because a contact failed */
 } ap_dht_stats_t;
 AP_EXPORT void ap_dht_get_stats(ap_dht_t *dht, ap_dht_stats_t *out);
 

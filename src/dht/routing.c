@@ -104,6 +104,7 @@ static int split(ap__dht_routing_t *rt, int i)
     ap__dht_bucket_t hi;
     if (bucket_new(&hi, rt->k, p1, d + 1)) return AP_ENOMEM;
     hi.last_touched_us = old->last_touched_us;
+    hi.fail_refresh_us = old->fail_refresh_us;
     old->depth = d + 1;
     int n0 = 0, r0 = 0;
     if (reserve(&hi.nodes, &hi.cap_nodes, old->n, rt->k) ||

@@ -30,7 +30,8 @@ typedef struct ap__dht_bucket {
     ap__dht_contact_t *repl; /* up to k, most recently seen last */
     int nrepl, cap_repl;
     uint64_t last_touched_us;
-    bool checking; /* a liveness ping of nodes[0] is in flight */
+    uint64_t fail_refresh_us; /* last refresh started because a contact here failed */
+    bool checking;            /* a liveness ping of nodes[0] is in flight */
 } ap__dht_bucket_t;
 
 typedef struct ap__dht_routing {
