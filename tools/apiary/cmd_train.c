@@ -53,6 +53,8 @@ static void usage(void)
            "  --slowdown X              sleep X times the compute time after each batch\n"
            "  --seed N                  data order seed (default 1)\n"
            "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
+           "  --delayed-updates         average and step in the background while the next\n"
+           "                            batches are computed (one optimizer step stale)\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n"
            "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
@@ -69,7 +71,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux;
+    bool client, aux, delayed;
     double up, down, lr, slowdown, duration, mm_window;
     uint8_t codec;
     uint32_t state_every;
@@ -225,6 +227,7 @@ static int run(const topts_t *o)
     cfg.averaging_timeout_us = 20000000;
     cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
     cfg.codec = o->codec;
+    cfg.delayed_updates = o->delayed;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
@@ -411,6 +414,7 @@ static int train_main(int argc, char **argv)
                                           {"seed", required_argument, NULL, 'e'},
                                           {"matchmaking-window", required_argument, NULL, 'W'},
                                           {"log-level", required_argument, NULL, 'v'},
+                                          {"delayed-updates", no_argument, NULL, 'U'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int ch;
@@ -501,6 +505,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'W':
             o.mm_window = atof(optarg);
+            break;
+        case 'U':
+            o.delayed = true;
             break;
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
