@@ -12,11 +12,12 @@
 typedef struct result {
     uint64_t during; /* samples submitted during background rounds, all peers */
     uint64_t compared;
+    uint64_t state_rounds; /* completed, all peers */
     double worst;
     double loss0, loss;
 } result_t;
 
-static void run(bool delayed, uint64_t epochs, result_t *r)
+static void run(bool delayed, uint32_t state_every, uint64_t epochs, result_t *r)
 {
     memset(r, 0, sizeof *r);
     oh_env_t e;
@@ -26,7 +27,7 @@ static void run(bool delayed, uint64_t epochs, result_t *r)
     cfg.target_batch_size = NPEERS * B * 2;
     cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
-    cfg.average_state_every = 0;
+    cfg.average_state_every = state_every;
     cfg.averaging_timeout_us = 20000000;
     cfg.delayed_updates = delayed;
     oh_env_init(&e, NPEERS, ap_test_seed(7), &cfg, B, NULL, NULL);
@@ -64,6 +65,7 @@ static void run(bool delayed, uint64_t epochs, result_t *r)
         ap_collab_stats_t st;
         ap_collab_get_stats(c, &st);
         r->during += st.samples_during_rounds;
+        r->state_rounds += st.state_rounds;
         assert_int_equal(st.epochs_failed, 0);
         assert_true(ap_collab_epoch(c) >= epochs);
         ap_nn_params_t *pp = ap_nn_model_params(e.p[i].model);
@@ -84,8 +86,8 @@ static void test_delayed_updates(void **state)
     (void)state;
     const uint64_t epochs = ap_test_sanitized() ? 4 : 10;
     result_t sync, del;
-    run(false, epochs, &sync);
-    run(true, epochs, &del);
+    run(false, 0, epochs, &sync);
+    run(true, 0, epochs, &del);
     print_message("synchronous: %llu samples during rounds, loss %.4f -> %.4f, worst |dparam| "
                   "%.2e over %llu comparisons\n",
                   (unsigned long long)sync.during, sync.loss0, sync.loss, sync.worst,
@@ -101,8 +103,28 @@ static void test_delayed_updates(void **state)
     assert_true(del.loss < 0.8 * del.loss0); /* converges */
 }
 
+/* State averaging every 3 epochs runs in the background too (it reads and
+ * writes the optimizer's copy of the parameters): still in sync, converging. */
+static void test_delayed_with_state_averaging(void **state)
+{
+    (void)state;
+    const uint64_t epochs = ap_test_sanitized() ? 4 : 9;
+    result_t del;
+    run(true, 3, epochs, &del);
+    print_message("delayed + state averaging: %llu samples during rounds, loss %.4f -> %.4f, "
+                  "worst |dparam| %.2e over %llu comparisons, %llu state rounds\n",
+                  (unsigned long long)del.during, del.loss0, del.loss, del.worst,
+                  (unsigned long long)del.compared, (unsigned long long)del.state_rounds);
+    assert_true(del.during > 0);
+    assert_true(del.state_rounds >= NPEERS); /* every peer completed a state round */
+    assert_true(del.compared >= epochs);
+    assert_true(del.worst < 1e-4);
+    assert_true(del.loss < 0.8 * del.loss0);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_delayed_updates)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_delayed_updates),
+                                       cmocka_unit_test(test_delayed_with_state_averaging)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
