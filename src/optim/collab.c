@@ -491,7 +491,9 @@ static void next_epoch(ap_collab_t *c)
         c->next_samples = 0;
         c->bg_stepped = true;
     }
-    c->epoch_start_ms = ap_rt_wall_ms(c->rt);
+    /* delayed updates: the new epoch's samples were computed since the
+     * round began (readers check samples against speed × epoch time) */
+    c->epoch_start_ms = c->bg ? c->bg_start_ms : ap_rt_wall_ms(c->rt);
     c->ready_ms = 0;
     c->st.epoch = c->epoch;
 }
@@ -694,6 +696,7 @@ static void begin_averaging(ap_collab_t *c)
          * group gathers and averages; the step goes to shadow */
         memcpy(c->shadow, c->params, c->acc_bytes);
         c->bg = true;
+        c->bg_start_ms = now;
         c->bg_stepped = false;
         release_user(c, 0);
     }

@@ -78,9 +78,10 @@ struct ap_collab {
      * the background step writes */
     float *acc_next, *shadow;
     uint64_t next_samples;
-    bool bg;         /* a round runs in the background (the caller is computing) */
-    bool adopt;      /* shadow holds a finished update not yet copied into params */
-    bool bg_stepped; /* the background round stepped (accumulators swapped) */
+    bool bg;             /* a round runs in the background (the caller is computing) */
+    bool adopt;          /* shadow holds a finished update not yet copied into params */
+    bool bg_stepped;     /* the background round stepped (accumulators swapped) */
+    int64_t bg_start_ms; /* wall clock when the background round began */
 
     uint64_t epoch;
     uint64_t local_samples;

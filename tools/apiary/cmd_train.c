@@ -105,6 +105,30 @@ static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     ap_sync_complete(done, 0);
 }
 
+/* Delayed updates: the checkpoint is written on the loop thread, where no
+ * background step can run meanwhile, and only when params and the optimizer
+ * state agree (no update running or waiting to be copied in); AP_EBUSY
+ * otherwise (the caller retries after its next batch). */
+typedef struct ckpt_args {
+    const char *path;
+    ap_nn_model_t *m;
+    ap_collab_t *c;
+    uint64_t epoch;
+    int rc;
+} ckpt_args_t;
+
+static void ckpt_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ckpt_args_t *a = arg;
+    if (ap_collab_update_pending(a->c)) {
+        a->rc = AP_EBUSY;
+    } else {
+        a->epoch = ap_collab_epoch(a->c);
+        a->rc = ap_nn_checkpoint_save(a->path, a->m, ap_collab_optim(a->c), a->epoch);
+    }
+    ap_sync_complete(done, 0);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -289,6 +313,7 @@ static int run(const topts_t *o)
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
     uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    bool ck_due = false; /* delayed updates: a checkpoint waits for a consistent state */
     while (!rc && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
@@ -342,10 +367,11 @@ static int run(const topts_t *o)
                    now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
-            if (ckpath[0]) {
+            if (ckpath[0] && !o->delayed) {
                 int r = ap_nn_checkpoint_save(ckpath, m, ap_collab_optim(c), st.epoch);
                 if (r) fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
             }
+            if (ckpath[0] && o->delayed) ck_due = true;
         } else if (tty && now - last_status > 0.25) {
             printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
                    "| eta %.1fs",
@@ -353,6 +379,13 @@ static int run(const topts_t *o)
                    st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
             fflush(stdout);
             last_status = now;
+        }
+        if (ck_due) {
+            ckpt_args_t ca = {.path = ckpath, .m = m, .c = c};
+            ap_node_call_sync(rt, ckpt_fn, &ca);
+            if (ca.rc != AP_EBUSY) ck_due = false;
+            if (ca.rc && ca.rc != AP_EBUSY)
+                fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(ca.rc));
         }
     }
     if (c) {
