@@ -12,6 +12,7 @@
 #include "bench.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +49,11 @@ static bool find_line(const char *path, const char *prefix, char *out, size_t n)
 }
 
 /* Runs N peers for dur seconds; returns 0 and the totals. */
-static int run_n(const char *exe, const char *dir, int n, double dur, double *sps, double *bps)
+static int run_n(const char *exe, const char *dir, int n, bool delayed, double dur, double *sps,
+                 double *bps)
 {
     char blog[600], addr[1100] = "", line[1100];
-    snprintf(blog, sizeof blog, "%s/boot%d.log", dir, n);
+    snprintf(blog, sizeof blog, "%s/boot%d%s.log", dir, n, delayed ? "d" : "");
     char *bargv[] = {(char *)exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
     pid_t boot = spawn(exe, bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
@@ -75,7 +77,7 @@ static int run_n(const char *exe, const char *dir, int n, double dur, double *sp
     for (int i = 0; i < n; i++) {
         char seed[16];
         snprintf(seed, sizeof seed, "%d", i + 1);
-        snprintf(logs[i], sizeof logs[i], "%s/n%d_peer%d.log", dir, n, i);
+        snprintf(logs[i], sizeof logs[i], "%s/n%d%s_peer%d.log", dir, n, delayed ? "d" : "", i);
         char *av[] = {(char *)exe,
                       "train",
                       "--run-id",
@@ -94,6 +96,7 @@ static int run_n(const char *exe, const char *dir, int n, double dur, double *sp
                       "3",
                       "--seed",
                       seed,
+                      delayed ? "--delayed-updates" : NULL,
                       NULL};
         pids[i] = spawn(exe, av, logs[i]);
     }
@@ -130,15 +133,19 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     double dur = c->quick ? 15 : 60;
     double sps[5] = {0}, bps[5] = {0};
-    const int ns[3] = {1, 2, 4};
-    for (int k = 0; k < 3; k++) {
+    /* 1, 2, 4 peers synchronous, then 2 and 4 with delayed updates (the
+     * single-peer rate of the same run is the reference for both) */
+    const int ns[5] = {1, 2, 4, 2, 4};
+    for (int k = 0; k < 5; k++) {
         int n = ns[k];
-        if (run_n(exe, dir, n, dur, &sps[n], &bps[n]) != 0) {
+        bool delayed = k >= 3;
+        if (run_n(exe, dir, n, delayed, dur, &sps[n], &bps[n]) != 0) {
             fprintf(stderr, "bench train: the %d-peer run failed (logs in %s)\n", n, dir);
             return 1;
         }
-        char f[64];
-        snprintf(f, sizeof f, "\"peers\":%d,\"slowdown\":3", n);
+        char f[96];
+        snprintf(f, sizeof f, "\"peers\":%d,\"slowdown\":3,\"delayed_updates\":%s", n,
+                 delayed ? "true" : "false");
         ap_bench_report(c, "samples_per_s", sps[n], "samples/s", f);
         if (n > 1) {
             char g[160];

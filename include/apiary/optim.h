@@ -136,6 +136,16 @@ typedef struct ap_collab_config {
     uint64_t download_timeout_us; /* whole download (0 = 120 s) */
     bool load_state_on_start;     /* download from donors in ap_collab_start (default true
                                      via ap_collab_config_default) */
+    /* Delayed updates (default false): when an epoch is due, the submit's
+     * callback runs as soon as the peer is READY and the matchmaking wait,
+     * the averaging round(s) and the optimizer step run in the background
+     * while the caller computes the next batches. Those batches are
+     * accumulated for the next epoch; their gradients are computed on the
+     * parameters of before the step (one optimizer step stale). The step is
+     * applied to the optimizer's own copy of the parameters and copied into
+     * params at the first ap_collab_submit (or ap_collab_apply_update) after
+     * the round ended. Costs 2·n more floats. */
+    bool delayed_updates;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -160,6 +170,9 @@ typedef struct ap_collab_stats {
     uint64_t records_refused;      /* progress records refused as impossible */
     uint64_t bytes_served;         /* state bytes sent to others */
     float last_loss;               /* mean loss of the last submitted batch */
+    /* delayed updates: samples submitted while a background round ran */
+    uint64_t samples_during_rounds;
+    uint64_t delayed_steps; /* steps applied from the background */
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */
@@ -195,6 +208,19 @@ AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
  * Not for AUX peers (AP_ESTATE). */
 AP_EXPORT int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
                                ap_collab_fn cb, void *arg);
+
+/* Delayed updates: copies a step finished in the background into params.
+ * Returns 1 if params changed, 0 if no update is waiting, AP_EBUSY while a
+ * background round runs (params untouched). The caller must not be computing
+ * on params. Loop thread. (ap_collab_submit does this by itself.) */
+AP_EXPORT int ap_collab_apply_update(ap_collab_t *c);
+/* The freshest parameters: the optimizer's copy while a background step
+ * runs or waits to be copied (delayed updates), else params. Read-only,
+ * owned by the collab. Loop thread. */
+AP_EXPORT const float *ap_collab_current_params(const ap_collab_t *c);
+/* Whether a background round (delayed updates) is running or its update
+ * waits to be copied into params. */
+AP_EXPORT bool ap_collab_update_pending(const ap_collab_t *c);
 
 AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);

@@ -49,6 +49,8 @@ static void collab_release(ap_collab_t *c)
     ap_nn_optim_free(c->opt);
     if (c->acc) ap__big_free(c->acc, c->acc_bytes);
     if (c->buf) ap__big_free(c->buf, c->buf_bytes);
+    if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
+    if (c->shadow) ap__big_free(c->shadow, c->acc_bytes);
     free(c->view);
     free(c);
 }
@@ -58,13 +60,44 @@ void ap__collab_unref(ap_collab_t *c)
     if (--c->refs == 0 && c->dead) collab_release(c);
 }
 
-static void finish_user(ap_collab_t *c, int status)
+/* Runs the pending callback (if any) without touching the phase. */
+static void release_user(ap_collab_t *c, int status)
 {
     ap_collab_fn cb = c->cb;
     void *arg = c->cb_arg;
     c->cb = NULL;
-    c->phase = PH_IDLE;
     if (cb) cb(c->rt, arg, status);
+}
+
+/* Delayed updates: the background round ended. With a step (next_epoch ran:
+ * the accumulators were already swapped) the update waits in shadow for the
+ * caller; without one (missed group, no group) the batches computed
+ * meanwhile stay in this epoch. */
+static void end_background(ap_collab_t *c)
+{
+    if (!c->bg) return;
+    c->bg = false;
+    if (c->bg_stepped) {
+        c->adopt = true;
+    } else {
+        for (size_t i = 0; i < c->n; i++) c->acc[i] += c->acc_next[i];
+        c->local_samples += c->next_samples;
+        memset(c->acc_next, 0, c->acc_bytes);
+        c->next_samples = 0;
+    }
+    c->bg_stepped = false;
+}
+
+static void finish_user(ap_collab_t *c, int status)
+{
+    end_background(c);
+    c->phase = PH_IDLE;
+    release_user(c, status);
+}
+
+const float *ap__collab_cur_params(const ap_collab_t *c)
+{
+    return c->shadow && (c->bg || c->adopt) ? c->shadow : c->params;
 }
 
 int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_collab_config_t *cfg,
@@ -109,6 +142,15 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     if (!c->acc || !c->buf || !c->view) {
         collab_release(c);
         return AP_ENOMEM;
+    }
+    if (c->cfg.delayed_updates && c->cfg.role != AP_AVG_AUX) {
+        c->acc_next = ap__big_alloc(c->acc_bytes);
+        c->shadow = ap__big_alloc(c->acc_bytes);
+        if (!c->acc_next || !c->shadow) {
+            collab_release(c);
+            return AP_ENOMEM;
+        }
+        memset(c->acc_next, 0, c->acc_bytes);
     }
     memset(c->acc, 0, c->acc_bytes);
     c->epoch_start_ms = ap_rt_wall_ms(rt);
@@ -427,7 +469,8 @@ static void apply_step(ap_collab_t *c, float *grad)
         }
     }
     float lr = ap_nn_lr_at(&c->cfg.lr, c->epoch);
-    int rc = ap_nn_optim_step(c->opt, c->params, grad, lr);
+    /* delayed updates: the caller computes on params meanwhile */
+    int rc = ap_nn_optim_step(c->opt, c->bg ? c->shadow : c->params, grad, lr);
     if (rc)
         ap_warn(OPT_MOD, "epoch %llu: optimizer step failed: %s", (unsigned long long)c->epoch,
                 ap_strerror(rc));
@@ -439,7 +482,18 @@ static void next_epoch(ap_collab_t *c)
     c->epoch++;
     c->local_samples = 0;
     memset(c->acc, 0, c->acc_bytes);
-    c->epoch_start_ms = ap_rt_wall_ms(c->rt);
+    if (c->bg) {
+        /* the batches computed during the round open the new epoch */
+        float *t = c->acc;
+        c->acc = c->acc_next;
+        c->acc_next = t;
+        c->local_samples = c->next_samples;
+        c->next_samples = 0;
+        c->bg_stepped = true;
+    }
+    /* delayed updates: the new epoch's samples were computed since the
+     * round began (readers check samples against speed × epoch time) */
+    c->epoch_start_ms = c->bg ? c->bg_start_ms : ap_rt_wall_ms(c->rt);
     c->ready_ms = 0;
     c->st.epoch = c->epoch;
 }
@@ -450,7 +504,7 @@ static void begin_state_round(ap_collab_t *c)
     float *data = NULL;
     double w = 0;
     if (c->cfg.role != AP_AVG_AUX) {
-        memcpy(c->buf, c->params, c->n * sizeof(float));
+        memcpy(c->buf, c->bg ? c->shadow : c->params, c->n * sizeof(float));
         if (c->opt->state_count)
             memcpy(c->buf + c->n, c->opt->state, c->opt->state_count * sizeof(float));
         data = c->buf;
@@ -507,7 +561,7 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
                     res->status ? ap_strerror(res->status) : "parts failed",
                     100.0 * res->averaged_fraction);
         if (c->cfg.role != AP_AVG_AUX && res->elems_averaged > 0) {
-            memcpy(c->params, c->buf, c->n * sizeof(float));
+            memcpy(c->bg ? c->shadow : c->params, c->buf, c->n * sizeof(float));
             if (c->opt->state_count)
                 memcpy(c->opt->state, c->buf + c->n, c->opt->state_count * sizeof(float));
         }
@@ -637,6 +691,15 @@ static void begin_averaging(ap_collab_t *c)
         wait = (uint64_t)(left > 0 ? left : 0) * 1000 + c->cfg.matchmaking_window_us / 2;
     }
     c->mm_timer = ap_rt_timer_start(c->rt, wait, 0, mm_tick, c);
+    if (c->shadow && c->cb) {
+        /* delayed updates: the caller computes the next batches while the
+         * group gathers and averages; the step goes to shadow */
+        memcpy(c->shadow, c->params, c->acc_bytes);
+        c->bg = true;
+        c->bg_start_ms = now;
+        c->bg_stepped = false;
+        release_user(c, 0);
+    }
 }
 
 /* Someone of this epoch is READY and the group is still open. */
@@ -799,12 +862,21 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
                      ap_collab_fn cb, void *arg)
 {
     if (c->cfg.role == AP_AVG_AUX || !c->started) return AP_ESTATE;
-    if (c->phase != PH_IDLE || c->cb) return AP_EBUSY;
+    if (c->cb || (c->phase != PH_IDLE && !c->bg)) return AP_EBUSY;
     if (!grad || samples == 0) return AP_EINVAL;
     uint64_t now = ap_rt_now_us(c->rt);
     const float s = (float)samples;
-    for (size_t i = 0; i < c->n; i++) c->acc[i] += grad[i] * s;
-    c->local_samples += samples;
+    /* delayed updates: during a background round the batch belongs to the
+     * next epoch; after it, the finished step is copied in first (the caller
+     * is not computing now) */
+    float *acc = c->bg ? c->acc_next : c->acc;
+    for (size_t i = 0; i < c->n; i++) acc[i] += grad[i] * s;
+    if (c->bg) {
+        c->next_samples += samples;
+        c->st.samples_during_rounds += samples;
+    } else {
+        c->local_samples += samples;
+    }
     double dt = (double)(now - c->last_submit_us) / 1e6;
     if (dt > 0) {
         double inst = samples / dt;
@@ -814,6 +886,11 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     c->st.last_loss = loss;
     c->cb = cb;
     c->cb_arg = arg;
+    if (c->bg) {
+        release_user(c, 0);
+        return 0;
+    }
+    ap_collab_apply_update(c);
 
     estimate_t e;
     estimate(c, &e);
@@ -839,6 +916,26 @@ void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out)
     *out = c->st;
     out->epoch = c->epoch;
     out->local_samples = c->local_samples;
+}
+
+int ap_collab_apply_update(ap_collab_t *c)
+{
+    if (c->bg) return AP_EBUSY;
+    if (!c->adopt) return 0;
+    memcpy(c->params, c->shadow, c->acc_bytes);
+    c->adopt = false;
+    c->st.delayed_steps++;
+    return 1;
+}
+
+const float *ap_collab_current_params(const ap_collab_t *c)
+{
+    return ap__collab_cur_params(c);
+}
+
+bool ap_collab_update_pending(const ap_collab_t *c)
+{
+    return c->bg || c->adopt;
 }
 
 uint64_t ap_collab_epoch(const ap_collab_t *c)

@@ -73,6 +73,15 @@ struct ap_collab {
     float *buf; /* total = n + state_count: averaging and downloads */
     size_t total;
     size_t buf_bytes, acc_bytes;
+    /* delayed updates (NULL otherwise): the next epoch's accumulator while a
+     * round runs in the background, and the optimizer's copy of params that
+     * the background step writes */
+    float *acc_next, *shadow;
+    uint64_t next_samples;
+    bool bg;             /* a round runs in the background (the caller is computing) */
+    bool adopt;          /* shadow holds a finished update not yet copied into params */
+    bool bg_stepped;     /* the background round stepped (accumulators swapped) */
+    int64_t bg_start_ms; /* wall clock when the background round began */
 
     uint64_t epoch;
     uint64_t local_samples;
@@ -124,5 +133,7 @@ void ap__state_download_abort(struct ap_collab *c, int err);
 
 /* collab.c */
 void ap__collab_unref(struct ap_collab *c);
+/* The freshest parameters (shadow during/after a background step). */
+const float *ap__collab_cur_params(const struct ap_collab *c);
 
 #endif

@@ -103,7 +103,7 @@ static int serve_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id
     }
     /* snapshot now: params and state only change on this thread */
     uint64_t from_params = off < c->n ? (c->n - off < cnt ? c->n - off : cnt) : 0;
-    if (from_params) memcpy(snap, c->params + off, from_params * sizeof(float));
+    if (from_params) memcpy(snap, ap__collab_cur_params(c) + off, from_params * sizeof(float));
     if (cnt > from_params)
         memcpy(snap + from_params, c->opt->state + (off + from_params - c->n),
                (cnt - from_params) * sizeof(float));

@@ -53,6 +53,8 @@ static void usage(void)
            "  --slowdown X              sleep X times the compute time after each batch\n"
            "  --seed N                  data order seed (default 1)\n"
            "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
+           "  --delayed-updates         average and step in the background while the next\n"
+           "                            batches are computed (one optimizer step stale)\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n"
            "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
@@ -69,7 +71,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux;
+    bool client, aux, delayed;
     double up, down, lr, slowdown, duration, mm_window;
     uint8_t codec;
     uint32_t state_every;
@@ -100,6 +102,30 @@ static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     ap_rt_get_stats(rt, arg);
+    ap_sync_complete(done, 0);
+}
+
+/* Delayed updates: the checkpoint is written on the loop thread, where no
+ * background step can run meanwhile, and only when params and the optimizer
+ * state agree (no update running or waiting to be copied in); AP_EBUSY
+ * otherwise (the caller retries after its next batch). */
+typedef struct ckpt_args {
+    const char *path;
+    ap_nn_model_t *m;
+    ap_collab_t *c;
+    uint64_t epoch;
+    int rc;
+} ckpt_args_t;
+
+static void ckpt_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ckpt_args_t *a = arg;
+    if (ap_collab_update_pending(a->c)) {
+        a->rc = AP_EBUSY;
+    } else {
+        a->epoch = ap_collab_epoch(a->c);
+        a->rc = ap_nn_checkpoint_save(a->path, a->m, ap_collab_optim(a->c), a->epoch);
+    }
     ap_sync_complete(done, 0);
 }
 
@@ -225,6 +251,7 @@ static int run(const topts_t *o)
     cfg.averaging_timeout_us = 20000000;
     cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
     cfg.codec = o->codec;
+    cfg.delayed_updates = o->delayed;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
@@ -286,6 +313,7 @@ static int run(const topts_t *o)
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
     uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    bool ck_due = false; /* delayed updates: a checkpoint waits for a consistent state */
     while (!rc && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
@@ -339,10 +367,11 @@ static int run(const topts_t *o)
                    now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
-            if (ckpath[0]) {
+            if (ckpath[0] && !o->delayed) {
                 int r = ap_nn_checkpoint_save(ckpath, m, ap_collab_optim(c), st.epoch);
                 if (r) fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
             }
+            if (ckpath[0] && o->delayed) ck_due = true;
         } else if (tty && now - last_status > 0.25) {
             printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
                    "| eta %.1fs",
@@ -350,6 +379,13 @@ static int run(const topts_t *o)
                    st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
             fflush(stdout);
             last_status = now;
+        }
+        if (ck_due) {
+            ckpt_args_t ca = {.path = ckpath, .m = m, .c = c};
+            ap_node_call_sync(rt, ckpt_fn, &ca);
+            if (ca.rc != AP_EBUSY) ck_due = false;
+            if (ca.rc && ca.rc != AP_EBUSY)
+                fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(ca.rc));
         }
     }
     if (c) {
@@ -361,11 +397,12 @@ static int run(const topts_t *o)
         if (tty) printf("\r\033[K");
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
-               "refused records %llu | %.0fs\n",
+               "refused records %llu | computed during rounds %llu | %.0fs\n",
                (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
-               (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused, el);
+               (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
+               (unsigned long long)st.samples_during_rounds, el);
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
@@ -411,6 +448,7 @@ static int train_main(int argc, char **argv)
                                           {"seed", required_argument, NULL, 'e'},
                                           {"matchmaking-window", required_argument, NULL, 'W'},
                                           {"log-level", required_argument, NULL, 'v'},
+                                          {"delayed-updates", no_argument, NULL, 'U'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int ch;
@@ -501,6 +539,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'W':
             o.mm_window = atof(optarg);
+            break;
+        case 'U':
+            o.delayed = true;
             break;
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
