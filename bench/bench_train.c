@@ -10,6 +10,7 @@
  * four peers then need about one core for compute and the measurement shows
  * the collaboration's overhead rather than CPU contention. */
 #include "bench.h"
+#include "proc.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -20,34 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static pid_t spawn(const char *exe, char *const argv[], const char *log)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stdout)) _exit(127);
-        dup2(fileno(stdout), STDERR_FILENO);
-        execv(exe, argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static bool find_line(const char *path, const char *prefix, char *out, size_t n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    char line[1024];
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, prefix, strlen(prefix)) == 0) {
-            snprintf(out, n, "%s", line);
-            found = true;
-        }
-    fclose(f);
-    return found;
-}
-
 /* Runs N peers for dur seconds; returns 0 and the totals. */
 static int run_n(const char *exe, const char *dir, int n, bool delayed, double dur, double *sps,
                  double *bps)
@@ -55,11 +28,11 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, double d
     char blog[600], addr[1100] = "", line[1100];
     snprintf(blog, sizeof blog, "%s/boot%d%s.log", dir, n, delayed ? "d" : "");
     char *bargv[] = {(char *)exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    pid_t boot = spawn(exe, bargv, blog);
+    pid_t boot = ap_cli_spawn_logged(exe, bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
-        if (find_line(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        if (ap_cli_last_line(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", line + 2);
         }
@@ -98,14 +71,14 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, double d
                       seed,
                       delayed ? "--delayed-updates" : NULL,
                       NULL};
-        pids[i] = spawn(exe, av, logs[i]);
+        pids[i] = ap_cli_spawn_logged(exe, av, logs[i]);
     }
     for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
     kill(boot, SIGTERM);
     waitpid(boot, NULL, 0);
     double samples = 0, bytes = 0, el = 0;
     for (int i = 0; i < n; i++) {
-        if (!find_line(logs[i], "summary:", line, sizeof line)) return -1;
+        if (!ap_cli_last_line(logs[i], "summary:", line, sizeof line)) return -1;
         double lsps = 0, secs = 0;
         unsigned long long sent = 0;
         const char *p = strstr(line, "local ");

@@ -4,6 +4,7 @@
  * Midway one peer is killed (SIGKILL) and a fresh one joins and catches up by
  * downloading the state. Prints the loss as it falls and a summary. */
 #include "cli.h"
+#include "proc.h"
 
 #include "apiary/nn.h"
 
@@ -33,38 +34,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static pid_t spawn(const char *exe, char *const argv[], const char *log)
-{
-    fflush(stdout); /* a child must not inherit unflushed output */
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stdout);
-        if (!f) _exit(127);
-        dup2(fileno(stdout), STDERR_FILENO);
-        execv(exe, argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* The last line of a log starting with prefix (into out). */
-static bool last_line(const char *path, const char *prefix, char *out, size_t n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    char line[1024];
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, prefix, strlen(prefix)) == 0) {
-            snprintf(out, n, "%s", line);
-            found = true;
-        }
-    fclose(f);
-    if (found) out[strcspn(out, "\n")] = 0;
-    return found;
 }
 
 static bool log_has(const char *path, const char *needle)
@@ -139,14 +108,14 @@ static int demo_main(int argc, char **argv)
     proc_t boot = {0};
     snprintf(boot.log, sizeof boot.log, "%s/bootstrap.log", dir);
     char *bargv[] = {exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    boot.pid = spawn(exe, bargv, boot.log);
+    boot.pid = ap_cli_spawn_logged(exe, bargv, boot.log);
     boot.alive = boot.pid > 0;
     char addr[1100] = "";
     for (int i = 0; i < 100 && !addr[0]; i++) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
         char line[1024];
-        if (last_line(boot.log, "  /ip4/127.0.0.1/tcp/", line, sizeof line))
+        if (ap_cli_last_line(boot.log, "  /ip4/127.0.0.1/tcp/", line, sizeof line))
             snprintf(addr, sizeof addr, "%s", line + 2);
     }
     if (!addr[0]) {
@@ -191,7 +160,7 @@ static int demo_main(int argc, char **argv)
                       extra1,                                                                      \
                       extra2,                                                                      \
                       NULL};                                                                       \
-        p[i].pid = spawn(exe, av, p[i].log);                                                       \
+        p[i].pid = ap_cli_spawn_logged(exe, av, p[i].log);                                         \
         p[i].alive = p[i].pid > 0;                                                                 \
         p[i].started = now_s();                                                                    \
         printf("%5.1fs  started %s (%s), pid %d\n", now_s() - t0, p[i].name, roles[i],             \
@@ -235,13 +204,13 @@ static int demo_main(int argc, char **argv)
             if (nsample < 64) peers_over_time[nsample++] = alive;
             char line[1024] = "";
             int src = p[0].alive ? 0 : 4;
-            if (last_line(p[src].log, "epoch ", line, sizeof line))
+            if (ap_cli_last_line(p[src].log, "epoch ", line, sizeof line))
                 printf("%5.1fs  %d peers | %s: %s\n", t, alive, p[src].name, line);
             else
                 printf("%5.1fs  %d peers | joining...\n", t, alive);
             if (joined && !caught_said && log_has(p[4].log, "caught up")) {
                 char cl[1024];
-                if (last_line(p[4].log, "caught up", cl, sizeof cl))
+                if (ap_cli_last_line(p[4].log, "caught up", cl, sizeof cl))
                     printf("         peer4 %s\n", cl);
                 caught_said = true;
             }
@@ -279,7 +248,7 @@ static int demo_main(int argc, char **argv)
     printf("\nsummary (per process):\n");
     for (int i = 0; i < np; i++) {
         char s[1024];
-        if (last_line(p[i].log, "summary:", s, sizeof s))
+        if (ap_cli_last_line(p[i].log, "summary:", s, sizeof s))
             printf("  %-6s %-15s %s\n", p[i].name, roles[i], s + 9);
         else
             printf("  %-6s %-15s %s\n", p[i].name, roles[i],
