@@ -116,8 +116,16 @@ static void test_codec_rejects(void **state)
     ap_frame_t f;
     hdr(h, 0, 0, 1, 0);
     assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown type */
-    hdr(h, 6, 0, 1, 4);
-    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO);
+    hdr(h, 7, 0, 0, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown type */
+    hdr(h, AP_FRAME_GOAWAY, 0, 0, 0);
+    assert_ok(ap__frame_parse_hdr(h, &f)); /* GOAWAY: stream 0, empty, no flags */
+    hdr(h, AP_FRAME_GOAWAY, 0, 1, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* not on a stream */
+    hdr(h, AP_FRAME_GOAWAY, 0, 0, 4);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* no payload */
+    hdr(h, AP_FRAME_GOAWAY, 1, 0, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* no flags */
     hdr(h, AP_FRAME_DATA, 0x02, 1, 4);
     assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown flag */
     hdr(h, AP_FRAME_DATA, 0, 0, 4);

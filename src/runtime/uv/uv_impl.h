@@ -18,6 +18,7 @@
 #define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
+#define AP_MUX_DRAIN_US        (30000000u)  /* a connection after GOAWAY: close by then */
 #define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
 #define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
 
@@ -192,6 +193,11 @@ struct ap_mconn {
     uint32_t unacked;
     size_t rx_buffered; /* bytes in reassembly + paused queues */
     uint64_t dial_timer;
+    /* GOAWAY (docs/protocol.md): no new streams on this connection once
+     * either is set; closed when both are set and no stream is left, or when
+     * drain_timer fires */
+    bool goaway_sent, goaway_rcvd;
+    uint64_t drain_timer;
     /* explicit dials waiting for this connection */
     struct ap_dial *dials;
 };
