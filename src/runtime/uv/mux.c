@@ -218,8 +218,7 @@ static void conn_goaway(ap_mconn_t *c)
 {
     if (c->goaway_sent || c->state != MC_UP) return;
     c->goaway_sent = true;
-    ap_debug("mux", "GOAWAY on a connection to %s (%u streams to drain)", c->short_id,
-             c->nstreams);
+    ap_debug("mux", "GOAWAY on a connection to %s (%u streams to drain)", c->short_id, c->nstreams);
     c->drain_timer = ap_rt_timer_start(&c->node->rt, AP_MUX_DRAIN_US, 0, drain_timeout, c);
     ctl_rc(c, ap__frame_put_goaway(&c->obuf));
 }
