@@ -784,6 +784,16 @@ static void writable_cb(ap_node_t *n, void *arg, int status)
     if (s->pub.cbs.on_writable) s->pub.cbs.on_writable(&s->pub, s->pub.arg);
 }
 
+/* Hands the frame buffer to the transport. */
+static void conn_write_obuf(ap_mconn_t *c)
+{
+    if (c->state != MC_UP || !c->t || c->obuf.len == 0) return;
+    int rc = c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
+    c->node->stats.bytes_sent += c->obuf.len;
+    ap__buf_reset(&c->obuf);
+    if (rc == 1) c->blocked = true; /* rc < 0: on_close follows */
+}
+
 /* Frames one DATA frame of s. Returns whether s can send more now. */
 static bool ms_frame_one(ap_mstream_t *s)
 {
@@ -795,10 +805,33 @@ static bool ms_frame_one(ap_mstream_t *s)
     if ((int64_t)k > c->credit) k = (size_t)c->credit;
     if (k == 0 && left > 0) return false;
     bool start = !m->started;
-    int rc = ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
-    if (rc < 0) {
-        conn_fail(c, AP_ENOMEM, "out of memory framing data");
-        return false;
+    if (k >= AP_MUX_DIRECT_MIN) {
+        /* Big fragment: the header goes right before the bytes (into the
+         * head room, or over bytes already written), and the frame goes to
+         * the transport from the message itself: one transport write per
+         * frame, so over TCP each frame is one whole Noise message (sealed
+         * straight from here; the receiver never reassembles it either). */
+        size_t hl = AP_FRAME_HDR + (start ? 4u : 0u);
+        uint8_t *h = m->data + m->off - hl;
+        h[0] = AP_FRAME_DATA;
+        h[1] = start ? AP_FRAME_F_START : 0;
+        ap__put_be32(h + 2, s->sid);
+        ap__put_be16(h + 6, (uint16_t)(k + hl - AP_FRAME_HDR));
+        if (start) ap__put_be32(h + 8, (uint32_t)m->len);
+        conn_write_obuf(c); /* frames queued before this one go first */
+        if (c->state == MC_UP && c->t) {
+            int rc = c->t->vt->write(c->t, h, hl + k);
+            c->node->stats.bytes_sent += hl + k;
+            c->direct_bytes += hl + k;
+            if (rc == 1) c->blocked = true;
+        }
+    } else {
+        int rc =
+            ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
+        if (rc < 0) {
+            conn_fail(c, AP_ENOMEM, "out of memory framing data");
+            return false;
+        }
     }
     m->started = true;
     m->off += k;
@@ -835,8 +868,9 @@ void ap__mconn_flush(ap_mconn_t *c)
         return;
     }
     for (int round = 0; round < 8; round++) {
-        while (!c->blocked && c->sched_head && c->credit > 0 && c->obuf.len < AP_MUX_FLUSH_BYTES &&
-               c->state == MC_UP) {
+        c->direct_bytes = 0;
+        while (!c->blocked && c->sched_head && c->credit > 0 &&
+               c->obuf.len + c->direct_bytes < AP_MUX_FLUSH_BYTES && c->state == MC_UP) {
             ap_mstream_t *s = c->sched_head;
             c->sched_head = s->sched_next;
             if (!c->sched_head) c->sched_tail = NULL;
@@ -852,12 +886,9 @@ void ap__mconn_flush(ap_mconn_t *c)
                 c->sched_tail = s;
             }
         }
-        if (c->state != MC_UP || c->obuf.len == 0) return;
-        int rc = c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
-        n->stats.bytes_sent += c->obuf.len;
-        ap__buf_reset(&c->obuf);
-        if (rc == 1) c->blocked = true;
-        if (rc < 0) return; /* on_close follows */
+        if (c->state != MC_UP) return;
+        conn_write_obuf(c);
+        if (c->state != MC_UP || !c->t) return; /* on_close follows */
         if (c->blocked || !c->sched_head || c->credit <= 0) return;
     }
     want_flush(c); /* more to send: yield to the loop first */
