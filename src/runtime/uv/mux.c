@@ -826,8 +826,7 @@ static bool ms_frame_one(ap_mstream_t *s)
             if (rc == 1) c->blocked = true;
         }
     } else {
-        int rc =
-            ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
+        int rc = ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
         if (rc < 0) {
             conn_fail(c, AP_ENOMEM, "out of memory framing data");
             return false;
