@@ -254,6 +254,11 @@ typedef struct ap_rt_stats {
     uint64_t streams_opened;
     uint64_t streams_accepted;
     uint32_t connections;
+    /* connections this node told to go away (GOAWAY: duplicate connections
+     * to one peer after a simultaneous dial; docs/protocol.md), and streams
+     * a peer opened after its own GOAWAY (refused). 0 in the simulator. */
+    uint64_t goaways;
+    uint64_t goaway_refused;
 } ap_rt_stats_t;
 
 AP_EXPORT void ap_rt_get_stats(ap_rt_t *rt, ap_rt_stats_t *out);

@@ -66,13 +66,21 @@ void ap__secure_creds_clear(ap_secure_creds_t *c)
 int ap__secure_init(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool initiator,
                     const ap_peer_id_t *expected, const uint8_t *e_priv)
 {
+    return ap__secure_init_prologue(hs, creds, initiator, expected, e_priv, NULL, 0);
+}
+
+int ap__secure_init_prologue(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool initiator,
+                             const ap_peer_id_t *expected, const uint8_t *e_priv,
+                             const uint8_t *prologue, size_t prologue_len)
+{
     memset(hs, 0, sizeof *hs);
     hs->creds = creds;
     if (expected) {
         hs->has_expected = true;
         hs->expected = *expected;
     }
-    return ap__noise_hs_init(&hs->noise, creds->hash, initiator, NULL, 0, creds->s_priv, e_priv);
+    return ap__noise_hs_init(&hs->noise, creds->hash, initiator, prologue, prologue_len,
+                             creds->s_priv, e_priv);
 }
 
 bool ap__secure_my_turn(const ap_secure_hs_t *hs)

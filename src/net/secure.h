@@ -51,6 +51,12 @@ typedef struct ap_secure_hs {
  * passes NULL). e_priv: fixed ephemeral key for tests, else NULL. */
 int ap__secure_init(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool initiator,
                     const ap_peer_id_t *expected, const uint8_t *e_priv);
+/* Same, with a Noise prologue (mixed into the handshake hash: both sides must
+ * use the same bytes or message 2 fails to decrypt). ap__secure_init uses an
+ * empty one. */
+int ap__secure_init_prologue(ap_secure_hs_t *hs, const ap_secure_creds_t *creds, bool initiator,
+                             const ap_peer_id_t *expected, const uint8_t *e_priv,
+                             const uint8_t *prologue, size_t prologue_len);
 
 bool ap__secure_my_turn(const ap_secure_hs_t *hs);
 bool ap__secure_done(const ap_secure_hs_t *hs);

@@ -601,7 +601,20 @@ static void hs_finish(ap_tcp_conn_t *c)
     }
     t->stats.handshakes_ok++;
     ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
-    if (old) {
+    bool in_table = true;
+    if (old && t->cfg.keep_duplicates && old->outbound != c->outbound) {
+        /* both stay open; the layer above retires the loser (GOAWAY) */
+        t->stats.dup_kept++;
+        if (new_wins(t, old, c)) {
+            ap_debug(MOD, "duplicate connection %s %s: it becomes the peer's connection",
+                     c->outbound ? "to" : "from", c->who);
+            table_remove(t, old);
+        } else {
+            ap_debug(MOD, "duplicate connection %s %s: kept open for the layer above",
+                     c->outbound ? "to" : "from", c->who);
+            in_table = false;
+        }
+    } else if (old) {
         t->stats.dup_closed++;
         if (!new_wins(t, old, c)) {
             ap_debug(MOD, "duplicate connection %s %s: keeping the existing one",
@@ -619,7 +632,7 @@ static void hs_finish(ap_tcp_conn_t *c)
                  c->outbound ? "to" : "from", c->who);
         conn_close(old, AP_EEXIST);
     }
-    if (table_insert(t, c) != 0) {
+    if (in_table && table_insert(t, c) != 0) {
         conn_close(c, AP_ENOMEM);
         return;
     }
@@ -826,8 +839,9 @@ static int conn_start_hs(ap_tcp_conn_t *c)
     ap_tcp_t *t = c->t;
     c->hs = malloc(sizeof *c->hs);
     if (!c->hs) return AP_ENOMEM;
-    int rc =
-        ap__secure_init(c->hs, &t->creds, c->outbound, c->has_expected ? &c->expected : NULL, NULL);
+    int rc = ap__secure_init_prologue(c->hs, &t->creds, c->outbound,
+                                      c->has_expected ? &c->expected : NULL, NULL,
+                                      (const uint8_t *)AP_TCP_PROLOGUE, strlen(AP_TCP_PROLOGUE));
     if (rc) return rc;
     c->st = C_HANDSHAKE;
     c->last_rx = c->last_tx = now_ms(t);

@@ -13,11 +13,17 @@
  * one WARN log line naming the peer (its short PeerID, or its address when it
  * has not authenticated yet).
  *
+ * VERSION. The handshake's Noise prologue is AP_TCP_PROLOGUE (the version of
+ * what runs on top: the mux wire protocol); a peer with another prologue
+ * fails the handshake at message 2 (AP_EAUTH), before any frame is read.
  * ONE CONNECTION PER PEER. When two authenticated connections to the same
  * peer exist (both sides dialled at once), both ends keep the one dialled by
  * the smaller PeerID (memcmp of the id bytes) and close the other; two
  * connections dialled by the same side: the older is kept. Dials to a peer
- * with a pending dial join it.
+ * with a pending dial join it. With cfg.keep_duplicates, a duplicate dialled
+ * by the other side is not closed: it is announced like any connection and
+ * the layer above retires it (the mux's GOAWAY); ap__tcp_find returns the
+ * one the rule keeps.
  *
  * LIVENESS. If nothing was sent for keepalive_ms, an empty message is sent;
  * if nothing arrived for dead_ms, the peer is declared dead (AP_ETIMEDOUT);
@@ -53,6 +59,9 @@ typedef struct ap_tcp_conn ap_tcp_conn_t;
 
 #define AP_TCP_HS_MSG_MAX    2048 /* handshake messages are ~200 bytes; cap memory */
 #define AP_TCP_MAX_LISTENERS 4
+/* Noise prologue: bumped with the mux wire version (frame.h,
+ * AP_MUX_WIRE_VERSION); version 1 used an empty prologue. */
+#define AP_TCP_PROLOGUE "/apiary/mux/2"
 
 typedef struct ap_tcp_cfg {
     size_t max_conns;              /* open + handshaking; 0 = 1024 */
@@ -64,6 +73,7 @@ typedef struct ap_tcp_cfg {
     size_t write_queue_max;        /* 0 = 4 MiB */
     ap_noise_hash_t hash;          /* AP_NOISE_BLAKE2B (0) by default */
     size_t read_buf_size;          /* shared read buffer; 0 = 256 KiB */
+    bool keep_duplicates;          /* see ONE CONNECTION PER PEER above */
 } ap_tcp_cfg_t;
 
 typedef struct ap_tcp_cbs {
@@ -150,6 +160,7 @@ typedef struct ap_tcp_stats {
     uint64_t bytes_sent, bytes_received; /* on the wire */
     uint32_t open, handshaking;
     uint64_t handshakes_ok, handshakes_failed, closed_bad_input, dup_closed;
+    uint64_t dup_kept; /* duplicates left open for the layer above (keep_duplicates) */
 } ap_tcp_stats_t;
 void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
 

@@ -2,7 +2,10 @@
  * the transport keeps one connection per peer, so a dial may be resolved with
  * a connection the node's mux already owns (the one the peer opened). The
  * dial must then succeed on that connection, and calls queued behind it must
- * run on it; the peers end with one connection. */
+ * run on it; the peers end with one connection.
+ * Simultaneous dials with calls and streams already queued (TCP and the
+ * in-process transport): the duplicate connection is retired with GOAWAY
+ * once its calls and streams are done, so every one of them succeeds. */
 #include "aptest.h"
 
 #include "apiary/node.h"
@@ -10,6 +13,9 @@
 #include "net/tcp.h"
 #include "runtime/uv/uv_impl.h"
 
+#include "base/buf.h"
+
+#include <stdlib.h>
 #include <string.h>
 
 #define WAIT_US (10u * 1000u * 1000u)
@@ -211,7 +217,7 @@ static void test_simultaneous_dials(void **state)
                      ap_err_name(db.status));
         assert_true(ap_peer_id_eq(&da.peer, self_id(b)));
         assert_true(ap_peer_id_eq(&db.peer, self_id(a)));
-        /* settle: the transport closes the losing duplicate */
+        /* settle: the losing duplicate is retired (GOAWAY) and closed */
         two_t t2 = {a, b};
         assert_true(ap_host_run_until(h, settled, &t2, WAIT_US));
         int left = 2;
@@ -235,11 +241,232 @@ static void test_simultaneous_dials(void **state)
     }
 }
 
+/* ---- calls and streams in flight while the duplicate is retired ---------- */
+
+typedef struct slow {
+    ap_rt_t *rt;
+    ap_rpc_req_t *req;
+} slow_t;
+
+static void slow_fire(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    slow_t *s = arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(s->req, &n);
+    ap_rpc_respond(s->req, d, n);
+    free(s);
+}
+
+/* Echo after 20 ms: the call is still running when GOAWAY arrives. */
+static void slow_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)arg;
+    slow_t *s = malloc(sizeof *s);
+    assert_non_null(s);
+    s->rt = rt;
+    s->req = req;
+    assert_true(ap_rt_timer_start(rt, 20000, 0, slow_fire, s) != 0);
+}
+
+static void echo_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)arg;
+    assert_ok(ap_stream_send(s, d, n));
+}
+
+static void echo_end(ap_stream_t *s, void *arg)
+{
+    (void)arg;
+    ap_stream_close(s);
+}
+
+static const ap_stream_cbs_t echo_cbs = {.on_msg = echo_msg, .on_end = echo_end};
+
+static int echo_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                       const uint8_t *hello, size_t len)
+{
+    (void)rt;
+    (void)arg;
+    (void)peer;
+    (void)hello;
+    (void)len;
+    ap_stream_set_cbs(s, &echo_cbs, NULL);
+    return 0;
+}
+
+#define NCALLS 8
+#define NMSGS  20
+
+typedef struct client {
+    int got; /* echoed messages, in order */
+    bool order_ok;
+    bool closed;
+    int status;
+} client_t;
+
+static void client_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)s;
+    client_t *c = arg;
+    if (n != 4 || (int)ap__get_be32(d) != c->got) c->order_ok = false;
+    c->got++;
+}
+
+static void client_close(ap_stream_t *s, void *arg, int status)
+{
+    (void)s;
+    client_t *c = arg;
+    c->closed = true;
+    c->status = status;
+}
+
+static const ap_stream_cbs_t client_cbs = {.on_msg = client_msg, .on_close = client_close};
+
+typedef struct flight {
+    int left; /* calls */
+    client_t cl[2];
+} flight_t;
+
+static bool flight_done(void *arg)
+{
+    flight_t *f = arg;
+    return f->left == 0 && f->cl[0].closed && f->cl[1].closed;
+}
+
+static void flight_node(ap_host_t *h, bool tcp, ap_rt_t **rt, char *addr)
+{
+    ap_node_opts_t o = {.listen = tcp ? "/ip4/127.0.0.1/tcp/0" : NULL};
+    assert_ok(ap_node_new(h, &o, rt));
+    char a[1][AP_RT_ADDR_MAX];
+    assert_int_equal(ap_rt_listen_addrs(*rt, a, 1, false), 1);
+    strcpy(addr, a[0]);
+    assert_ok(ap_rt_rpc_register(*rt, "/t/slow/1", 0, slow_echo, NULL));
+    assert_ok(ap_rt_rpc_register(*rt, "/t/echo/1", 0, echo, NULL));
+    ap_stream_opts_t so = {.window = 64};
+    assert_ok(ap_rt_stream_listen(*rt, "/t/echo-stream/1", &so, echo_accept, NULL));
+}
+
+static bool mux_settled(void *arg)
+{
+    two_t *t = arg;
+    ap_rt_stats_t sa, sb;
+    ap_rt_get_stats(t->a, &sa);
+    ap_rt_get_stats(t->b, &sb);
+    return sa.connections == 1 && sb.connections == 1;
+}
+
+/* Both peers know each other's address and, in the same loop turn, each
+ * makes NCALLS slow calls and opens a stream that sends NMSGS messages
+ * (window 64: the stream is still sending when the duplicate is found). The
+ * two implicit dials cross; one connection goes away with its calls and
+ * streams on it. Every call must succeed and every stream must end cleanly
+ * with all its messages echoed in order; then the peers settle on one
+ * connection and GOAWAY was sent (the test checks the race really
+ * happened). */
+static void run_calls_in_flight(bool tcp)
+{
+    int rounds = ap_test_sanitized() ? 6 : 20;
+    uint64_t goaways = 0;
+    for (int round = 0; round < rounds; round++) {
+        ap_host_t *h = ap_host_new();
+        assert_non_null(h);
+        ap_rt_t *a, *b;
+        char a_addr[AP_RT_ADDR_MAX], b_addr[AP_RT_ADDR_MAX];
+        flight_node(h, tcp, &a, a_addr);
+        flight_node(h, tcp, &b, b_addr);
+        assert_ok(ap_rt_add_addr(a, self_id(b), b_addr));
+        assert_ok(ap_rt_add_addr(b, self_id(a), a_addr));
+        flight_t f = {.left = 2 * NCALLS};
+        call_t calls[2 * NCALLS];
+        ap_rt_t *sides[2] = {round & 1 ? a : b, round & 1 ? b : a};
+        ap_stream_t *st[2];
+        for (int k = 0; k < 2; k++) {
+            ap_rt_t *from = sides[k], *to = sides[1 - k];
+            f.cl[k].order_ok = true;
+            ap_stream_opts_t so = {.window = 64};
+            assert_ok(ap_rt_stream_open(from, self_id(to), "/t/echo-stream/1", NULL, 0, &so,
+                                        &client_cbs, &f.cl[k], &st[k]));
+            for (int i = 0; i < NCALLS; i++) {
+                call_t *c = &calls[k * NCALLS + i];
+                *c = (call_t){.left = &f.left};
+                assert_true(ap_rt_rpc_call(from, self_id(to), "/t/slow/1", (const uint8_t *)"hello",
+                                           5, NULL, on_done, c) != 0);
+            }
+        }
+        /* the streams send as their window allows */
+        int sent[2] = {0, 0};
+        uint64_t t0 = ap_rt_now_us(a);
+        while (!flight_done(&f) && ap_rt_now_us(a) - t0 < WAIT_US) {
+            for (int k = 0; k < 2; k++) {
+                while (sent[k] < NMSGS) {
+                    uint8_t m[4];
+                    ap__put_be32(m, (uint32_t)sent[k]);
+                    int rc = ap_stream_send(st[k], m, 4);
+                    if (rc == AP_EAGAIN) break;
+                    if (rc < 0) fail_msg("round %d: stream send %s", round, ap_err_name(rc));
+                    if (++sent[k] == NMSGS) assert_ok(ap_stream_close(st[k]));
+                }
+            }
+            ap_host_run_once(h, 1000);
+        }
+        assert_true(flight_done(&f));
+        for (int i = 0; i < 2 * NCALLS; i++)
+            if (!calls[i].ok)
+                fail_msg("%s round %d: call %d ended %s", tcp ? "tcp" : "memory", round, i,
+                         ap_err_name(calls[i].status));
+        for (int k = 0; k < 2; k++) {
+            if (f.cl[k].status != 0 || f.cl[k].got != NMSGS || !f.cl[k].order_ok)
+                fail_msg("%s round %d: stream %d ended %s with %d/%d messages",
+                         tcp ? "tcp" : "memory", round, k, ap_err_name(f.cl[k].status), f.cl[k].got,
+                         NMSGS);
+        }
+        two_t t2 = {a, b};
+        assert_true(ap_host_run_until(h, tcp ? settled : mux_settled, &t2, WAIT_US));
+        ap_rt_stats_t sa, sb;
+        ap_rt_get_stats(a, &sa);
+        ap_rt_get_stats(b, &sb);
+        goaways += sa.goaways + sb.goaways;
+        assert_int_equal(sa.goaway_refused + sb.goaway_refused, 0);
+        /* new calls run on the survivor */
+        int left = 2;
+        call_t c1 = {.left = &left}, c2 = {.left = &left};
+        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c1) != 0);
+        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                                   on_done, &c2) != 0);
+        dial_res_t dummy = {.done = true};
+        pair_wait_t w = {&dummy, &dummy, &left};
+        assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
+        assert_true(c1.ok && c2.ok);
+        assert_true(mux_settled(&t2));
+        ap_node_free(a);
+        ap_node_free(b);
+        assert_int_equal(ap_host_free(h), 0);
+    }
+    /* the dials crossed: duplicates were found and retired */
+    assert_true(goaways >= (uint64_t)rounds);
+}
+
+static void test_calls_in_flight_tcp(void **state)
+{
+    (void)state;
+    run_calls_in_flight(true);
+}
+
+static void test_calls_in_flight_memory(void **state)
+{
+    (void)state;
+    run_calls_in_flight(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dial_resolved_with_inbound),
         cmocka_unit_test(test_simultaneous_dials),
+        cmocka_unit_test(test_calls_in_flight_tcp),
+        cmocka_unit_test(test_calls_in_flight_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,8 +116,16 @@ static void test_codec_rejects(void **state)
     ap_frame_t f;
     hdr(h, 0, 0, 1, 0);
     assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown type */
-    hdr(h, 6, 0, 1, 4);
-    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO);
+    hdr(h, 7, 0, 0, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown type */
+    hdr(h, AP_FRAME_GOAWAY, 0, 0, 0);
+    assert_ok(ap__frame_parse_hdr(h, &f)); /* GOAWAY: stream 0, empty, no flags */
+    hdr(h, AP_FRAME_GOAWAY, 0, 1, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* not on a stream */
+    hdr(h, AP_FRAME_GOAWAY, 0, 0, 4);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* no payload */
+    hdr(h, AP_FRAME_GOAWAY, 1, 0, 0);
+    assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* no flags */
     hdr(h, AP_FRAME_DATA, 0x02, 1, 4);
     assert_int_equal(ap__frame_parse_hdr(h, &f), AP_EPROTO); /* unknown flag */
     hdr(h, AP_FRAME_DATA, 0, 0, 4);
@@ -219,6 +227,7 @@ typedef struct env {
     int accepted;
     int served;
     int msgs;
+    ap_stream_t *last; /* last accepted stream */
 } env_t;
 
 static void noop_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
@@ -240,6 +249,7 @@ static int env_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t
     (void)len;
     env_t *e = arg;
     e->accepted++;
+    e->last = s;
     ap_stream_set_cbs(s, &env_cbs, e);
     return 0;
 }
@@ -339,6 +349,87 @@ static void test_valid_open_accepts(void **state)
     assert_int_equal(g_warns, 0);
     ap__buf_free(&b);
     env_down(&e);
+}
+
+/* Finds the first frame of type (and sid, unless any_sid) the node wrote. */
+static bool out_has(const env_t *e, uint8_t type, uint32_t sid, ap_frame_t *out)
+{
+    size_t off = 0;
+    while (off + AP_FRAME_HDR <= e->fk.out.len) {
+        ap_frame_t f;
+        assert_ok(ap__frame_parse_hdr(e->fk.out.data + off, &f));
+        f.payload = e->fk.out.data + off + AP_FRAME_HDR;
+        if (f.type == type && f.sid == sid) {
+            if (out) *out = f;
+            return true;
+        }
+        off += AP_FRAME_HDR + f.len;
+    }
+    return false;
+}
+
+/* GOAWAY: streams opened before it run to their end; OPENs the peer sends
+ * after its own GOAWAY are refused (RESET ECLOSED, no accept, connection
+ * kept); the node answers with its GOAWAY, and closes the connection once
+ * the last stream ended; a second GOAWAY is a violation. */
+static void test_goaway(void **state)
+{
+    (void)state;
+    ap_buf_t b = {0};
+    env_t e;
+    env_up(&e);
+    open_stream(&e, &b, 1, "/t/s", false); /* before GOAWAY: accepted */
+    assert_int_equal(e.accepted, 1);
+    env_run(&e);
+    assert_true(out_has(&e, AP_FRAME_WINDOW, 1, NULL)); /* ACCEPT */
+    assert_ok(ap__frame_put_goaway(&b));
+    /* after it: an OPEN and an RPC, both refused */
+    assert_ok(ap__frame_put_open(&b, 3, false, 1024, "/t/s"));
+    assert_ok(ap__frame_put_data(&b, 3, true, 2, (const uint8_t *)"hi", 2));
+    assert_ok(ap__frame_put_open(&b, 5, true, 100, "/t/r"));
+    assert_ok(ap__frame_put_data(&b, 5, true, 2, (const uint8_t *)"rq", 2));
+    assert_ok(ap__frame_put_close(&b, 5));
+    feed(&e, &b);
+    env_run(&e);
+    assert_false(e.fk.closed);
+    assert_int_equal(e.accepted, 1);
+    assert_int_equal(e.served, 0);
+    ap_frame_t f;
+    int code;
+    char msg[AP_FRAME_RESET_MSG_MAX + 1];
+    assert_true(out_has(&e, AP_FRAME_RESET, 3, &f));
+    assert_ok(ap__frame_parse_reset(&f, &code, msg, sizeof msg));
+    assert_int_equal(code, AP_ECLOSED);
+    assert_true(out_has(&e, AP_FRAME_RESET, 5, &f));
+    assert_true(out_has(&e, AP_FRAME_GOAWAY, 0, NULL)); /* answered */
+    ap_rt_stats_t st;
+    ap_rt_get_stats(e.rt, &st);
+    assert_int_equal(st.goaway_refused, 2);
+    /* the stream opened before GOAWAY still works */
+    assert_ok(ap__frame_put_data(&b, 1, true, 3, (const uint8_t *)"abc", 3));
+    feed(&e, &b);
+    assert_int_equal(e.msgs, 1);
+    /* ... and once it ended (both CLOSEs), the connection is closed */
+    assert_ok(ap__frame_put_close(&b, 1));
+    feed(&e, &b);
+    env_run(&e);
+    assert_false(e.fk.closed); /* our side of stream 1 is still open */
+    assert_int_equal(g_warns, 0);
+    ap_stream_close(e.last);
+    env_run(&e);
+    assert_true(out_has(&e, AP_FRAME_CLOSE, 1, NULL));
+    assert_true(e.fk.closed);
+    assert_int_equal(g_warns, 0);
+    env_down(&e);
+
+    /* a second GOAWAY is a protocol violation */
+    env_up(&e);
+    assert_ok(ap__frame_put_goaway(&b));
+    assert_ok(ap__frame_put_goaway(&b));
+    feed(&e, &b);
+    expect_closed(&e);
+    env_down(&e);
+    ap__buf_free(&b);
 }
 
 static void test_unknown_type(void **state)
@@ -613,12 +704,19 @@ int main(void)
 {
     ap_log_set_sink(sink, NULL);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_codec_roundtrip),     cmocka_unit_test(test_codec_rejects),
-        cmocka_unit_test(test_valid_open_accepts),  cmocka_unit_test(test_unknown_type),
-        cmocka_unit_test(test_oversized_header),    cmocka_unit_test(test_truncated_payload),
-        cmocka_unit_test(test_stream_id_misuse),    cmocka_unit_test(test_window_overflow),
-        cmocka_unit_test(test_message_over_cap),    cmocka_unit_test(test_too_many_streams),
-        cmocka_unit_test(test_bad_reset_and_close), cmocka_unit_test(test_peer_buffer_cap),
+        cmocka_unit_test(test_codec_roundtrip),
+        cmocka_unit_test(test_codec_rejects),
+        cmocka_unit_test(test_valid_open_accepts),
+        cmocka_unit_test(test_unknown_type),
+        cmocka_unit_test(test_goaway),
+        cmocka_unit_test(test_oversized_header),
+        cmocka_unit_test(test_truncated_payload),
+        cmocka_unit_test(test_stream_id_misuse),
+        cmocka_unit_test(test_window_overflow),
+        cmocka_unit_test(test_message_over_cap),
+        cmocka_unit_test(test_too_many_streams),
+        cmocka_unit_test(test_bad_reset_and_close),
+        cmocka_unit_test(test_peer_buffer_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,6 +36,9 @@ int ap__frame_parse_hdr(const uint8_t h[AP_FRAME_HDR], ap_frame_t *f)
         if (f->len != 4) return AP_EPROTO;
         if (f->sid == 0 && f->flags) return AP_EPROTO;
         return 0;
+    case AP_FRAME_GOAWAY:
+        if (f->flags || f->sid != 0 || f->len != 0) return AP_EPROTO;
+        return 0;
     default:
         return AP_EPROTO;
     }
@@ -152,6 +155,11 @@ int ap__frame_put_data(ap_buf_t *b, uint32_t sid, bool start, uint32_t total, co
 int ap__frame_put_close(ap_buf_t *b, uint32_t sid)
 {
     return put_hdr(b, AP_FRAME_CLOSE, 0, sid, 0);
+}
+
+int ap__frame_put_goaway(ap_buf_t *b)
+{
+    return put_hdr(b, AP_FRAME_GOAWAY, 0, 0, 0);
 }
 
 int ap__frame_put_reset(ap_buf_t *b, uint32_t sid, int code, const char *msg)

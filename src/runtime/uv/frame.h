@@ -23,7 +23,13 @@ enum ap_frame_type {
     AP_FRAME_CLOSE = 3,  /* half-close: the sender sends no more DATA */
     AP_FRAME_RESET = 4,  /* abort both directions: code u16, msg_len u8, msg */
     AP_FRAME_WINDOW = 5, /* credit: delta u32; stream 0 = connection level */
+    AP_FRAME_GOAWAY = 6, /* stream 0, empty: the sender opens no more streams here */
 };
+
+/* Mux wire version. 2 added GOAWAY. Bound into the transport's handshake
+ * (the Noise prologue, see AP_TCP_PROLOGUE in src/net/tcp.h), so peers of
+ * different versions fail the handshake instead of misreading frames. */
+#define AP_MUX_WIRE_VERSION 2
 
 /* flags */
 #define AP_FRAME_F_RPC    0x01 /* OPEN: the stream is one unary RPC */
@@ -64,6 +70,7 @@ int ap__frame_put_data(ap_buf_t *b, uint32_t sid, bool start, uint32_t total, co
 int ap__frame_put_close(ap_buf_t *b, uint32_t sid);
 int ap__frame_put_reset(ap_buf_t *b, uint32_t sid, int code, const char *msg);
 int ap__frame_put_window(ap_buf_t *b, uint32_t sid, bool accept, uint32_t delta);
+int ap__frame_put_goaway(ap_buf_t *b);
 
 /* Streaming decoder. */
 typedef struct ap_frame_dec {

@@ -182,6 +182,7 @@ static ap_mconn_t *find_conn(ap_node_t *n, const ap_peer_id_t *peer)
     ap_mconn_t *dialing = NULL;
     for (ap_mconn_t *c = n->conns; c; c = c->next) {
         if (!c->known_peer || !ap_peer_id_eq(&c->peer, peer)) continue;
+        if (c->goaway_sent || c->goaway_rcvd) continue; /* draining: no new streams */
         if (c->state == MC_UP) return c;
         if (c->state == MC_DIALING && !dialing) dialing = c;
     }
@@ -200,6 +201,61 @@ static void conn_set_peer(ap_mconn_t *c, const ap_peer_id_t *peer)
     ap_peer_id_short(peer, c->short_id);
 }
 
+static void drain_timeout(ap_rt_t *rt, void *arg)
+{
+    ap_mconn_t *c = arg;
+    (void)rt;
+    c->drain_timer = 0;
+    ap_info("mux", "connection to %s did not drain within %u s after GOAWAY: closing it",
+            c->short_id, AP_MUX_DRAIN_US / 1000000u);
+    conn_fail(c, AP_ECLOSED, NULL);
+}
+
+/* Stops opening streams on c: sends GOAWAY (once). Streams already on c run
+ * to their end; c is closed once both sides sent GOAWAY and no stream is
+ * left (ap__mconn_flush), or after AP_MUX_DRAIN_US. */
+static void conn_goaway(ap_mconn_t *c)
+{
+    if (c->goaway_sent || c->state != MC_UP) return;
+    c->goaway_sent = true;
+    ap_debug("mux", "GOAWAY on a connection to %s (%u streams to drain)", c->short_id, c->nstreams);
+    c->drain_timer = ap_rt_timer_start(&c->node->rt, AP_MUX_DRAIN_US, 0, drain_timeout, c);
+    ctl_rc(c, ap__frame_put_goaway(&c->obuf));
+}
+
+/* Whether connection x to the peer was dialled by the smaller PeerID. */
+static bool dialled_by_smaller(const ap_mconn_t *x)
+{
+    bool self_smaller = ap_peer_id_cmp(&x->node->rt.self, &x->peer) < 0;
+    return x->t->dialer == self_smaller;
+}
+
+/* c just came up: if another live connection to the same peer exists (both
+ * sides dialled at once, or the same side dialled twice), one of the two
+ * goes away. Both ends pick the same loser: between connections dialled by
+ * different sides, the one dialled by the larger PeerID; between two dialled
+ * by us, the newer (c). Two we accepted: the peer dialled both and decides;
+ * we answer its GOAWAY (on_goaway). */
+static void conn_resolve_dup(ap_mconn_t *c)
+{
+    ap_node_t *n = c->node;
+    for (ap_mconn_t *o = n->conns; o; o = o->next) {
+        if (o == c || o->state != MC_UP || o->goaway_sent || o->goaway_rcvd || !o->t ||
+            !ap_peer_id_eq(&o->peer, &c->peer))
+            continue;
+        ap_mconn_t *loser;
+        if (o->t->dialer != c->t->dialer)
+            loser = dialled_by_smaller(c) ? o : c;
+        else if (c->t->dialer)
+            loser = c;
+        else
+            continue;
+        n->stats.goaways++;
+        conn_goaway(loser);
+        if (loser == c) return;
+    }
+}
+
 static void conn_became_up(ap_mconn_t *c)
 {
     ap_node_t *n = c->node;
@@ -208,6 +264,7 @@ static void conn_became_up(ap_mconn_t *c)
     ap_debug("mux", "connection to %s up", c->short_id);
     want_flush(c);
     if (first) ap__rt_peer_event(&n->rt, &c->peer, AP_PEER_CONNECTED);
+    if (!first && c->state == MC_UP) conn_resolve_dup(c);
 }
 
 ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up)
@@ -280,6 +337,8 @@ static void conn_fail(ap_mconn_t *c, int status, const char *why)
     }
     if (c->dial_timer) ap_rt_timer_stop(&n->rt, c->dial_timer);
     c->dial_timer = 0;
+    if (c->drain_timer) ap_rt_timer_stop(&n->rt, c->drain_timer);
+    c->drain_timer = 0;
     for (ap_mconn_t **pp = &n->conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
@@ -644,6 +703,7 @@ static void ms_finish(ap_mstream_t *s, int status)
         ap__idmap_del(&c->streams, s->sid);
         c->nstreams--;
         s->conn = NULL;
+        if (c->goaway_sent && c->nstreams == 0) want_flush(c); /* may be drained */
     }
     if (c) c->rx_buffered -= s->rx_charged;
     s->rx_charged = 0;
@@ -723,6 +783,16 @@ static void writable_cb(ap_node_t *n, void *arg, int status)
     if (s->pub.cbs.on_writable) s->pub.cbs.on_writable(&s->pub, s->pub.arg);
 }
 
+/* Hands the frame buffer to the transport. */
+static void conn_write_obuf(ap_mconn_t *c)
+{
+    if (c->state != MC_UP || !c->t || c->obuf.len == 0) return;
+    int rc = c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
+    c->node->stats.bytes_sent += c->obuf.len;
+    ap__buf_reset(&c->obuf);
+    if (rc == 1) c->blocked = true; /* rc < 0: on_close follows */
+}
+
 /* Frames one DATA frame of s. Returns whether s can send more now. */
 static bool ms_frame_one(ap_mstream_t *s)
 {
@@ -734,10 +804,32 @@ static bool ms_frame_one(ap_mstream_t *s)
     if ((int64_t)k > c->credit) k = (size_t)c->credit;
     if (k == 0 && left > 0) return false;
     bool start = !m->started;
-    int rc = ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
-    if (rc < 0) {
-        conn_fail(c, AP_ENOMEM, "out of memory framing data");
-        return false;
+    if (k >= AP_MUX_DIRECT_MIN) {
+        /* Big fragment: the header goes right before the bytes (into the
+         * head room, or over bytes already written), and the frame goes to
+         * the transport from the message itself: one transport write per
+         * frame, so over TCP each frame is one whole Noise message (sealed
+         * straight from here; the receiver never reassembles it either). */
+        size_t hl = AP_FRAME_HDR + (start ? 4u : 0u);
+        uint8_t *h = m->data + m->off - hl;
+        h[0] = AP_FRAME_DATA;
+        h[1] = start ? AP_FRAME_F_START : 0;
+        ap__put_be32(h + 2, s->sid);
+        ap__put_be16(h + 6, (uint16_t)(k + hl - AP_FRAME_HDR));
+        if (start) ap__put_be32(h + 8, (uint32_t)m->len);
+        conn_write_obuf(c); /* frames queued before this one go first */
+        if (c->state == MC_UP && c->t) {
+            int rc = c->t->vt->write(c->t, h, hl + k);
+            c->node->stats.bytes_sent += hl + k;
+            c->direct_bytes += hl + k;
+            if (rc == 1) c->blocked = true;
+        }
+    } else {
+        int rc = ap__frame_put_data(&c->obuf, s->sid, start, (uint32_t)m->len, m->data + m->off, k);
+        if (rc < 0) {
+            conn_fail(c, AP_ENOMEM, "out of memory framing data");
+            return false;
+        }
     }
     m->started = true;
     m->off += k;
@@ -762,9 +854,21 @@ void ap__mconn_flush(ap_mconn_t *c)
 {
     if (c->state != MC_UP || !c->t) return;
     ap_node_t *n = c->node;
+    if (c->goaway_sent && c->goaway_rcvd && c->nstreams == 0) {
+        /* drained: both sides stopped opening streams and none is left */
+        if (c->obuf.len) {
+            c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
+            n->stats.bytes_sent += c->obuf.len;
+            ap__buf_reset(&c->obuf);
+        }
+        ap_debug("mux", "connection to %s drained after GOAWAY: closing it", c->short_id);
+        conn_fail(c, AP_ECLOSED, NULL);
+        return;
+    }
     for (int round = 0; round < 8; round++) {
-        while (!c->blocked && c->sched_head && c->credit > 0 && c->obuf.len < AP_MUX_FLUSH_BYTES &&
-               c->state == MC_UP) {
+        c->direct_bytes = 0;
+        while (!c->blocked && c->sched_head && c->credit > 0 &&
+               c->obuf.len + c->direct_bytes < AP_MUX_FLUSH_BYTES && c->state == MC_UP) {
             ap_mstream_t *s = c->sched_head;
             c->sched_head = s->sched_next;
             if (!c->sched_head) c->sched_tail = NULL;
@@ -780,12 +884,9 @@ void ap__mconn_flush(ap_mconn_t *c)
                 c->sched_tail = s;
             }
         }
-        if (c->state != MC_UP || c->obuf.len == 0) return;
-        int rc = c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
-        n->stats.bytes_sent += c->obuf.len;
-        ap__buf_reset(&c->obuf);
-        if (rc == 1) c->blocked = true;
-        if (rc < 0) return; /* on_close follows */
+        if (c->state != MC_UP) return;
+        conn_write_obuf(c);
+        if (c->state != MC_UP || !c->t) return; /* on_close follows */
         if (c->blocked || !c->sched_head || c->credit <= 0) return;
     }
     want_flush(c); /* more to send: yield to the loop first */
@@ -1009,6 +1110,13 @@ static int on_open(ap_mconn_t *c, const ap_frame_t *f)
         PROTO_ERR(c, "OPEN reuses or misnumbers stream %u", f->sid);
     c->last_remote_sid = f->sid;
     bool rpc = f->flags & AP_FRAME_F_RPC;
+    if (c->goaway_rcvd) {
+        /* the peer said it would open no more streams here */
+        ap_debug("mux", "peer %s opened %s after its GOAWAY: refused", c->short_id, proto);
+        c->node->stats.goaway_refused++;
+        send_reset(c, f->sid, AP_ECLOSED, "connection going away");
+        return 0;
+    }
     if (c->nstreams >= AP_MUX_MAX_STREAMS) {
         /* one warning per connection; a flood of refusals stays quiet */
         if (!c->warned_streams)
@@ -1235,6 +1343,16 @@ static int on_window(ap_mconn_t *c, const ap_frame_t *f)
     return c->state == MC_DEAD;
 }
 
+static int on_goaway(ap_mconn_t *c)
+{
+    if (c->goaway_rcvd) PROTO_ERR(c, "second GOAWAY");
+    c->goaway_rcvd = true;
+    ap_debug("mux", "GOAWAY from %s (%u streams to drain)", c->short_id, c->nstreams);
+    conn_goaway(c); /* answer it: we open nothing more here either */
+    want_flush(c);  /* closes it if nothing is left */
+    return c->state == MC_DEAD;
+}
+
 static int on_frame(void *arg, const ap_frame_t *f)
 {
     ap_mconn_t *c = arg;
@@ -1250,6 +1368,8 @@ static int on_frame(void *arg, const ap_frame_t *f)
         return on_reset(c, f);
     case AP_FRAME_WINDOW:
         return on_window(c, f);
+    case AP_FRAME_GOAWAY:
+        return on_goaway(c);
     default:
         PROTO_ERR(c, "unknown frame type %u", f->type);
     }

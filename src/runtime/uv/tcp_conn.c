@@ -159,7 +159,10 @@ int ap__tcpc_start(ap_node_t *n, const char *listen)
     crypto_sign_ed25519_sk_to_pk(id.pk, id.sk);
     id.id = n->rt.self;
     ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
-    int rc = ap__tcp_new(&n->host->loop, &id, NULL, &cbs, tc, &tc->t);
+    /* duplicates after a simultaneous dial stay open: the mux retires the
+     * loser with GOAWAY once its streams are done (mux.c, conn_resolve_dup) */
+    ap_tcp_cfg_t cfg = {.keep_duplicates = true};
+    int rc = ap__tcp_new(&n->host->loop, &id, &cfg, &cbs, tc, &tc->t);
     ap_identity_wipe(&id);
     if (rc < 0) {
         free(tc);

@@ -18,7 +18,9 @@
 #define AP_MUX_MAX_STREAMS     1024         /* live streams + calls per connection */
 #define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
+#define AP_MUX_DIRECT_MIN      (4096u)      /* DATA fragments this big skip the frame buffer */
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
+#define AP_MUX_DRAIN_US        (30000000u)  /* a connection after GOAWAY: close by then */
 #define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
 #define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
 
@@ -123,6 +125,11 @@ struct ap_msg {
     size_t cap;      /* bytes allocated after the header */
     bool exempt;     /* the opener's first message (hello / request): no stream credit */
     bool started;
+    /* Room for a DATA frame header right before data: a big fragment is
+     * written to the transport straight from here, its header over the bytes
+     * before it (the header room for the first, already-sent bytes for the
+     * next ones), without a copy into the connection's frame buffer. */
+    uint8_t head[AP_FRAME_HDR + 4];
     uint8_t data[];
 };
 
@@ -198,7 +205,8 @@ struct ap_mconn {
     bool flush_queued;
     bool in_read;
     ap_mconn_t *flush_next;
-    ap_buf_t obuf; /* frames not yet handed to the transport */
+    ap_buf_t obuf;       /* frames not yet handed to the transport */
+    size_t direct_bytes; /* bytes of big DATA frames written directly this round */
     ap_frame_dec_t *dec;
     ap_idmap_t streams; /* sid -> ap_mstream_t */
     uint32_t nstreams;
@@ -210,6 +218,11 @@ struct ap_mconn {
     uint32_t unacked;
     size_t rx_buffered; /* bytes in reassembly + paused queues */
     uint64_t dial_timer;
+    /* GOAWAY (docs/protocol.md): no new streams on this connection once
+     * either is set; closed when both are set and no stream is left, or when
+     * drain_timer fires */
+    bool goaway_sent, goaway_rcvd;
+    uint64_t drain_timer;
     /* explicit dials waiting for this connection */
     struct ap_dial *dials;
 };
