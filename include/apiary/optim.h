@@ -144,8 +144,26 @@ typedef struct ap_collab_config {
      * parameters of before the step (one optimizer step stale). The step is
      * applied to the optimizer's own copy of the parameters and copied into
      * params at the first ap_collab_submit (or ap_collab_apply_update) after
-     * the round ended. Costs 2·n more floats. */
+     * the round ended. Costs 2·n more floats.
+     * CAP: during a background round the peer accumulates for the next
+     * epoch at most its share of the target, target · (its speed / the
+     * summed speeds of the records in this or the next epoch), speeds as
+     * reported when the round's records were written; a submit that reaches
+     * the share waits (its callback is held) until the round is over. So
+     * the next epoch averages at most the target plus about one local batch
+     * per peer instead of every batch computed during the round. */
     bool delayed_updates;
+    /* Cap on the samples this peer accumulates per epoch (0 = none). At the
+     * cap, ap_collab_submit WAITS (its callback is held) until the epoch's
+     * round is over (or the peer downloads the state), polling the progress
+     * view every min(min_refresh, matchmaking_window / 4). With
+     * max_local_samples = b and target_batch_size = P·b, each of P peers
+     * contributes exactly one batch of b per epoch ("exact" mode: the run
+     * equals a single process with batch P·b). The run needs peers whose caps
+     * add up to the target, else the waiting peers wait for ever (until
+     * someone joins). Delayed updates: the cap also bounds the batches
+     * accumulated for the next epoch during a background round. */
+    uint64_t max_local_samples;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -173,6 +191,12 @@ typedef struct ap_collab_stats {
     /* delayed updates: samples submitted while a background round ran */
     uint64_t samples_during_rounds;
     uint64_t delayed_steps; /* steps applied from the background */
+    /* submits whose callback was held: at max_local_samples, or (delayed
+     * updates) at this peer's share of the next epoch during a round */
+    uint64_t submits_held;
+    /* samples of an epoch whose round was over without them (late peer:
+     * missed the group, or behind the others), discarded */
+    uint64_t samples_dropped;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */

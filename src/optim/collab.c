@@ -88,10 +88,26 @@ static void end_background(ap_collab_t *c)
     c->bg_stepped = false;
 }
 
+static bool at_local_cap(const ap_collab_t *c)
+{
+    return c->cfg.max_local_samples && c->local_samples >= c->cfg.max_local_samples;
+}
+
+static void report(ap_collab_t *c, void (*next)(ap_collab_t *c));
+static void fetch_decide(ap_collab_t *c);
+
 static void finish_user(ap_collab_t *c, int status)
 {
     end_background(c);
     c->phase = PH_IDLE;
+    if (status == 0 && c->cb && !c->dead && at_local_cap(c)) {
+        /* max_local_samples: the batches held during a background round
+         * (or a round that formed no group) already fill this epoch's
+         * quota: the submit keeps waiting, for this epoch's round now */
+        c->phase = PH_REPORTING;
+        report(c, fetch_decide);
+        return;
+    }
     release_user(c, status);
 }
 
@@ -175,6 +191,8 @@ void ap_collab_free(ap_collab_t *c)
     c->refresh_timer = 0;
     if (c->mm_timer) ap_rt_timer_stop(c->rt, c->mm_timer);
     c->mm_timer = 0;
+    if (c->wait_timer) ap_rt_timer_stop(c->rt, c->wait_timer);
+    c->wait_timer = 0;
     if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
     ap__state_abort_serving(c);
     ap__state_download_abort(c, AP_ECANCELED);
@@ -498,6 +516,21 @@ static void next_epoch(ap_collab_t *c)
     c->st.epoch = c->epoch;
 }
 
+/* Late peer: the round of this epoch is over without our gradients (we
+ * missed its group, or the others are in a later epoch). Gradients of an old
+ * epoch are discarded (DeDLOC / hivemind semantics), with a log line. */
+static void drop_epoch_samples(ap_collab_t *c, const char *why)
+{
+    if (c->local_samples == 0) return;
+    ap_info(OPT_MOD,
+            "epoch %llu: dropping %llu local samples (%s): gradients of an old epoch "
+            "are discarded",
+            (unsigned long long)c->epoch, (unsigned long long)c->local_samples, why);
+    c->st.samples_dropped += c->local_samples;
+    c->local_samples = 0;
+    memset(c->acc, 0, c->acc_bytes);
+}
+
 static void begin_state_round(ap_collab_t *c)
 {
     c->phase = PH_STATE_AVG;
@@ -659,6 +692,7 @@ static void mm_decide(ap_collab_t *c)
          * without us; we load their state once they report the next epoch */
         ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
                 (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
+        drop_epoch_samples(c, "missed the round");
         c->ready_ms = 0;
         report(c, NULL);
         schedule_refresh(c);
@@ -682,6 +716,7 @@ static void begin_averaging(ap_collab_t *c)
     c->phase = PH_AVERAGING;
     int64_t now = ap_rt_wall_ms(c->rt);
     c->ready_ms = now > c->epoch_start_ms ? now : c->epoch_start_ms;
+    c->ready_sps = c->sps; /* as in the READY record (the background cap's share) */
     report(c, NULL);
     int64_t first = first_ready(c);
     int64_t win = (int64_t)(c->cfg.matchmaking_window_us / 1000);
@@ -724,6 +759,28 @@ static void load_done(ap_rt_t *rt, void *arg, int status)
     finish_user(c, 0);
 }
 
+static void wait_tick(ap_rt_t *rt, void *arg);
+
+/* Delayed updates: the most this peer accumulates for the next epoch while a
+ * background round runs: its share of the target by speed, among the records
+ * of this epoch and the next (frozen during the round: READY records), and
+ * at most max_local_samples. */
+static uint64_t bg_cap(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    double mine = c->ready_sps > 0 ? c->ready_sps : c->sps > 0 ? c->sps : 1.0, sum = mine;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (is_self(c, &p->peer) || !fresh(c, p, now) || p->role == AP_AVG_AUX) continue;
+        if (p->epoch != c->epoch && p->epoch != c->epoch + 1) continue;
+        sum += p->samples_per_s > 0 ? p->samples_per_s : mine;
+    }
+    double share = ceil((double)c->cfg.target_batch_size * mine / sum);
+    uint64_t cap = share < 1 ? 1 : (uint64_t)share;
+    if (c->cfg.max_local_samples && c->cfg.max_local_samples < cap) cap = c->cfg.max_local_samples;
+    return cap;
+}
+
 /* After a fresh view: behind -> download; due -> average; else go on. */
 static void decide(ap_collab_t *c)
 {
@@ -733,6 +790,7 @@ static void decide(ap_collab_t *c)
     if (e.max_epoch > c->epoch) {
         ap_info(OPT_MOD, "behind: epoch %llu, peers at %llu; downloading state",
                 (unsigned long long)c->epoch, (unsigned long long)e.max_epoch);
+        drop_epoch_samples(c, "the others are in a later epoch");
         c->phase = PH_DOWNLOADING;
         if (ap__state_download(c, load_done) != 0) {
             /* no donor: adopt the epoch, keep the parameters */
@@ -750,11 +808,32 @@ static void decide(ap_collab_t *c)
         begin_averaging(c);
         return;
     }
+    if (at_local_cap(c)) {
+        /* max_local_samples: wait (callback held) until the epoch is due */
+        if (c->phase != PH_WAITING) c->st.submits_held++;
+        c->phase = PH_WAITING;
+        uint64_t p = c->cfg.matchmaking_window_us / 4;
+        if (p > c->cfg.min_refresh_us) p = c->cfg.min_refresh_us;
+        if (p < 10000) p = 10000;
+        c->wait_timer = ap_rt_timer_start(c->rt, p, 0, wait_tick, c);
+        return;
+    }
     finish_user(c, 0);
 }
 
 static void fetch_decide(ap_collab_t *c)
 {
+    fetch(c, decide);
+}
+
+static void wait_tick(ap_rt_t *rt, void *arg)
+{
+    ap_collab_t *c = arg;
+    c->wait_timer = 0;
+    if (c->phase != PH_WAITING) return;
+    /* keep our record fresh while we wait */
+    if (ap_rt_now_us(rt) - c->last_report_us > (uint64_t)c->cfg.stale_ms * 1000 / 3)
+        report(c, NULL);
     fetch(c, decide);
 }
 
@@ -887,6 +966,12 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     c->cb = cb;
     c->cb_arg = arg;
     if (c->bg) {
+        /* the next epoch's cap: a further batch would pass this peer's
+         * share, so wait (callback held) until the round is over */
+        if (c->next_samples + samples > bg_cap(c)) {
+            c->st.submits_held++;
+            return 0;
+        }
         release_user(c, 0);
         return 0;
     }
@@ -898,7 +983,7 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     /* Close to the end of the epoch (or behind): report and read a fresh view
      * before deciding. Otherwise report in the background and go on. */
     bool near = e.global >= (double)c->cfg.target_batch_size || e.eta_s <= 2.0 * dt ||
-                e.max_epoch > c->epoch;
+                e.max_epoch > c->epoch || at_local_cap(c);
     if (near) {
         c->phase = PH_REPORTING;
         report(c, fetch_decide); /* read after our own store landed */

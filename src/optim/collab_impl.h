@@ -20,6 +20,7 @@ typedef enum collab_phase {
     PH_AVERAGING,
     PH_STATE_AVG,
     PH_DOWNLOADING,
+    PH_WAITING, /* at max_local_samples: the submit waits for the epoch's round */
 } collab_phase_t;
 
 typedef struct dl_range {
@@ -82,6 +83,8 @@ struct ap_collab {
     bool adopt;          /* shadow holds a finished update not yet copied into params */
     bool bg_stepped;     /* the background round stepped (accumulators swapped) */
     int64_t bg_start_ms; /* wall clock when the background round began */
+    double ready_sps;    /* our speed in the READY record (the background cap's share) */
+    uint64_t wait_timer; /* PH_WAITING: next poll of the view */
 
     uint64_t epoch;
     uint64_t local_samples;
