@@ -62,6 +62,7 @@
 #include "apiary/common.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/nn.h"
 #include "apiary/nn_optim.h"
 #include "apiary/runtime.h"
 
@@ -246,6 +247,20 @@ AP_EXPORT const float *ap_collab_current_params(const ap_collab_t *c);
  * waits to be copied into params. */
 AP_EXPORT bool ap_collab_update_pending(const ap_collab_t *c);
 
+/* A checkpoint consistent with one epoch, from the optimizer's buffers: the
+ * freshest parameters (ap_collab_current_params), the optimizer state and
+ * the epoch (stored as the checkpoint's step), encoded by the model kit
+ * (ap_nn_checkpoint_encode_flat; m gives the shape only and its buffers are
+ * not read, so the caller may be computing on them). Works at any moment on
+ * the loop thread, also while a background round runs or its update waits
+ * (delayed updates): step, epoch and state change together there. *buf is
+ * malloc'd (caller frees; write it with ap_nn_checkpoint_write, off the loop
+ * thread); *epoch may be NULL. AP_EINVAL if m's size differs, AP_ESTATE for
+ * an AUX peer (no parameters). Resume with ap_nn_checkpoint_load into the
+ * model and ap_collab_optim_mut, then ap_collab_set_epoch(step). */
+AP_EXPORT int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf,
+                                          size_t *len, uint64_t *epoch);
+
 AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
 /* The optimizer state (owned by the collab; read-only for the caller). */
@@ -268,6 +283,10 @@ AP_EXPORT int ap_collab_start_sync(ap_collab_t *c);
 AP_EXPORT int ap_collab_submit_sync(ap_collab_t *c, const float *grad, uint32_t samples,
                                     float loss);
 AP_EXPORT int ap_collab_get_stats_sync(ap_collab_t *c, ap_collab_stats_t *out);
+/* ap_collab_checkpoint_encode on the loop thread (the encoding is a copy;
+ * write the file on the calling thread). */
+AP_EXPORT int ap_collab_checkpoint_encode_sync(ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf,
+                                               size_t *len, uint64_t *epoch);
 
 #ifdef __cplusplus
 }

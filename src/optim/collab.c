@@ -1023,6 +1023,20 @@ bool ap_collab_update_pending(const ap_collab_t *c)
     return c->bg || c->adopt;
 }
 
+int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf, size_t *len,
+                                uint64_t *epoch)
+{
+    *buf = NULL;
+    *len = 0;
+    if (c->cfg.role == AP_AVG_AUX) return AP_ESTATE;
+    if (!m || ap_nn_model_params(m)->count != c->n) return AP_EINVAL;
+    /* on the loop thread the parameters, the optimizer state and the epoch
+     * always change together (step + next epoch, state round, download) */
+    int rc = ap_nn_checkpoint_encode_flat(m, ap__collab_cur_params(c), c->opt, c->epoch, buf, len);
+    if (rc == 0 && epoch) *epoch = c->epoch;
+    return rc;
+}
+
 uint64_t ap_collab_epoch(const ap_collab_t *c)
 {
     return c->epoch;

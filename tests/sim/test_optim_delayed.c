@@ -128,7 +128,45 @@ typedef struct cap_watch {
     uint64_t seen[NPEERS];
     uint64_t worst; /* largest sample count a step of epoch >= 1 averaged */
     uint64_t steps; /* (peer, epoch) steps of epoch >= 1 observed */
+    /* checkpoints of peer 0 at each of its epoch changes (rounds run back to
+     * back here, so most are taken while an update runs or waits) */
+    uint64_t ckpts, ckpts_pending;
+    uint8_t *last_ckpt;
+    size_t last_len;
+    uint64_t last_epoch;
 } cap_watch_t;
+
+/* A checkpoint from the optimizer's buffers, consistent with one epoch at
+ * any moment: decoded into a fresh model + optimizer it holds exactly the
+ * freshest parameters, the optimizer state and the epoch. */
+static void cap_checkpoint(cap_watch_t *w)
+{
+    oh_peer_t *p = &w->e->p[0];
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t epoch = 0;
+    assert_ok(ap_collab_checkpoint_encode(p->collab, p->model, &buf, &len, &epoch));
+    assert_int_equal(epoch, ap_collab_epoch(p->collab));
+    ap_nn_model_t *m = oh_model(B, 99);
+    ap_nn_params_t *pr = ap_nn_model_params(m);
+    ap_nn_optim_t *o = NULL;
+    assert_ok(ap_nn_optim_new(&w->e->cfg.optim, pr->count, pr->views, pr->nviews, &o));
+    uint64_t step = 0;
+    assert_ok(ap_nn_checkpoint_decode(buf, len, m, o, &step));
+    assert_int_equal(step, epoch);
+    const ap_nn_optim_t *mine = ap_collab_optim(p->collab);
+    assert_int_equal(o->step, mine->step);
+    assert_memory_equal(o->state, mine->state, mine->state_count * sizeof(float));
+    assert_memory_equal(pr->data, ap_collab_current_params(p->collab), pr->count * sizeof(float));
+    if (ap_collab_update_pending(p->collab)) w->ckpts_pending++;
+    w->ckpts++;
+    ap_nn_optim_free(o);
+    ap_nn_model_free(m);
+    free(w->last_ckpt);
+    w->last_ckpt = buf;
+    w->last_len = len;
+    w->last_epoch = epoch;
+}
 
 /* Called by the simulator between events: records every peer's
  * last_epoch_samples as soon as its epoch moves; true when all reached
@@ -151,6 +189,7 @@ static bool cap_pred(void *arg)
                 w->steps++;
             }
             w->seen[i] = ep;
+            if (i == 0) cap_checkpoint(w);
         }
         if (ep >= w->epochs) done++;
     }
@@ -207,6 +246,36 @@ static void test_delayed_cap(void **state)
     assert_true(held > 0);   /* and the cap stopped it */
     assert_true(w.worst >= cfg.target_batch_size);
     assert_true(w.worst <= bound);
+    print_message("checkpoints: %llu taken, %llu while an update ran or waited\n",
+                  (unsigned long long)w.ckpts, (unsigned long long)w.ckpts_pending);
+    assert_true(w.ckpts >= epochs - 1);
+    assert_true(w.ckpts_pending > 0);
+
+    /* resume: peer 0 restarts from its last checkpoint (no download), at
+     * the checkpoint's epoch, and trains on with the others */
+    oh_peer_down(&e, 0);
+    e.p[0].collab = NULL;
+    ap_collab_config_t rc = cfg;
+    rc.load_state_on_start = false;
+    e.cfg = rc;
+    e.max_epochs = epochs + 2;
+    oh_peer_up(&e, 0, 1);
+    ap_nn_optim_t *o = ap_collab_optim_mut(e.p[0].collab);
+    uint64_t step = 0;
+    assert_ok(ap_nn_checkpoint_decode(w.last_ckpt, w.last_len, e.p[0].model, o, &step));
+    assert_int_equal(step, w.last_epoch);
+    ap_collab_set_epoch(e.p[0].collab, step);
+    ap_sim_run_for(e.sim, 1000000);
+    oh_peer_start(&e, 0);
+    for (int i = 1; i < NPEERS; i++) oh_next_batch(&e.p[i]); /* the others stopped at epochs */
+    oh_epoch_pred_t q = {&e, epochs + 2, NPEERS};
+    assert_true(ap_sim_run_until(e.sim, oh_reached, &q, ap_sim_now_us(e.sim) + 120000000));
+    ap_collab_stats_t st0;
+    ap_collab_get_stats(e.p[0].collab, &st0);
+    print_message("resumed at epoch %llu, reached %llu with the others (state loads %llu)\n",
+                  (unsigned long long)step, (unsigned long long)ap_collab_epoch(e.p[0].collab),
+                  (unsigned long long)st0.state_loads);
+    free(w.last_ckpt);
     oh_env_free(&e);
 }
 
