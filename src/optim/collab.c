@@ -66,6 +66,11 @@ static void release_user(ap_collab_t *c, int status)
     ap_collab_fn cb = c->cb;
     void *arg = c->cb_arg;
     c->cb = NULL;
+    /* the caller computes from now on: the speed (samples per second of the
+     * next submit) excludes the time it waited here (rounds, a cap), so a
+     * peer that waited long does not under-report its speed and have its
+     * next records refused as impossible progress */
+    if (cb && !c->dead) c->last_submit_us = ap_rt_now_us(c->rt);
     if (cb) cb(c->rt, arg, status);
 }
 

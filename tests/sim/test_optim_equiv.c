@@ -9,8 +9,8 @@
 #define NPEERS 4
 #define B      16
 
-static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
-                      double tol_loss)
+static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
+                       double tol_loss, const double *flops)
 {
     oh_env_t e;
     ap_collab_config_t cfg;
@@ -23,7 +23,9 @@ static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, doub
     cfg.averaging_timeout_us = 5000000;
     cfg.load_state_on_start = true;
     cfg.codec = codec;
-    oh_env_init(&e, NPEERS, ap_test_seed(42), &cfg, B, NULL, NULL);
+    /* speeds differ: exact mode (one batch per peer per epoch, then wait) */
+    if (flops) cfg.max_local_samples = B;
+    oh_env_init(&e, NPEERS, ap_test_seed(42), &cfg, B, flops, NULL);
     e.max_epochs = epochs;
     for (int i = 0; i < NPEERS; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
     ap_sim_run_for(e.sim, 500000); /* DHT bootstrap */
@@ -83,10 +85,27 @@ static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, doub
     oh_env_free(&e);
 }
 
+static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
+                      double tol_loss)
+{
+    run_equiv2(epochs, state_every, codec, tol_param, tol_loss, NULL);
+}
+
 static void test_equivalence(void **state)
 {
     (void)state;
     run_equiv(ap_test_sanitized() ? 6 : 20, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3);
+}
+
+/* Exact mode (max_local_samples = b) with compute speeds spread 6x: the
+ * fast peers wait at their cap instead of contributing more batches, so
+ * every epoch is still one batch of each peer and the run equals the
+ * single process. */
+static void test_equivalence_exact_hetero(void **state)
+{
+    (void)state;
+    static const double flops[NPEERS] = {3e9, 1e9, 2e9, 0.5e9};
+    run_equiv2(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3, flops);
 }
 
 /* State averaging of identical replicas must keep them equivalent. */
@@ -170,6 +189,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_equivalence_exact_hetero),
         cmocka_unit_test(test_equivalence_with_state_averaging),
         cmocka_unit_test(test_equivalence_fp16),
         cmocka_unit_test(test_auxiliary_peer),
