@@ -165,6 +165,14 @@ typedef struct ap_collab_config {
      * someone joins). Delayed updates: the cap also bounds the batches
      * accumulated for the next epoch during a background round. */
     uint64_t max_local_samples;
+    /* Group formation through the averaging module's DHT matchmaker
+     * (ap_avg_match_start, key "<run_id>_grad_<epoch>", target group size =
+     * the peers of this epoch in the progress view, min 2, deadline = now +
+     * matchmaking_window) instead of the READY-window scheme over the
+     * progress records (default false; docs/training.md, "Groups"). A peer
+     * that became ready after the epoch's window closed still counts as late.
+     * Creates a matchmaker on the runtime (one per node). */
+    bool dht_matchmaking;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging

@@ -183,6 +183,14 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
             return rc;
         }
     }
+    if (c->cfg.dht_matchmaking) {
+        rc = ap_avg_matchmaker_new(svc, dht, &c->mm);
+        if (rc) {
+            if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
+            collab_release(c);
+            return rc;
+        }
+    }
     *out = c;
     return 0;
 }
@@ -202,6 +210,13 @@ void ap_collab_free(ap_collab_t *c)
     ap__state_abort_serving(c);
     ap__state_download_abort(c, AP_ECANCELED);
     if (c->ar) ap_allreduce_cancel(c->ar);
+    if (c->search) {
+        ap_avg_search_t *s = c->search;
+        c->search = NULL;
+        ap_avg_match_cancel(s); /* its callback sees dead */
+    }
+    if (c->mm) ap_avg_matchmaker_free(c->mm);
+    c->mm = NULL;
     if (c->cb) finish_user(c, AP_ECANCELED);
     ap__collab_unref(c);
 }
@@ -629,7 +644,8 @@ static bool others_active(ap_collab_t *c)
     return false;
 }
 
-static void run_round(ap_collab_t *c)
+/* The gradient round with the members found (c->members, round_samples). */
+static void round_with_members(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
     float *data = NULL;
@@ -640,8 +656,6 @@ static void run_round(ap_collab_t *c)
         data = c->buf;
         w = (double)c->local_samples;
     }
-    ap_avg_group_t g;
-    form_group(c, &g, "grad", true);
     if (c->nmembers <= 1 && others_active(c)) {
         /* others train in this run but none gathered with us: stepping
          * alone would fork the model. Wait for their next epoch and load
@@ -674,6 +688,70 @@ static void run_round(ap_collab_t *c)
     }
 }
 
+static void run_round(ap_collab_t *c)
+{
+    ap_avg_group_t g;
+    form_group(c, &g, "grad", true);
+    round_with_members(c);
+}
+
+/* dht_matchmaking: the samples of the members' records (READY records: what
+ * each averages), for stats.last_epoch_samples. */
+static void member_samples(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    uint64_t samples = 0;
+    for (size_t k = 0; k < c->nmembers; k++) {
+        if (c->members[k].role == AP_AVG_AUX) continue;
+        if (is_self(c, &c->members[k].id)) {
+            samples += c->local_samples;
+            continue;
+        }
+        for (size_t i = 0; i < c->nview; i++) {
+            const ap_progress_t *p = &c->view[i];
+            if (ap_peer_id_eq(&p->peer, &c->members[k].id) && p->epoch == c->epoch &&
+                fresh(c, p, now)) {
+                samples += (uint64_t)p->samples;
+                break;
+            }
+        }
+    }
+    c->round_samples = samples;
+}
+
+static void matched_fetched(ap_collab_t *c)
+{
+    member_samples(c);
+    round_with_members(c);
+}
+
+static void matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g)
+{
+    ap_collab_t *c = arg;
+    c->search = NULL;
+    if (c->dead) {
+        ap__collab_unref(c);
+        return;
+    }
+    ap__collab_unref(c);
+    if (status == 0 && g && g->n > 1) {
+        size_t n = g->n < AP_AVG_MAX_PEERS ? g->n : AP_AVG_MAX_PEERS;
+        memcpy(c->members, g->members, n * sizeof *c->members);
+        c->nmembers = n;
+        fetch(c, matched_fetched); /* the members' READY records, for the stats */
+        return;
+    }
+    if (status && status != AP_ETIMEDOUT)
+        ap_info(OPT_MOD, "epoch %llu: matchmaking failed: %s", (unsigned long long)c->epoch,
+                ap_strerror(status));
+    /* no group: alone in the run (step alone) or others elsewhere (load) */
+    c->nmembers = 1;
+    c->members[0].id = *ap_rt_self(c->rt);
+    c->members[0].role = c->cfg.role;
+    c->round_samples = c->cfg.role == AP_AVG_AUX ? 0 : c->local_samples;
+    round_with_members(c);
+}
+
 /* The first READY time among the records of this epoch (0 = none). */
 static int64_t first_ready(ap_collab_t *c)
 {
@@ -686,6 +764,19 @@ static int64_t first_ready(ap_collab_t *c)
     return first;
 }
 
+/* Became ready after this epoch's group closed: the others step without
+ * us; we load their state once they report the next epoch. */
+static void missed_group(ap_collab_t *c)
+{
+    ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
+            (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
+    drop_epoch_samples(c, "missed the round");
+    c->ready_ms = 0;
+    report(c, NULL);
+    schedule_refresh(c);
+    finish_user(c, 0);
+}
+
 static void mm_decide(ap_collab_t *c)
 {
     int64_t first = first_ready(c);
@@ -693,18 +784,41 @@ static void mm_decide(ap_collab_t *c)
     if (!first || first > c->ready_ms) first = c->ready_ms;
     c->cutoff_ms = first + win;
     if (c->ready_ms > c->cutoff_ms) {
-        /* became ready after this epoch's group closed: the others step
-         * without us; we load their state once they report the next epoch */
-        ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
-                (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
-        drop_epoch_samples(c, "missed the round");
-        c->ready_ms = 0;
-        report(c, NULL);
-        schedule_refresh(c);
-        finish_user(c, 0);
+        missed_group(c);
         return;
     }
     run_round(c);
+}
+
+/* dht_matchmaking: look for this epoch's group with the averaging module's
+ * matchmaker. Returns false if the peer is late (handled). */
+static void start_search(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    uint32_t want = 0;
+    for (size_t i = 0; i < c->nview; i++)
+        if (c->view[i].epoch == c->epoch && fresh(c, &c->view[i], now)) want++;
+    if (want < 2) want = 2;
+    if (want > AP_AVG_MAX_PEERS) want = AP_AVG_MAX_PEERS;
+    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu", c->run_id,
+                      (unsigned long long)c->epoch);
+    ap_avg_match_t m = {.key = (const uint8_t *)c->mm_key,
+                        .key_len = (size_t)kl,
+                        .target_group_size = want,
+                        .min_group_size = 2,
+                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us};
+    ap_avg_member_t me = {.id = *ap_rt_self(c->rt),
+                          .role = c->cfg.role,
+                          .up = c->cfg.up > 0 ? c->cfg.up : 1e6,
+                          .down = c->cfg.down > 0 ? c->cfg.down : 1e6};
+    c->refs++;
+    int rc = ap_avg_match_start(c->mm, &m, &me, matched, c, &c->search);
+    if (rc) {
+        c->search = NULL;
+        ap_warn(OPT_MOD, "epoch %llu: matchmaking could not start: %s",
+                (unsigned long long)c->epoch, ap_strerror(rc));
+        matched(c->rt, c, rc, NULL); /* drops the reference */
+    }
 }
 
 static void mm_tick(ap_rt_t *rt, void *arg)
@@ -725,6 +839,25 @@ static void begin_averaging(ap_collab_t *c)
     report(c, NULL);
     int64_t first = first_ready(c);
     int64_t win = (int64_t)(c->cfg.matchmaking_window_us / 1000);
+    if (c->mm) {
+        /* the epoch's window (from the first READY record) closed before
+         * we were ready: late, as in the READY-window scheme */
+        c->cutoff_ms = (first && first < c->ready_ms ? first : c->ready_ms) + win;
+        bool bg = c->shadow && c->cb;
+        if (bg) {
+            memcpy(c->shadow, c->params, c->acc_bytes);
+            c->bg = true;
+            c->bg_start_ms = now;
+            c->bg_stepped = false;
+        }
+        if (c->ready_ms > c->cutoff_ms) {
+            missed_group(c);
+            return;
+        }
+        start_search(c);
+        if (bg && c->cb && c->phase == PH_AVERAGING) release_user(c, 0);
+        return;
+    }
     uint64_t wait = c->cfg.matchmaking_window_us + c->cfg.matchmaking_window_us / 2;
     if (first && first < c->ready_ms) {
         int64_t left = first + win - c->ready_ms; /* the group closes at first + window */

@@ -116,6 +116,9 @@ struct ap_collab {
     int64_t ready_ms;  /* when this peer became ready in this epoch (0 = not) */
     int64_t cutoff_ms; /* the epoch's group: ready by this time */
     uint64_t mm_timer;
+    ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
+    ap_avg_search_t *search; /* the running search (NULL = none) */
+    char mm_key[AP_OPTIM_RUN_ID_MAX + 32];
 
     dl_state_t dl;
     serve_ctx_t *serving[AP__MAX_SERVING];

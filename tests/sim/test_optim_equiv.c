@@ -9,6 +9,8 @@
 #define NPEERS 4
 #define B      16
 
+static bool use_dht_mm; /* groups from the averaging module's DHT matchmaker */
+
 static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
                        double tol_loss, const double *flops)
 {
@@ -25,6 +27,7 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
     cfg.codec = codec;
     /* speeds differ: exact mode (one batch per peer per epoch, then wait) */
     if (flops) cfg.max_local_samples = B;
+    cfg.dht_matchmaking = use_dht_mm;
     oh_env_init(&e, NPEERS, ap_test_seed(42), &cfg, B, flops, NULL);
     e.max_epochs = epochs;
     for (int i = 0; i < NPEERS; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
@@ -106,6 +109,19 @@ static void test_equivalence_exact_hetero(void **state)
     (void)state;
     static const double flops[NPEERS] = {3e9, 1e9, 2e9, 0.5e9};
     run_equiv2(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3, flops);
+}
+
+/* The same with groups formed by the averaging module's DHT matchmaker
+ * (dht_matchmaking) instead of the READY window over the progress records:
+ * equal speeds, then exact mode with speeds spread 6x. */
+static void test_equivalence_dht_matchmaking(void **state)
+{
+    (void)state;
+    static const double flops[NPEERS] = {3e9, 1e9, 2e9, 0.5e9};
+    use_dht_mm = true;
+    run_equiv(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3);
+    run_equiv2(ap_test_sanitized() ? 6 : 12, 3, AP_AVG_CODEC_F32, 1e-4, 1e-3, flops);
+    use_dht_mm = false;
 }
 
 /* State averaging of identical replicas must keep them equivalent. */
@@ -190,6 +206,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_equivalence_exact_hetero),
+        cmocka_unit_test(test_equivalence_dht_matchmaking),
         cmocka_unit_test(test_equivalence_with_state_averaging),
         cmocka_unit_test(test_equivalence_fp16),
         cmocka_unit_test(test_auxiliary_peer),
