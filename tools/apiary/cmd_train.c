@@ -59,6 +59,8 @@ static void usage(void)
            "                            contribute at most N batches to an epoch, then wait for\n"
            "                            its round (with N = 1 and target = peers x batch, each\n"
            "                            peer adds exactly one batch per epoch: exact mode)\n"
+           "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
+           "                            averaging module (default: READY window over progress)\n"
            "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
            "                            synthetic stream (P peers split one big batch)\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n"
@@ -77,7 +79,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed;
+    bool client, aux, delayed, dhtmm;
     double up, down, lr, slowdown, duration, mm_window;
     uint8_t codec;
     uint32_t state_every;
@@ -250,6 +252,7 @@ static int run(const topts_t *o)
     cfg.codec = o->codec;
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
+    cfg.dht_matchmaking = o->dhtmm;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
@@ -459,6 +462,7 @@ static int train_main(int argc, char **argv)
         {"delayed-updates", no_argument, NULL, 'U'},
         {"max-local-batches-per-epoch", required_argument, NULL, 'X'},
         {"data-shard", required_argument, NULL, 'H'},
+        {"dht-matchmaking", no_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -552,6 +556,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'U':
             o.delayed = true;
+            break;
+        case 'M':
+            o.dhtmm = true;
             break;
         case 'X':
             o.max_local_batches = strtoull(optarg, NULL, 10);
