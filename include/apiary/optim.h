@@ -22,8 +22,9 @@
  *   - if averaging fails (in whole or in part) steps on what it has (the local
  *     gradients for the parts not averaged) and logs a WARN saying so.
  *
- * GROUPS. The averaging module has no DHT matchmaking yet, so the group of an
- * epoch is formed from the progress records. A peer that finds the epoch due
+ * GROUPS. By default the group of an epoch is formed from the progress
+ * records (config dht_matchmaking: with the averaging module's DHT
+ * matchmaker instead, docs/training.md). A peer that finds the epoch due
  * marks its record READY (with its wall time) and waits matchmaking_window;
  * a peer between batches that sees a READY record of its epoch joins at once.
  * The group is every fresh record of the epoch that became ready within

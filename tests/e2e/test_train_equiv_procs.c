@@ -215,7 +215,7 @@ static void test_equivalence_processes(void **state)
                       "--average-state-every",
                       "0",
                       "--matchmaking-window",
-                      "0.5",
+                      "1.0",
                       "--checkpoint-dir",
                       cks[i],
                       "--log-level",
