@@ -128,7 +128,7 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     double dur = c->quick ? 15 : 60;
     double sps[5] = {0}, bps[5] = {0}, spc[5] = {0};
     bool dhtmm = false;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 1; i < argc; i++) { /* argv[0] is the bench's name */
         if (strcmp(argv[i], "--dht-matchmaking") == 0) {
             dhtmm = true;
         } else {
