@@ -7,58 +7,10 @@
  * every state. Each input gets a fresh node; teardown must free everything. */
 #include "apiary/log.h"
 #include "apiary/node.h"
-#include "runtime/uv/uv_impl.h"
+#include "fuzz_peer.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct fake {
-    ap_conn_t conn;
-    size_t written;
-    bool closed;
-} fake_t;
-
-static int fake_write(ap_conn_t *c, const uint8_t *p, size_t n)
-{
-    (void)p;
-    ((fake_t *)c)->written += n;
-    return ((fake_t *)c)->written > (8u << 20) ? 1 : 0;
-}
-
-static void fake_close(ap_conn_t *c)
-{
-    ((fake_t *)c)->closed = true;
-}
-
-static const ap_conn_vt_t fake_vt = {.write = fake_write, .close = fake_close};
-
-static void on_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
-{
-    (void)arg;
-    if (n && d[0] == 'p') ap_stream_pause(s, true);
-    if (n && d[0] == 'r') ap_stream_reset(s, AP_ECANCELED);
-    if (n && d[0] == 'e') ap_stream_send(s, d, n);
-}
-
-static void on_end(ap_stream_t *s, void *arg)
-{
-    (void)arg;
-    ap_stream_close(s);
-}
-
-static const ap_stream_cbs_t cbs = {.on_msg = on_msg, .on_end = on_end};
-
-static int on_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
-                     const uint8_t *hello, size_t len)
-{
-    (void)rt;
-    (void)arg;
-    (void)peer;
-    if (len && hello[0] == 'x') return AP_EPERM;
-    ap_stream_set_cbs(s, &cbs, NULL);
-    if (len && hello[0] == 'e') ap_stream_send(s, hello, len);
-    return 0;
-}
 
 static void on_rpc(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
@@ -67,10 +19,7 @@ static void on_rpc(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     size_t n;
     const uint8_t *d = ap_rpc_req_data(req, &n);
     if (n && d[0] == 'h') return; /* held: freed with the node */
-    if (n && d[0] == 'x')
-        ap_rpc_respond_error(req, AP_ENOTFOUND, "nope");
-    else
-        ap_rpc_respond(req, d, n);
+    fuzz_answer(req, d, n);
 }
 
 static ap_host_t *host;
@@ -87,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ap_rt_t *rt;
     if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0) abort();
     ap_stream_opts_t o = {.window = 4096, .max_msg = 100000};
-    ap_rt_stream_listen(rt, "/s", &o, on_accept, NULL);
+    ap_rt_stream_listen(rt, "/s", &o, fuzz_on_accept, NULL);
     ap_rt_rpc_register(rt, "/r", 50000, on_rpc, NULL);
     fake_t fk = {0};
     fk.conn.vt = &fake_vt;

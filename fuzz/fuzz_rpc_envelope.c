@@ -16,30 +16,10 @@
  * violation aborts (a bug). Teardown must free everything (ASan). */
 #include "apiary/log.h"
 #include "apiary/node.h"
-#include "runtime/uv/uv_impl.h"
+#include "fuzz_peer.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct fake {
-    ap_conn_t conn;
-    size_t written;
-    bool closed;
-} fake_t;
-
-static int fake_write(ap_conn_t *c, const uint8_t *p, size_t n)
-{
-    (void)p;
-    ((fake_t *)c)->written += n;
-    return ((fake_t *)c)->written > (8u << 20) ? 1 : 0;
-}
-
-static void fake_close(ap_conn_t *c)
-{
-    ((fake_t *)c)->closed = true;
-}
-
-static const ap_conn_vt_t fake_vt = {.write = fake_write, .close = fake_close};
 
 typedef struct call {
     size_t max_resp;

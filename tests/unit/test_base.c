@@ -6,6 +6,7 @@
 #include "base/buf.h"
 #include "base/codec.h"
 #include "base/pool.h"
+#include "base/u64map.h"
 #include "base/varint.h"
 
 #include <sodium.h>
@@ -233,6 +234,60 @@ static void test_pool(void **state)
     assert_non_null(ap__pool_global());
 }
 
+/* The map against a plain array model under random puts/deletes, with keys
+ * chosen to collide (few distinct homes) so backward-shift deletion is hit. */
+static void test_u64map(void **state)
+{
+    (void)state;
+    enum { K = 600 };
+    static uint64_t model[K];
+    static bool present[K];
+    ap_u64map_t m = {0};
+    uint64_t v;
+    assert_int_equal(ap__u64map_put(&m, AP_U64MAP_EMPTY, 1), AP_EINVAL);
+    assert_false(ap__u64map_get(&m, 7, &v));
+    assert_false(ap__u64map_del(&m, 7, NULL));
+    uint64_t rng = ap_test_seed(1);
+    size_t n = 0;
+    for (int step = 0; step < 200000; step++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t k = (size_t)(rng >> 33) % K;
+        uint64_t key = (uint64_t)k * 0x100000000ull; /* k << 32, and key 0 too */
+        if ((rng >> 20) & 1) {
+            assert_int_equal(ap__u64map_put(&m, key, rng), 0);
+            if (!present[k]) n++;
+            present[k] = true;
+            model[k] = rng;
+        } else {
+            bool had = ap__u64map_del(&m, key, &v);
+            assert_int_equal(had, present[k]);
+            if (had) {
+                assert_int_equal(v, model[k]);
+                n--;
+            }
+            present[k] = false;
+        }
+        assert_int_equal(m.n, n);
+        if (step % 997 == 0)
+            for (size_t j = 0; j < K; j++) {
+                bool got = ap__u64map_get(&m, (uint64_t)j << 32, &v);
+                assert_int_equal(got, present[j]);
+                if (got) assert_int_equal(v, model[j]);
+            }
+    }
+    size_t seen = 0, pos = 0;
+    uint64_t key;
+    while (ap__u64map_next(&m, &pos, &key, &v)) {
+        size_t j = (size_t)(key >> 32);
+        assert_true(j < K && present[j]);
+        assert_int_equal(v, model[j]);
+        seen++;
+    }
+    assert_int_equal(seen, n);
+    ap__u64map_free(&m);
+    assert_int_equal(m.cap, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -240,6 +295,7 @@ int main(void)
         cmocka_unit_test(test_buf_reader), cmocka_unit_test(test_varint),
         cmocka_unit_test(test_hex_base58), cmocka_unit_test(test_peer_id),
         cmocka_unit_test(test_arena),      cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_u64map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

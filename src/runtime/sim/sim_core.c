@@ -106,98 +106,6 @@ void ap__list_remove(sim_slab_t *s, size_t off, uint32_t *head, uint32_t i)
     l[0] = l[1] = SIM_NONE;
 }
 
-/* ---- map ---------------------------------------------------------------- */
-
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-uint32_t ap__map_get(const sim_map_t *m, uint64_t key)
-{
-    if (!m->cap) return SIM_NONE;
-    size_t mask = m->cap - 1;
-    for (size_t i = mix64(key) & mask;; i = (i + 1) & mask) {
-        if (m->keys[i] == key) return m->vals[i];
-        if (m->keys[i] == UINT64_MAX) return SIM_NONE;
-    }
-}
-
-static int map_grow(sim_map_t *m)
-{
-    size_t cap = m->cap ? m->cap * 2 : 64;
-    uint64_t *keys = malloc(cap * sizeof *keys);
-    uint32_t *vals = malloc(cap * sizeof *vals);
-    if (!keys || !vals) {
-        free(keys);
-        free(vals);
-        return AP_ENOMEM;
-    }
-    memset(keys, 0xff, cap * sizeof *keys);
-    for (size_t j = 0; j < m->cap; j++) {
-        if (m->keys[j] == UINT64_MAX) continue;
-        size_t i = mix64(m->keys[j]) & (cap - 1);
-        while (keys[i] != UINT64_MAX) i = (i + 1) & (cap - 1);
-        keys[i] = m->keys[j];
-        vals[i] = m->vals[j];
-    }
-    free(m->keys);
-    free(m->vals);
-    m->keys = keys;
-    m->vals = vals;
-    m->cap = cap;
-    return 0;
-}
-
-int ap__map_put(sim_map_t *m, uint64_t key, uint32_t val)
-{
-    if ((m->n + 1) * 4 > m->cap * 3 && map_grow(m) != 0) return AP_ENOMEM;
-    size_t mask = m->cap - 1;
-    size_t i = mix64(key) & mask;
-    while (m->keys[i] != UINT64_MAX && m->keys[i] != key) i = (i + 1) & mask;
-    if (m->keys[i] == UINT64_MAX) m->n++;
-    m->keys[i] = key;
-    m->vals[i] = val;
-    return 0;
-}
-
-void ap__map_del(sim_map_t *m, uint64_t key)
-{
-    if (!m->cap) return;
-    size_t mask = m->cap - 1;
-    size_t i = mix64(key) & mask;
-    while (m->keys[i] != key) {
-        if (m->keys[i] == UINT64_MAX) return;
-        i = (i + 1) & mask;
-    }
-    /* backward-shift deletion keeps probe chains intact without tombstones */
-    size_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (m->keys[j] == UINT64_MAX) break;
-        size_t home = mix64(m->keys[j]) & mask;
-        bool move = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
-        if (move) {
-            m->keys[i] = m->keys[j];
-            m->vals[i] = m->vals[j];
-            i = j;
-        }
-    }
-    m->keys[i] = UINT64_MAX;
-    m->n--;
-}
-
-void ap__map_free(sim_map_t *m)
-{
-    free(m->keys);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
 /* ---- event queue: 4-ary min-heap on (t, seq) ------------------------------ */
 
 static inline bool ev_less(const sim_ev_t *a, const sim_ev_t *b)
@@ -359,7 +267,7 @@ ap_sim_t *ap_sim_new(uint64_t seed)
     ap_sim_t *sim = calloc(1, sizeof *sim);
     if (!sim) return NULL;
     sim->seed = seed;
-    sim->hash = 0xcbf29ce484222325ull ^ mix64(seed);
+    sim->hash = 0xcbf29ce484222325ull ^ ap__mix64(seed);
     ap__rng_seed(sim->rng, seed ^ 0x6e6574776f726b21ull); /* "network!" */
     ap__slab_init(&sim->timers, sizeof(sim_timer_t));
     ap__slab_init(&sim->posts, sizeof(sim_post_t));
@@ -425,7 +333,7 @@ static void node_key_seed(const ap_sim_t *sim, uint32_t idx, uint8_t out[32])
 
 static uint64_t node_rng_seed(const ap_sim_t *sim, uint32_t idx, uint32_t inc)
 {
-    return mix64(sim->seed ^ mix64(((uint64_t)idx << 32) | inc) ^ 0x6e6f646572616e64ull);
+    return ap__mix64(sim->seed ^ ap__mix64(((uint64_t)idx << 32) | inc) ^ 0x6e6f646572616e64ull);
 }
 
 static void node_reset_lists(sim_node_t *n)

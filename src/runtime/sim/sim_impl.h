@@ -5,6 +5,7 @@
 #define AP_RUNTIME_SIM_IMPL_H
 
 #include "apiary/sim.h"
+#include "base/u64map.h"
 #include "runtime/rt_impl.h"
 
 #include <pthread.h>
@@ -70,17 +71,26 @@ static inline bool sim_unid(uint64_t id, uint32_t *idx, uint32_t *gen)
     return true;
 }
 
-/* ---- u64 -> u32 hash map (open addressing, backward-shift delete) ------- */
-typedef struct sim_map {
-    uint64_t *keys; /* UINT64_MAX = empty */
-    uint32_t *vals;
-    size_t cap, n;
-} sim_map_t;
+/* ---- u64 -> index map (base/u64map.h); SIM_NONE when absent ------------- */
+typedef ap_u64map_t sim_map_t;
 
-uint32_t ap__map_get(const sim_map_t *m, uint64_t key);
-int ap__map_put(sim_map_t *m, uint64_t key, uint32_t val);
-void ap__map_del(sim_map_t *m, uint64_t key);
-void ap__map_free(sim_map_t *m);
+static inline uint32_t ap__map_get(const sim_map_t *m, uint64_t key)
+{
+    uint64_t v;
+    return ap__u64map_get(m, key, &v) ? (uint32_t)v : SIM_NONE;
+}
+static inline int ap__map_put(sim_map_t *m, uint64_t key, uint32_t val)
+{
+    return ap__u64map_put(m, key, val);
+}
+static inline void ap__map_del(sim_map_t *m, uint64_t key)
+{
+    ap__u64map_del(m, key, NULL);
+}
+static inline void ap__map_free(sim_map_t *m)
+{
+    ap__u64map_free(m);
+}
 
 /* ---- events ------------------------------------------------------------- */
 enum {

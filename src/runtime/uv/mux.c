@@ -295,9 +295,8 @@ static void conn_fail(ap_mconn_t *c, int status, const char *why)
     bool closing = atomic_load(&n->closing);
     int st = was_up ? AP_ECLOSED : status;
     /* Every stream and call on it finishes (callbacks are queued, FIFO). */
-    for (size_t i = 0; i < c->streams.cap; i++) {
-        if (!c->streams.keys[i]) continue;
-        ap_mstream_t *s = c->streams.vals[i];
+    ap_mstream_t *s;
+    for (size_t pos = 0; (s = ap__idmap_next(&c->streams, &pos));) {
         int sst = st;
         if (closing && s->kind == MS_CALL) sst = AP_ECANCELED;
         s->conn = NULL; /* detached below */
@@ -385,8 +384,8 @@ static void conn_adopt(ap_mconn_t *c, ap_mconn_t *up)
         conn_fail(c, AP_ENOMEM, NULL);
         return;
     }
-    for (size_t i = 0; i < c->streams.cap; i++)
-        if (c->streams.keys[i] && k < c->nstreams) v[k++] = c->streams.vals[i];
+    ap_mstream_t *it;
+    for (size_t pos = 0; k < c->nstreams && (it = ap__idmap_next(&c->streams, &pos));) v[k++] = it;
     if (k > 1) qsort(v, k, sizeof *v, sid_cmp);
     ap__idmap_free(&c->streams);
     c->nstreams = 0;

@@ -4,6 +4,7 @@
 
 #include "apiary/node.h"
 #include "base/buf.h"
+#include "base/u64map.h"
 #include "runtime/rt_impl.h"
 #include "runtime/uv/conn.h"
 #include "runtime/uv/frame.h"
@@ -21,16 +22,33 @@
 #define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
 #define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
 
-/* ---- id map: u64 -> pointer, open addressing ------------------------------ */
-typedef struct ap_idmap {
-    uint64_t *keys; /* 0 = empty */
-    void **vals;
-    size_t cap, n;
-} ap_idmap_t;
-int ap__idmap_put(ap_idmap_t *m, uint64_t k, void *v);
-void *ap__idmap_get(const ap_idmap_t *m, uint64_t k);
-void *ap__idmap_del(ap_idmap_t *m, uint64_t k);
-void ap__idmap_free(ap_idmap_t *m);
+/* ---- id map: nonzero u64 id -> pointer (base/u64map.h) ------------------- */
+typedef ap_u64map_t ap_idmap_t;
+
+static inline int ap__idmap_put(ap_idmap_t *m, uint64_t k, void *v)
+{
+    return k ? ap__u64map_put(m, k, (uint64_t)(uintptr_t)v) : AP_EINVAL;
+}
+static inline void *ap__idmap_get(const ap_idmap_t *m, uint64_t k)
+{
+    uint64_t v;
+    return k && ap__u64map_get(m, k, &v) ? (void *)(uintptr_t)v : NULL;
+}
+static inline void *ap__idmap_del(ap_idmap_t *m, uint64_t k)
+{
+    uint64_t v;
+    return k && ap__u64map_del(m, k, &v) ? (void *)(uintptr_t)v : NULL;
+}
+/* Next value in an iteration started with *pos = 0; NULL at the end. */
+static inline void *ap__idmap_next(const ap_idmap_t *m, size_t *pos)
+{
+    uint64_t v;
+    return ap__u64map_next(m, pos, NULL, &v) ? (void *)(uintptr_t)v : NULL;
+}
+static inline void ap__idmap_free(ap_idmap_t *m)
+{
+    ap__u64map_free(m);
+}
 
 /* ---- host ----------------------------------------------------------------- */
 
