@@ -406,12 +406,13 @@ static int run(const topts_t *o)
         if (tty) printf("\r\033[K");
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
-               "refused records %llu | computed during rounds %llu | %.0fs\n",
+               "refused records %llu | computed during rounds %llu | dropped late %llu | %.0fs\n",
                (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
-               (unsigned long long)st.samples_during_rounds, el);
+               (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
+               el);
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
