@@ -5,6 +5,12 @@
  *   scaling_efficiency  samples/s(N) / (N * samples/s(1)), baseline = the
  *                       single peer measured in the same run (peers 2, 4)
  *   bytes_per_sample    bytes sent by all peers / samples (peers 2, 4)
+ *   samples_per_cpu_s   samples / CPU seconds (user + system) of the peer
+ *                       and bootstrap processes of that run (getrusage of
+ *                       the children): robust to other load on the machine
+ * `apiary bench train --dht-matchmaking` runs the same with groups formed
+ * by the averaging module's DHT matchmaker (every line then carries
+ * "dht_matchmaking":true).
  * The machine has 2 shared cores, so every peer runs with --slowdown 3 (it
  * sleeps 3x its compute time after each batch, like a slower accelerator):
  * four peers then need about one core for compute and the measurement shows
@@ -17,14 +23,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 /* Runs N peers for dur seconds; returns 0 and the totals. */
-static int run_n(const char *exe, const char *dir, int n, bool delayed, double dur, double *sps,
-                 double *bps)
+static double children_cpu_s(void)
 {
+    struct rusage ru;
+    getrusage(RUSAGE_CHILDREN, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dhtmm, double dur,
+                 double *sps, double *bps, double *spc)
+{
+    double cpu0 = children_cpu_s();
     char blog[600], addr[1100] = "", line[1100];
     snprintf(blog, sizeof blog, "%s/boot%d%s.log", dir, n, delayed ? "d" : "");
     char *bargv[] = {(char *)exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
@@ -69,7 +85,10 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, double d
                       "3",
                       "--seed",
                       seed,
-                      delayed ? "--delayed-updates" : NULL,
+                      delayed ? "--delayed-updates"
+                      : dhtmm ? "--dht-matchmaking"
+                              : NULL,
+                      delayed && dhtmm ? "--dht-matchmaking" : NULL,
                       NULL};
         pids[i] = ap_cli_spawn_logged(exe, av, logs[i]);
     }
@@ -93,6 +112,8 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, double d
     }
     *sps = el > 0 ? samples / el : 0;
     *bps = samples > 0 ? bytes / samples : 0;
+    double cpu = children_cpu_s() - cpu0;
+    *spc = cpu > 0 ? samples / cpu : 0;
     return 0;
 }
 
@@ -105,23 +126,33 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     char dir[] = "/tmp/apiary-bench-train-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     double dur = c->quick ? 15 : 60;
-    double sps[5] = {0}, bps[5] = {0};
+    double sps[5] = {0}, bps[5] = {0}, spc[5] = {0};
+    bool dhtmm = false;
+    for (int i = 1; i < argc; i++) { /* argv[0] is the bench's name */
+        if (strcmp(argv[i], "--dht-matchmaking") == 0) {
+            dhtmm = true;
+        } else {
+            fprintf(stderr, "bench train: unknown option %s (only --dht-matchmaking)\n", argv[i]);
+            return 2;
+        }
+    }
     /* 1, 2, 4 peers synchronous, then 2 and 4 with delayed updates (the
      * single-peer rate of the same run is the reference for both) */
     const int ns[5] = {1, 2, 4, 2, 4};
     for (int k = 0; k < 5; k++) {
         int n = ns[k];
         bool delayed = k >= 3;
-        if (run_n(exe, dir, n, delayed, dur, &sps[n], &bps[n]) != 0) {
+        if (run_n(exe, dir, n, delayed, dhtmm, dur, &sps[n], &bps[n], &spc[n]) != 0) {
             fprintf(stderr, "bench train: the %d-peer run failed (logs in %s)\n", n, dir);
             return 1;
         }
-        char f[96];
-        snprintf(f, sizeof f, "\"peers\":%d,\"slowdown\":3,\"delayed_updates\":%s", n,
-                 delayed ? "true" : "false");
+        char f[128];
+        snprintf(f, sizeof f, "\"peers\":%d,\"slowdown\":3,\"delayed_updates\":%s%s", n,
+                 delayed ? "true" : "false", dhtmm ? ",\"dht_matchmaking\":true" : "");
         ap_bench_report(c, "samples_per_s", sps[n], "samples/s", f);
+        ap_bench_report(c, "samples_per_cpu_s", spc[n], "samples/cpu-s", f);
         if (n > 1) {
-            char g[160];
+            char g[200];
             snprintf(g, sizeof g, "%s,\"single_peer_samples_per_s\":%.1f", f, sps[1]);
             ap_bench_report(c, "scaling_efficiency", sps[1] > 0 ? sps[n] / (n * sps[1]) : 0,
                             "ratio", g);

@@ -122,6 +122,16 @@ AP_EXPORT int ap_nn_checkpoint_load(const char *path, ap_nn_model_t *m, ap_nn_op
  * buf (len) is untrusted and borrowed. */
 AP_EXPORT int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step,
                                       uint8_t **buf, size_t *len);
+/* Like ap_nn_checkpoint_encode, but the parameters come from the flat buffer
+ * params (m's parameter count floats, borrowed for the call) instead of m's
+ * own: m gives only the shape (its configuration; m's buffers are not read),
+ * e.g. a collaborative optimizer's copy of the parameters. */
+AP_EXPORT int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params,
+                                           const ap_nn_optim_t *o, uint64_t step, uint8_t **buf,
+                                           size_t *len);
+/* Writes an encoded checkpoint (buf, len; borrowed) to path atomically (temp
+ * file, fsync, rename). AP_EIO on failure (logged). */
+AP_EXPORT int ap_nn_checkpoint_write(const char *path, const uint8_t *buf, size_t len);
 AP_EXPORT int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m,
                                       ap_nn_optim_t *o, uint64_t *step);
 

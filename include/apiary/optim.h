@@ -22,8 +22,9 @@
  *   - if averaging fails (in whole or in part) steps on what it has (the local
  *     gradients for the parts not averaged) and logs a WARN saying so.
  *
- * GROUPS. The averaging module has no DHT matchmaking yet, so the group of an
- * epoch is formed from the progress records. A peer that finds the epoch due
+ * GROUPS. By default the group of an epoch is formed from the progress
+ * records (config dht_matchmaking: with the averaging module's DHT
+ * matchmaker instead, docs/training.md). A peer that finds the epoch due
  * marks its record READY (with its wall time) and waits matchmaking_window;
  * a peer between batches that sees a READY record of its epoch joins at once.
  * The group is every fresh record of the epoch that became ready within
@@ -62,6 +63,7 @@
 #include "apiary/common.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/nn.h"
 #include "apiary/nn_optim.h"
 #include "apiary/runtime.h"
 
@@ -144,8 +146,34 @@ typedef struct ap_collab_config {
      * parameters of before the step (one optimizer step stale). The step is
      * applied to the optimizer's own copy of the parameters and copied into
      * params at the first ap_collab_submit (or ap_collab_apply_update) after
-     * the round ended. Costs 2·n more floats. */
+     * the round ended. Costs 2·n more floats.
+     * CAP: during a background round the peer accumulates for the next
+     * epoch at most its share of the target, target · (its speed / the
+     * summed speeds of the records in this or the next epoch), speeds as
+     * reported when the round's records were written; a submit that reaches
+     * the share waits (its callback is held) until the round is over. So
+     * the next epoch averages at most the target plus about one local batch
+     * per peer instead of every batch computed during the round. */
     bool delayed_updates;
+    /* Cap on the samples this peer accumulates per epoch (0 = none). At the
+     * cap, ap_collab_submit WAITS (its callback is held) until the epoch's
+     * round is over (or the peer downloads the state), polling the progress
+     * view every min(min_refresh, matchmaking_window / 4). With
+     * max_local_samples = b and target_batch_size = P·b, each of P peers
+     * contributes exactly one batch of b per epoch ("exact" mode: the run
+     * equals a single process with batch P·b). The run needs peers whose caps
+     * add up to the target, else the waiting peers wait for ever (until
+     * someone joins). Delayed updates: the cap also bounds the batches
+     * accumulated for the next epoch during a background round. */
+    uint64_t max_local_samples;
+    /* Group formation through the averaging module's DHT matchmaker
+     * (ap_avg_match_start, key "<run_id>_grad_<epoch>", target group size =
+     * the peers of this epoch in the progress view, min 2, deadline = now +
+     * matchmaking_window) instead of the READY-window scheme over the
+     * progress records (default false; docs/training.md, "Groups"). A peer
+     * that became ready after the epoch's window closed still counts as late.
+     * Creates a matchmaker on the runtime (one per node). */
+    bool dht_matchmaking;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -173,6 +201,12 @@ typedef struct ap_collab_stats {
     /* delayed updates: samples submitted while a background round ran */
     uint64_t samples_during_rounds;
     uint64_t delayed_steps; /* steps applied from the background */
+    /* submits whose callback was held: at max_local_samples, or (delayed
+     * updates) at this peer's share of the next epoch during a round */
+    uint64_t submits_held;
+    /* samples of an epoch whose round was over without them (late peer:
+     * missed the group, or behind the others), discarded */
+    uint64_t samples_dropped;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */
@@ -222,6 +256,20 @@ AP_EXPORT const float *ap_collab_current_params(const ap_collab_t *c);
  * waits to be copied into params. */
 AP_EXPORT bool ap_collab_update_pending(const ap_collab_t *c);
 
+/* A checkpoint consistent with one epoch, from the optimizer's buffers: the
+ * freshest parameters (ap_collab_current_params), the optimizer state and
+ * the epoch (stored as the checkpoint's step), encoded by the model kit
+ * (ap_nn_checkpoint_encode_flat; m gives the shape only and its buffers are
+ * not read, so the caller may be computing on them). Works at any moment on
+ * the loop thread, also while a background round runs or its update waits
+ * (delayed updates): step, epoch and state change together there. *buf is
+ * malloc'd (caller frees; write it with ap_nn_checkpoint_write, off the loop
+ * thread); *epoch may be NULL. AP_EINVAL if m's size differs, AP_ESTATE for
+ * an AUX peer (no parameters). Resume with ap_nn_checkpoint_load into the
+ * model and ap_collab_optim_mut, then ap_collab_set_epoch(step). */
+AP_EXPORT int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf,
+                                          size_t *len, uint64_t *epoch);
+
 AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
 /* The optimizer state (owned by the collab; read-only for the caller). */
@@ -244,6 +292,10 @@ AP_EXPORT int ap_collab_start_sync(ap_collab_t *c);
 AP_EXPORT int ap_collab_submit_sync(ap_collab_t *c, const float *grad, uint32_t samples,
                                     float loss);
 AP_EXPORT int ap_collab_get_stats_sync(ap_collab_t *c, ap_collab_stats_t *out);
+/* ap_collab_checkpoint_encode on the loop thread (the encoding is a copy;
+ * write the file on the calling thread). */
+AP_EXPORT int ap_collab_checkpoint_encode_sync(ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf,
+                                               size_t *len, uint64_t *epoch);
 
 #ifdef __cplusplus
 }

@@ -180,6 +180,12 @@ static bool all_finite(const uint8_t *p, size_t n)
 int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step, uint8_t **buf,
                             size_t *len)
 {
+    return ap_nn_checkpoint_encode_flat(m, m->params.data, o, step, buf, len);
+}
+
+int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params, const ap_nn_optim_t *o,
+                                 uint64_t step, uint8_t **buf, size_t *len)
+{
     *buf = NULL;
     *len = 0;
     if (o && o->n != m->params.count) return AP_EINVAL;
@@ -200,7 +206,7 @@ int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t s
     uint8_t *b = malloc(total);
     if (!b) return AP_ENOMEM;
     hdr_write(b, &h);
-    memcpy(b + HDR, m->params.data, 4 * h.nparams);
+    memcpy(b + HDR, params, 4 * h.nparams);
     if (o) memcpy(b + HDR + 4 * h.nparams, o->state, 4 * h.ostate);
     crypto_generichash(b + total - SUM, SUM, b, total - SUM, NULL, 0);
     *buf = b;
@@ -248,12 +254,17 @@ int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_optim_
     size_t len;
     int rc = ap_nn_checkpoint_encode(m, o, step, &b, &len);
     if (rc) return rc;
+    rc = ap_nn_checkpoint_write(path, b, len);
+    free(b);
+    return rc;
+}
+
+int ap_nn_checkpoint_write(const char *path, const uint8_t *b, size_t len)
+{
+    int rc;
     size_t pl = strlen(path);
     char *tmp = malloc(pl + 16);
-    if (!tmp) {
-        free(b);
-        return AP_ENOMEM;
-    }
+    if (!tmp) return AP_ENOMEM;
     snprintf(tmp, pl + 16, "%s.tmp%d", path, (int)getpid());
     rc = AP_EIO;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -272,7 +283,6 @@ int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_optim_
     }
     if (rc) ap_warn(NN_LOG, "checkpoint: cannot write %s: %s", path, strerror(errno));
     free(tmp);
-    free(b);
     return rc;
 }
 

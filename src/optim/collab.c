@@ -66,6 +66,11 @@ static void release_user(ap_collab_t *c, int status)
     ap_collab_fn cb = c->cb;
     void *arg = c->cb_arg;
     c->cb = NULL;
+    /* the caller computes from now on: the speed (samples per second of the
+     * next submit) excludes the time it waited here (rounds, a cap), so a
+     * peer that waited long does not under-report its speed and have its
+     * next records refused as impossible progress */
+    if (cb && !c->dead) c->last_submit_us = ap_rt_now_us(c->rt);
     if (cb) cb(c->rt, arg, status);
 }
 
@@ -88,10 +93,26 @@ static void end_background(ap_collab_t *c)
     c->bg_stepped = false;
 }
 
+static bool at_local_cap(const ap_collab_t *c)
+{
+    return c->cfg.max_local_samples && c->local_samples >= c->cfg.max_local_samples;
+}
+
+static void report(ap_collab_t *c, void (*next)(ap_collab_t *c));
+static void fetch_decide(ap_collab_t *c);
+
 static void finish_user(ap_collab_t *c, int status)
 {
     end_background(c);
     c->phase = PH_IDLE;
+    if (status == 0 && c->cb && !c->dead && at_local_cap(c)) {
+        /* max_local_samples: the batches held during a background round
+         * (or a round that formed no group) already fill this epoch's
+         * quota: the submit keeps waiting, for this epoch's round now */
+        c->phase = PH_REPORTING;
+        report(c, fetch_decide);
+        return;
+    }
     release_user(c, status);
 }
 
@@ -162,6 +183,14 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
             return rc;
         }
     }
+    if (c->cfg.dht_matchmaking) {
+        rc = ap_avg_matchmaker_new(svc, dht, &c->mm);
+        if (rc) {
+            if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
+            collab_release(c);
+            return rc;
+        }
+    }
     *out = c;
     return 0;
 }
@@ -175,10 +204,19 @@ void ap_collab_free(ap_collab_t *c)
     c->refresh_timer = 0;
     if (c->mm_timer) ap_rt_timer_stop(c->rt, c->mm_timer);
     c->mm_timer = 0;
+    if (c->wait_timer) ap_rt_timer_stop(c->rt, c->wait_timer);
+    c->wait_timer = 0;
     if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
     ap__state_abort_serving(c);
     ap__state_download_abort(c, AP_ECANCELED);
     if (c->ar) ap_allreduce_cancel(c->ar);
+    if (c->search) {
+        ap_avg_search_t *s = c->search;
+        c->search = NULL;
+        ap_avg_match_cancel(s); /* its callback sees dead */
+    }
+    if (c->mm) ap_avg_matchmaker_free(c->mm);
+    c->mm = NULL;
     if (c->cb) finish_user(c, AP_ECANCELED);
     ap__collab_unref(c);
 }
@@ -498,6 +536,21 @@ static void next_epoch(ap_collab_t *c)
     c->st.epoch = c->epoch;
 }
 
+/* Late peer: the round of this epoch is over without our gradients (we
+ * missed its group, or the others are in a later epoch). Gradients of an old
+ * epoch are discarded (DeDLOC / hivemind semantics), with a log line. */
+static void drop_epoch_samples(ap_collab_t *c, const char *why)
+{
+    if (c->local_samples == 0) return;
+    ap_info(OPT_MOD,
+            "epoch %llu: dropping %llu local samples (%s): gradients of an old epoch "
+            "are discarded",
+            (unsigned long long)c->epoch, (unsigned long long)c->local_samples, why);
+    c->st.samples_dropped += c->local_samples;
+    c->local_samples = 0;
+    memset(c->acc, 0, c->acc_bytes);
+}
+
 static void begin_state_round(ap_collab_t *c)
 {
     c->phase = PH_STATE_AVG;
@@ -591,7 +644,8 @@ static bool others_active(ap_collab_t *c)
     return false;
 }
 
-static void run_round(ap_collab_t *c)
+/* The gradient round with the members found (c->members, round_samples). */
+static void round_with_members(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
     float *data = NULL;
@@ -602,8 +656,6 @@ static void run_round(ap_collab_t *c)
         data = c->buf;
         w = (double)c->local_samples;
     }
-    ap_avg_group_t g;
-    form_group(c, &g, "grad", true);
     if (c->nmembers <= 1 && others_active(c)) {
         /* others train in this run but none gathered with us: stepping
          * alone would fork the model. Wait for their next epoch and load
@@ -636,6 +688,70 @@ static void run_round(ap_collab_t *c)
     }
 }
 
+static void run_round(ap_collab_t *c)
+{
+    ap_avg_group_t g;
+    form_group(c, &g, "grad", true);
+    round_with_members(c);
+}
+
+/* dht_matchmaking: the samples of the members' records (READY records: what
+ * each averages), for stats.last_epoch_samples. */
+static void member_samples(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    uint64_t samples = 0;
+    for (size_t k = 0; k < c->nmembers; k++) {
+        if (c->members[k].role == AP_AVG_AUX) continue;
+        if (is_self(c, &c->members[k].id)) {
+            samples += c->local_samples;
+            continue;
+        }
+        for (size_t i = 0; i < c->nview; i++) {
+            const ap_progress_t *p = &c->view[i];
+            if (ap_peer_id_eq(&p->peer, &c->members[k].id) && p->epoch == c->epoch &&
+                fresh(c, p, now)) {
+                samples += (uint64_t)p->samples;
+                break;
+            }
+        }
+    }
+    c->round_samples = samples;
+}
+
+static void matched_fetched(ap_collab_t *c)
+{
+    member_samples(c);
+    round_with_members(c);
+}
+
+static void matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g)
+{
+    ap_collab_t *c = arg;
+    c->search = NULL;
+    if (c->dead) {
+        ap__collab_unref(c);
+        return;
+    }
+    ap__collab_unref(c);
+    if (status == 0 && g && g->n > 1) {
+        size_t n = g->n < AP_AVG_MAX_PEERS ? g->n : AP_AVG_MAX_PEERS;
+        memcpy(c->members, g->members, n * sizeof *c->members);
+        c->nmembers = n;
+        fetch(c, matched_fetched); /* the members' READY records, for the stats */
+        return;
+    }
+    if (status && status != AP_ETIMEDOUT)
+        ap_info(OPT_MOD, "epoch %llu: matchmaking failed: %s", (unsigned long long)c->epoch,
+                ap_strerror(status));
+    /* no group: alone in the run (step alone) or others elsewhere (load) */
+    c->nmembers = 1;
+    c->members[0].id = *ap_rt_self(c->rt);
+    c->members[0].role = c->cfg.role;
+    c->round_samples = c->cfg.role == AP_AVG_AUX ? 0 : c->local_samples;
+    round_with_members(c);
+}
+
 /* The first READY time among the records of this epoch (0 = none). */
 static int64_t first_ready(ap_collab_t *c)
 {
@@ -648,6 +764,19 @@ static int64_t first_ready(ap_collab_t *c)
     return first;
 }
 
+/* Became ready after this epoch's group closed: the others step without
+ * us; we load their state once they report the next epoch. */
+static void missed_group(ap_collab_t *c)
+{
+    ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
+            (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
+    drop_epoch_samples(c, "missed the round");
+    c->ready_ms = 0;
+    report(c, NULL);
+    schedule_refresh(c);
+    finish_user(c, 0);
+}
+
 static void mm_decide(ap_collab_t *c)
 {
     int64_t first = first_ready(c);
@@ -655,17 +784,41 @@ static void mm_decide(ap_collab_t *c)
     if (!first || first > c->ready_ms) first = c->ready_ms;
     c->cutoff_ms = first + win;
     if (c->ready_ms > c->cutoff_ms) {
-        /* became ready after this epoch's group closed: the others step
-         * without us; we load their state once they report the next epoch */
-        ap_info(OPT_MOD, "epoch %llu: missed the averaging group (ready %lld ms after it closed)",
-                (unsigned long long)c->epoch, (long long)(c->ready_ms - c->cutoff_ms));
-        c->ready_ms = 0;
-        report(c, NULL);
-        schedule_refresh(c);
-        finish_user(c, 0);
+        missed_group(c);
         return;
     }
     run_round(c);
+}
+
+/* dht_matchmaking: look for this epoch's group with the averaging module's
+ * matchmaker. Returns false if the peer is late (handled). */
+static void start_search(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    uint32_t want = 0;
+    for (size_t i = 0; i < c->nview; i++)
+        if (c->view[i].epoch == c->epoch && fresh(c, &c->view[i], now)) want++;
+    if (want < 2) want = 2;
+    if (want > AP_AVG_MAX_PEERS) want = AP_AVG_MAX_PEERS;
+    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu", c->run_id,
+                      (unsigned long long)c->epoch);
+    ap_avg_match_t m = {.key = (const uint8_t *)c->mm_key,
+                        .key_len = (size_t)kl,
+                        .target_group_size = want,
+                        .min_group_size = 2,
+                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us};
+    ap_avg_member_t me = {.id = *ap_rt_self(c->rt),
+                          .role = c->cfg.role,
+                          .up = c->cfg.up > 0 ? c->cfg.up : 1e6,
+                          .down = c->cfg.down > 0 ? c->cfg.down : 1e6};
+    c->refs++;
+    int rc = ap_avg_match_start(c->mm, &m, &me, matched, c, &c->search);
+    if (rc) {
+        c->search = NULL;
+        ap_warn(OPT_MOD, "epoch %llu: matchmaking could not start: %s",
+                (unsigned long long)c->epoch, ap_strerror(rc));
+        matched(c->rt, c, rc, NULL); /* drops the reference */
+    }
 }
 
 static void mm_tick(ap_rt_t *rt, void *arg)
@@ -682,9 +835,29 @@ static void begin_averaging(ap_collab_t *c)
     c->phase = PH_AVERAGING;
     int64_t now = ap_rt_wall_ms(c->rt);
     c->ready_ms = now > c->epoch_start_ms ? now : c->epoch_start_ms;
+    c->ready_sps = c->sps; /* as in the READY record (the background cap's share) */
     report(c, NULL);
     int64_t first = first_ready(c);
     int64_t win = (int64_t)(c->cfg.matchmaking_window_us / 1000);
+    if (c->mm) {
+        /* the epoch's window (from the first READY record) closed before
+         * we were ready: late, as in the READY-window scheme */
+        c->cutoff_ms = (first && first < c->ready_ms ? first : c->ready_ms) + win;
+        bool bg = c->shadow && c->cb;
+        if (bg) {
+            memcpy(c->shadow, c->params, c->acc_bytes);
+            c->bg = true;
+            c->bg_start_ms = now;
+            c->bg_stepped = false;
+        }
+        if (c->ready_ms > c->cutoff_ms) {
+            missed_group(c);
+            return;
+        }
+        start_search(c);
+        if (bg && c->cb && c->phase == PH_AVERAGING) release_user(c, 0);
+        return;
+    }
     uint64_t wait = c->cfg.matchmaking_window_us + c->cfg.matchmaking_window_us / 2;
     if (first && first < c->ready_ms) {
         int64_t left = first + win - c->ready_ms; /* the group closes at first + window */
@@ -724,6 +897,28 @@ static void load_done(ap_rt_t *rt, void *arg, int status)
     finish_user(c, 0);
 }
 
+static void wait_tick(ap_rt_t *rt, void *arg);
+
+/* Delayed updates: the most this peer accumulates for the next epoch while a
+ * background round runs: its share of the target by speed, among the records
+ * of this epoch and the next (frozen during the round: READY records), and
+ * at most max_local_samples. */
+static uint64_t bg_cap(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    double mine = c->ready_sps > 0 ? c->ready_sps : c->sps > 0 ? c->sps : 1.0, sum = mine;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (is_self(c, &p->peer) || !fresh(c, p, now) || p->role == AP_AVG_AUX) continue;
+        if (p->epoch != c->epoch && p->epoch != c->epoch + 1) continue;
+        sum += p->samples_per_s > 0 ? p->samples_per_s : mine;
+    }
+    double share = ceil((double)c->cfg.target_batch_size * mine / sum);
+    uint64_t cap = share < 1 ? 1 : (uint64_t)share;
+    if (c->cfg.max_local_samples && c->cfg.max_local_samples < cap) cap = c->cfg.max_local_samples;
+    return cap;
+}
+
 /* After a fresh view: behind -> download; due -> average; else go on. */
 static void decide(ap_collab_t *c)
 {
@@ -733,6 +928,7 @@ static void decide(ap_collab_t *c)
     if (e.max_epoch > c->epoch) {
         ap_info(OPT_MOD, "behind: epoch %llu, peers at %llu; downloading state",
                 (unsigned long long)c->epoch, (unsigned long long)e.max_epoch);
+        drop_epoch_samples(c, "the others are in a later epoch");
         c->phase = PH_DOWNLOADING;
         if (ap__state_download(c, load_done) != 0) {
             /* no donor: adopt the epoch, keep the parameters */
@@ -750,11 +946,32 @@ static void decide(ap_collab_t *c)
         begin_averaging(c);
         return;
     }
+    if (at_local_cap(c)) {
+        /* max_local_samples: wait (callback held) until the epoch is due */
+        if (c->phase != PH_WAITING) c->st.submits_held++;
+        c->phase = PH_WAITING;
+        uint64_t p = c->cfg.matchmaking_window_us / 4;
+        if (p > c->cfg.min_refresh_us) p = c->cfg.min_refresh_us;
+        if (p < 10000) p = 10000;
+        c->wait_timer = ap_rt_timer_start(c->rt, p, 0, wait_tick, c);
+        return;
+    }
     finish_user(c, 0);
 }
 
 static void fetch_decide(ap_collab_t *c)
 {
+    fetch(c, decide);
+}
+
+static void wait_tick(ap_rt_t *rt, void *arg)
+{
+    ap_collab_t *c = arg;
+    c->wait_timer = 0;
+    if (c->phase != PH_WAITING) return;
+    /* keep our record fresh while we wait */
+    if (ap_rt_now_us(rt) - c->last_report_us > (uint64_t)c->cfg.stale_ms * 1000 / 3)
+        report(c, NULL);
     fetch(c, decide);
 }
 
@@ -887,6 +1104,12 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     c->cb = cb;
     c->cb_arg = arg;
     if (c->bg) {
+        /* the next epoch's cap: a further batch would pass this peer's
+         * share, so wait (callback held) until the round is over */
+        if (c->next_samples + samples > bg_cap(c)) {
+            c->st.submits_held++;
+            return 0;
+        }
         release_user(c, 0);
         return 0;
     }
@@ -898,7 +1121,7 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     /* Close to the end of the epoch (or behind): report and read a fresh view
      * before deciding. Otherwise report in the background and go on. */
     bool near = e.global >= (double)c->cfg.target_batch_size || e.eta_s <= 2.0 * dt ||
-                e.max_epoch > c->epoch;
+                e.max_epoch > c->epoch || at_local_cap(c);
     if (near) {
         c->phase = PH_REPORTING;
         report(c, fetch_decide); /* read after our own store landed */
@@ -936,6 +1159,20 @@ const float *ap_collab_current_params(const ap_collab_t *c)
 bool ap_collab_update_pending(const ap_collab_t *c)
 {
     return c->bg || c->adopt;
+}
+
+int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf, size_t *len,
+                                uint64_t *epoch)
+{
+    *buf = NULL;
+    *len = 0;
+    if (c->cfg.role == AP_AVG_AUX) return AP_ESTATE;
+    if (!m || ap_nn_model_params(m)->count != c->n) return AP_EINVAL;
+    /* on the loop thread the parameters, the optimizer state and the epoch
+     * always change together (step + next epoch, state round, download) */
+    int rc = ap_nn_checkpoint_encode_flat(m, ap__collab_cur_params(c), c->opt, c->epoch, buf, len);
+    if (rc == 0 && epoch) *epoch = c->epoch;
+    return rc;
 }
 
 uint64_t ap_collab_epoch(const ap_collab_t *c)

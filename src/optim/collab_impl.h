@@ -20,6 +20,7 @@ typedef enum collab_phase {
     PH_AVERAGING,
     PH_STATE_AVG,
     PH_DOWNLOADING,
+    PH_WAITING, /* at max_local_samples: the submit waits for the epoch's round */
 } collab_phase_t;
 
 typedef struct dl_range {
@@ -82,6 +83,8 @@ struct ap_collab {
     bool adopt;          /* shadow holds a finished update not yet copied into params */
     bool bg_stepped;     /* the background round stepped (accumulators swapped) */
     int64_t bg_start_ms; /* wall clock when the background round began */
+    double ready_sps;    /* our speed in the READY record (the background cap's share) */
+    uint64_t wait_timer; /* PH_WAITING: next poll of the view */
 
     uint64_t epoch;
     uint64_t local_samples;
@@ -113,6 +116,9 @@ struct ap_collab {
     int64_t ready_ms;  /* when this peer became ready in this epoch (0 = not) */
     int64_t cutoff_ms; /* the epoch's group: ready by this time */
     uint64_t mm_timer;
+    ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
+    ap_avg_search_t *search; /* the running search (NULL = none) */
+    char mm_key[AP_OPTIM_RUN_ID_MAX + 32];
 
     dl_state_t dl;
     serve_ctx_t *serving[AP__MAX_SERVING];

@@ -100,3 +100,24 @@ int ap_collab_get_stats_sync(ap_collab_t *c, ap_collab_stats_t *out)
     sync_args_t a = {.c = c, .stats = out};
     return ap_node_call_sync(c->rt, do_stats, &a);
 }
+
+typedef struct ckpt_args {
+    ap_collab_t *c;
+    ap_nn_model_t *m;
+    uint8_t **buf;
+    size_t *len;
+    uint64_t *epoch;
+} ckpt_args_t;
+
+static void do_ckpt(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ckpt_args_t *a = arg;
+    ap_sync_complete(done, ap_collab_checkpoint_encode(a->c, a->m, a->buf, a->len, a->epoch));
+}
+
+int ap_collab_checkpoint_encode_sync(ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf, size_t *len,
+                                     uint64_t *epoch)
+{
+    ckpt_args_t a = {.c = c, .m = m, .buf = buf, .len = len, .epoch = epoch};
+    return ap_node_call_sync(c->rt, do_ckpt, &a);
+}

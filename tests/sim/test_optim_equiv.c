@@ -9,8 +9,10 @@
 #define NPEERS 4
 #define B      16
 
-static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
-                      double tol_loss)
+static bool use_dht_mm; /* groups from the averaging module's DHT matchmaker */
+
+static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
+                       double tol_loss, const double *flops)
 {
     oh_env_t e;
     ap_collab_config_t cfg;
@@ -23,7 +25,10 @@ static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, doub
     cfg.averaging_timeout_us = 5000000;
     cfg.load_state_on_start = true;
     cfg.codec = codec;
-    oh_env_init(&e, NPEERS, ap_test_seed(42), &cfg, B, NULL, NULL);
+    /* speeds differ: exact mode (one batch per peer per epoch, then wait) */
+    if (flops) cfg.max_local_samples = B;
+    cfg.dht_matchmaking = use_dht_mm;
+    oh_env_init(&e, NPEERS, ap_test_seed(42), &cfg, B, flops, NULL);
     e.max_epochs = epochs;
     for (int i = 0; i < NPEERS; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
     ap_sim_run_for(e.sim, 500000); /* DHT bootstrap */
@@ -83,10 +88,40 @@ static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, doub
     oh_env_free(&e);
 }
 
+static void run_equiv(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
+                      double tol_loss)
+{
+    run_equiv2(epochs, state_every, codec, tol_param, tol_loss, NULL);
+}
+
 static void test_equivalence(void **state)
 {
     (void)state;
     run_equiv(ap_test_sanitized() ? 6 : 20, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3);
+}
+
+/* Exact mode (max_local_samples = b) with compute speeds spread 6x: the
+ * fast peers wait at their cap instead of contributing more batches, so
+ * every epoch is still one batch of each peer and the run equals the
+ * single process. */
+static void test_equivalence_exact_hetero(void **state)
+{
+    (void)state;
+    static const double flops[NPEERS] = {3e9, 1e9, 2e9, 0.5e9};
+    run_equiv2(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3, flops);
+}
+
+/* The same with groups formed by the averaging module's DHT matchmaker
+ * (dht_matchmaking) instead of the READY window over the progress records:
+ * equal speeds, then exact mode with speeds spread 6x. */
+static void test_equivalence_dht_matchmaking(void **state)
+{
+    (void)state;
+    static const double flops[NPEERS] = {3e9, 1e9, 2e9, 0.5e9};
+    use_dht_mm = true;
+    run_equiv(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_F32, 1e-4, 1e-3);
+    run_equiv2(ap_test_sanitized() ? 6 : 12, 3, AP_AVG_CODEC_F32, 1e-4, 1e-3, flops);
+    use_dht_mm = false;
 }
 
 /* State averaging of identical replicas must keep them equivalent. */
@@ -170,6 +205,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence),
+        cmocka_unit_test(test_equivalence_exact_hetero),
+        cmocka_unit_test(test_equivalence_dht_matchmaking),
         cmocka_unit_test(test_equivalence_with_state_averaging),
         cmocka_unit_test(test_equivalence_fp16),
         cmocka_unit_test(test_auxiliary_peer),

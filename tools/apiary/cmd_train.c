@@ -55,6 +55,14 @@ static void usage(void)
            "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
            "  --delayed-updates         average and step in the background while the next\n"
            "                            batches are computed (one optimizer step stale)\n"
+           "  --max-local-batches-per-epoch N\n"
+           "                            contribute at most N batches to an epoch, then wait for\n"
+           "                            its round (with N = 1 and target = peers x batch, each\n"
+           "                            peer adds exactly one batch per epoch: exact mode)\n"
+           "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
+           "                            averaging module (default: READY window over progress)\n"
+           "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
+           "                            synthetic stream (P peers split one big batch)\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n"
            "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
@@ -71,11 +79,13 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed;
+    bool client, aux, delayed, dhtmm;
     double up, down, lr, slowdown, duration, mm_window;
     uint8_t codec;
     uint32_t state_every;
     uint64_t seed;
+    uint64_t max_local_batches;
+    uint32_t shard, nshards;
 } topts_t;
 
 typedef struct svc_args {
@@ -105,28 +115,17 @@ static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     ap_sync_complete(done, 0);
 }
 
-/* Delayed updates: the checkpoint is written on the loop thread, where no
- * background step can run meanwhile, and only when params and the optimizer
- * state agree (no update running or waiting to be copied in); AP_EBUSY
- * otherwise (the caller retries after its next batch). */
-typedef struct ckpt_args {
-    const char *path;
-    ap_nn_model_t *m;
-    ap_collab_t *c;
-    uint64_t epoch;
-    int rc;
-} ckpt_args_t;
-
-static void ckpt_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+/* Writes a checkpoint consistent with one epoch: encoded on the loop thread
+ * from the optimizer's buffers (the freshest parameters, also while a
+ * delayed update runs in the background), written here. */
+static int save_checkpoint(const char *path, ap_collab_t *c, ap_nn_model_t *m, uint64_t *epoch)
 {
-    ckpt_args_t *a = arg;
-    if (ap_collab_update_pending(a->c)) {
-        a->rc = AP_EBUSY;
-    } else {
-        a->epoch = ap_collab_epoch(a->c);
-        a->rc = ap_nn_checkpoint_save(a->path, a->m, ap_collab_optim(a->c), a->epoch);
-    }
-    ap_sync_complete(done, 0);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = ap_collab_checkpoint_encode_sync(c, m, &buf, &len, epoch);
+    if (!rc) rc = ap_nn_checkpoint_write(path, buf, len);
+    free(buf);
+    return rc;
 }
 
 static double now_s(void)
@@ -252,6 +251,8 @@ static int run(const topts_t *o)
     cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
     cfg.codec = o->codec;
     cfg.delayed_updates = o->delayed;
+    cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
+    cfg.dht_matchmaking = o->dhtmm;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
@@ -313,7 +314,6 @@ static int run(const topts_t *o)
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
     uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
-    bool ck_due = false; /* delayed updates: a checkpoint waits for a consistent state */
     while (!rc && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
@@ -327,8 +327,10 @@ static int run(const topts_t *o)
                 if (!r) r = ap_nn_gpt_loss(m, in, tg, o->batch, T, &loss);
                 if (!r) r = ap_nn_gpt_backward(m, NULL, NULL);
             } else {
-                ap_nn_synth_classify(7, o->seed, sample, o->batch, 16, 4, x, tg);
-                sample += (uint64_t)o->batch;
+                /* batch k of this shard: batch k*P+I of the stream */
+                uint64_t first = (sample * o->nshards + o->shard) * (uint64_t)o->batch;
+                ap_nn_synth_classify(7, o->seed, first, o->batch, 16, 4, x, tg);
+                sample++;
                 r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
                 if (!r) r = ap_nn_mlp_backward(m);
             }
@@ -367,11 +369,14 @@ static int run(const topts_t *o)
                    now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
-            if (ckpath[0] && !o->delayed) {
-                int r = ap_nn_checkpoint_save(ckpath, m, ap_collab_optim(c), st.epoch);
-                if (r) fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
+            if (ckpath[0]) {
+                uint64_t ce = 0;
+                int r = save_checkpoint(ckpath, c, m, &ce);
+                if (r)
+                    fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
+                else
+                    printf("checkpoint: epoch %llu saved to %s\n", (unsigned long long)ce, ckpath);
             }
-            if (ckpath[0] && o->delayed) ck_due = true;
         } else if (tty && now - last_status > 0.25) {
             printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
                    "| eta %.1fs",
@@ -380,13 +385,17 @@ static int run(const topts_t *o)
             fflush(stdout);
             last_status = now;
         }
-        if (ck_due) {
-            ckpt_args_t ca = {.path = ckpath, .m = m, .c = c};
-            ap_node_call_sync(rt, ckpt_fn, &ca);
-            if (ca.rc != AP_EBUSY) ck_due = false;
-            if (ca.rc && ca.rc != AP_EBUSY)
-                fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(ca.rc));
-        }
+    }
+    if (c && ckpath[0]) {
+        /* the last state (with delayed updates: also a step finished in the
+         * background and not yet copied into the model) */
+        uint64_t ce = 0;
+        int r = save_checkpoint(ckpath, c, m, &ce);
+        if (r)
+            fprintf(stderr, "apiary train: checkpoint failed: %s\n", ap_strerror(r));
+        else
+            printf("checkpoint: epoch %llu saved to %s (at exit)\n", (unsigned long long)ce,
+                   ckpath);
     }
     if (c) {
         ap_collab_stats_t st;
@@ -397,12 +406,13 @@ static int run(const topts_t *o)
         if (tty) printf("\r\033[K");
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
-               "refused records %llu | computed during rounds %llu | %.0fs\n",
+               "refused records %llu | computed during rounds %llu | dropped late %llu | %.0fs\n",
                (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
-               (unsigned long long)st.samples_during_rounds, el);
+               (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
+               el);
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
@@ -426,31 +436,36 @@ static int train_main(int argc, char **argv)
                  .lr = 3e-3,
                  .state_every = 5,
                  .seed = 1,
-                 .mm_window = 0.5};
-    static const struct option lopts[] = {{"run-id", required_argument, NULL, 'r'},
-                                          {"initial-peers", required_argument, NULL, 'p'},
-                                          {"listen", required_argument, NULL, 'L'},
-                                          {"identity", required_argument, NULL, 'i'},
-                                          {"target-batch-size", required_argument, NULL, 't'},
-                                          {"batch-size", required_argument, NULL, 'b'},
-                                          {"model", required_argument, NULL, 'm'},
-                                          {"data", required_argument, NULL, 'd'},
-                                          {"client", no_argument, NULL, 'c'},
-                                          {"auxiliary", no_argument, NULL, 'a'},
-                                          {"bandwidth", required_argument, NULL, 'B'},
-                                          {"compression", required_argument, NULL, 'C'},
-                                          {"checkpoint-dir", required_argument, NULL, 'k'},
-                                          {"lr", required_argument, NULL, 'l'},
-                                          {"average-state-every", required_argument, NULL, 's'},
-                                          {"max-epochs", required_argument, NULL, 'E'},
-                                          {"duration", required_argument, NULL, 'D'},
-                                          {"slowdown", required_argument, NULL, 'S'},
-                                          {"seed", required_argument, NULL, 'e'},
-                                          {"matchmaking-window", required_argument, NULL, 'W'},
-                                          {"log-level", required_argument, NULL, 'v'},
-                                          {"delayed-updates", no_argument, NULL, 'U'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
+                 .mm_window = 0.5,
+                 .nshards = 1};
+    static const struct option lopts[] = {
+        {"run-id", required_argument, NULL, 'r'},
+        {"initial-peers", required_argument, NULL, 'p'},
+        {"listen", required_argument, NULL, 'L'},
+        {"identity", required_argument, NULL, 'i'},
+        {"target-batch-size", required_argument, NULL, 't'},
+        {"batch-size", required_argument, NULL, 'b'},
+        {"model", required_argument, NULL, 'm'},
+        {"data", required_argument, NULL, 'd'},
+        {"client", no_argument, NULL, 'c'},
+        {"auxiliary", no_argument, NULL, 'a'},
+        {"bandwidth", required_argument, NULL, 'B'},
+        {"compression", required_argument, NULL, 'C'},
+        {"checkpoint-dir", required_argument, NULL, 'k'},
+        {"lr", required_argument, NULL, 'l'},
+        {"average-state-every", required_argument, NULL, 's'},
+        {"max-epochs", required_argument, NULL, 'E'},
+        {"duration", required_argument, NULL, 'D'},
+        {"slowdown", required_argument, NULL, 'S'},
+        {"seed", required_argument, NULL, 'e'},
+        {"matchmaking-window", required_argument, NULL, 'W'},
+        {"log-level", required_argument, NULL, 'v'},
+        {"delayed-updates", no_argument, NULL, 'U'},
+        {"max-local-batches-per-epoch", required_argument, NULL, 'X'},
+        {"data-shard", required_argument, NULL, 'H'},
+        {"dht-matchmaking", no_argument, NULL, 'M'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
@@ -543,6 +558,23 @@ static int train_main(int argc, char **argv)
         case 'U':
             o.delayed = true;
             break;
+        case 'M':
+            o.dhtmm = true;
+            break;
+        case 'X':
+            o.max_local_batches = strtoull(optarg, NULL, 10);
+            if (o.max_local_batches == 0) {
+                fprintf(stderr, "apiary train: --max-local-batches-per-epoch wants N >= 1\n");
+                return 2;
+            }
+            break;
+        case 'H':
+            if (sscanf(optarg, "%u/%u", &o.shard, &o.nshards) != 2 || o.nshards == 0 ||
+                o.nshards > 4096 || o.shard >= o.nshards) {
+                fprintf(stderr, "apiary train: --data-shard wants I/P with 0 <= I < P <= 4096\n");
+                return 2;
+            }
+            break;
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;
@@ -555,7 +587,8 @@ static int train_main(int argc, char **argv)
         }
     }
     if (o.target == 0 || o.batch <= 0 || o.batch > 1024 || !(o.lr > 0) || !(o.mm_window > 0) ||
-        (strcmp(o.model, "gpt") != 0 && strcmp(o.model, "mlp") != 0) || (o.client && o.aux)) {
+        (strcmp(o.model, "gpt") != 0 && strcmp(o.model, "mlp") != 0) || (o.client && o.aux) ||
+        (o.nshards > 1 && strcmp(o.model, "mlp") != 0)) {
         fprintf(stderr, "apiary train: bad option (see apiary train --help)\n");
         return 2;
     }
