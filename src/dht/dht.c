@@ -1729,6 +1729,7 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
         return AP_EINVAL;
     }
     dht->rt = rt;
+    ap_dht_peer_node_id(ap_rt_self(rt), dht->self_id);
     if (c->nannounce < 0 || c->nannounce > AP_DHT_MAX_ANNOUNCE) {
         free(dht);
         return AP_EINVAL;
