@@ -490,7 +490,9 @@ static void key_result(lookup_t *lk, lk_key_t *kk, ap_dht_result_t *res, ap_dht_
     res->records = *arr;
 }
 
-/* Caches a found key locally and at the nearest visited node that lacked it. */
+/* Caches a found key locally and at the nearest visited node that lacked it
+ * (Kademlia: "the closest node it observed to the key that did not return
+ * the value"; nearer nodes that returned it are skipped). */
 static void cache_found(lookup_t *lk, lk_key_t *kk)
 {
     ap_dht_t *dht = lk->dht;
@@ -515,7 +517,6 @@ static void cache_found(lookup_t *lk, lk_key_t *kk)
                              has_sig, n);
             break;
         }
-        if (c->state == C_DONE && c->had_value) break; /* nearest visited already has it */
     }
 }
 
@@ -1567,6 +1568,7 @@ typedef struct repub {
     size_t n, cap;
     size_t *key_start; /* first record of each collected key */
     size_t nkeys;
+    ap__dht_contact_t *near; /* k contacts of scratch */
 } repub_t;
 
 static void repub_entry(void *arg, ap__dht_sentry_t *e)
@@ -1578,6 +1580,12 @@ static void repub_entry(void *arg, ap__dht_sentry_t *e)
         return;
     }
     if (e->republish_at_us > rp->now || rp->nkeys == REPUBLISH_MAX_KEYS) return;
+    e->republish_at_us = rp->now + republish_delay(dht);
+    /* Only a node among the k nearest it knows of the key republishes it: a
+     * copy cached far from the key by a get just expires. */
+    int k = dht->cfg.k,
+        m = ap__dht_routing_nearest(&dht->table, e->id, k, rp->now, false, rp->near);
+    if (m == k && ap__dht_cmp_dist(e->id, rp->near[k - 1].id, dht->self_id) < 0) return;
     size_t first = rp->n;
     for (size_t i = 0; i < e->nrecs; i++) {
         ap__dht_srec_t *r = e->recs[i];
@@ -1611,7 +1619,6 @@ static void repub_entry(void *arg, ap__dht_sentry_t *e)
         o->has_sig = r->has_sig;
         rp->n++;
     }
-    e->republish_at_us = rp->now + republish_delay(dht);
     if (rp->n > first) rp->key_start[rp->nkeys++] = first;
 }
 
@@ -1631,8 +1638,14 @@ static void republish_scan(ap_dht_t *dht)
     repub_t rp = {.dht = dht, .now = ap_rt_now_us(dht->rt), .now_ms = now_ms};
     rp.margin_ms = (int64_t)(2 * dht->cfg.rpc_timeout_us / 1000);
     rp.key_start = malloc(REPUBLISH_MAX_KEYS * sizeof *rp.key_start);
-    if (!rp.key_start) return;
+    rp.near = malloc((size_t)dht->cfg.k * sizeof *rp.near);
+    if (!rp.key_start || !rp.near) {
+        free(rp.key_start);
+        free(rp.near);
+        return;
+    }
     ap__dht_storage_foreach(&dht->store, repub_entry, &rp);
+    free(rp.near);
     /* one store traversal per REPUBLISH_KEYS_PER_WALK keys */
     for (size_t k = 0; k < rp.nkeys; k += REPUBLISH_KEYS_PER_WALK) {
         size_t kend =
