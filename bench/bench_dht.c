@@ -38,7 +38,17 @@ typedef struct bsw {
     ap_dht_config_t cfg;
     int pending;
     uint64_t rng[4];
+    /* joins while the swarm is built: virtual ms from ap_dht_bootstrap to
+     * its callback, per node (index 0 never joins) */
+    double *join_ms;
+    int njoin;
 } bsw_t;
+
+typedef struct bjoin {
+    bsw_t *s;
+    uint64_t t0;
+    bool record;
+} bjoin_t;
 
 typedef struct bop {
     bsw_t *s;
@@ -55,7 +65,11 @@ static uint64_t brand(bsw_t *s, uint64_t n)
 
 static void boot_cb(ap_dht_t *d, void *arg, int status)
 {
-    ((bsw_t *)arg)->pending--;
+    bjoin_t *j = arg;
+    j->s->pending--;
+    if (j->record && status == 0 && j->s->join_ms)
+        j->s->join_ms[j->s->njoin++] = (double)(ap_sim_now_us(j->s->sim) - j->t0) / 1000.0;
+    free(j);
 }
 static bool idle(void *arg)
 {
@@ -87,8 +101,16 @@ static void bootstrap(bsw_t *s, int i, int below)
         m++;
     }
     if (!m) return;
+    bjoin_t *jn = malloc(sizeof *jn);
+    if (!jn) return;
+    jn->s = s;
+    jn->t0 = ap_sim_now_us(s->sim);
+    jn->record = below > 0; /* joins while building, not restarts under churn */
     s->pending++;
-    if (ap_dht_bootstrap(s->dht[i], p, (size_t)m, boot_cb, s)) s->pending--;
+    if (ap_dht_bootstrap(s->dht[i], p, (size_t)m, boot_cb, jn)) {
+        s->pending--;
+        free(jn);
+    }
 }
 
 static bsw_t *bsw_new(int n, uint64_t seed, const ap_dht_config_t *cfg)
@@ -99,7 +121,8 @@ static bsw_t *bsw_new(int n, uint64_t seed, const ap_dht_config_t *cfg)
     s->cfg = *cfg;
     s->sim = ap_sim_new(seed);
     s->dht = calloc((size_t)n, sizeof *s->dht);
-    if (!s->sim || !s->dht) return NULL;
+    s->join_ms = calloc((size_t)n, sizeof *s->join_ms);
+    if (!s->sim || !s->dht || !s->join_ms) return NULL;
     ap_sim_link_t link = {.latency_us = 50000, .jitter_us = 10000};
     ap_sim_set_default_link(s->sim, &link);
     ap_sim_node_opts_t no = {.on_crash = on_crash, .hook_arg = s};
@@ -120,6 +143,7 @@ static void bsw_free(bsw_t *s)
     for (int i = 0; i < s->n; i++) ap_dht_free(s->dht[i]);
     ap_sim_free(s->sim);
     free(s->dht);
+    free(s->join_ms);
     free(s);
 }
 
@@ -251,6 +275,9 @@ static int run_size(ap_bench_ctx_t *c, int n, int nkeys, uint64_t seed, bool chu
     base.depth_mod = 1;
     bsw_t *sb = bsw_new(n, seed, &base);
     if (!sb) return 1;
+    qsort(sb->join_ms, (size_t)sb->njoin, sizeof *sb->join_ms, cmp_d);
+    double bj50 = pct(sb->join_ms, sb->njoin, 0.5), bj99 = pct(sb->join_ms, sb->njoin, 0.99);
+    double bjmax = sb->njoin ? sb->join_ms[sb->njoin - 1] : 0;
     store_all(sb, "k", nkeys);
     gstats_t gb;
     get_all(sb, "k", nkeys, &gb);
@@ -259,6 +286,14 @@ static int run_size(ap_bench_ctx_t *c, int n, int nkeys, uint64_t seed, bool chu
     bsw_t *s = bsw_new(n, seed, &cfg);
     if (!s) return 1;
     double built = ap_bench_now();
+    /* joins: bootstrap call to callback (dial + ping the 1-3 initial peers,
+     * self-lookup, one refresh pass over the buckets), virtual time */
+    qsort(s->join_ms, (size_t)s->njoin, sizeof *s->join_ms, cmp_d);
+    fields(f, sizeof f, n, NULL, NULL);
+    ap_bench_report_vs(c, "sim_join_p50_ms", pct(s->join_ms, s->njoin, 0.5), "ms", bj50, f);
+    ap_bench_report_vs(c, "sim_join_p99_ms", pct(s->join_ms, s->njoin, 0.99), "ms", bj99, f);
+    ap_bench_report_vs(c, "sim_join_max_ms", s->njoin ? s->join_ms[s->njoin - 1] : 0, "ms", bjmax,
+                       f);
     store_all(s, "k", nkeys);
     gstats_t g;
     get_all(s, "k", nkeys, &g);

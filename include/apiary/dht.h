@@ -77,6 +77,15 @@ typedef struct ap_dht_config {
      * Copied by ap_dht_new. */
     const char *announce[AP_DHT_MAX_ANNOUNCE];
     int nannounce;
+    /* Republishing (Kademlia's hourly republish, scaled): every record this
+     * node holds for the network is re-stored, as received (signature
+     * included), to the key's current nearest nodes once per
+     * republish_period_us (10 min; randomized in [3/4, 1] of it), unless a
+     * peer stored it here in the meantime (then that peer republished it).
+     * A held key whose replica is found dead is republished within about a
+     * second. Records that expire within 2 * rpc_timeout_us are never
+     * republished. 0 = never republish. */
+    uint64_t republish_period_us;
 } ap_dht_config_t;
 
 /* Fills cfg with the defaults above. */
@@ -182,8 +191,10 @@ typedef struct ap_dht_stats {
     uint64_t rpcs_sent;
     uint64_t finds_sent; /* FIND requests of traversals (a subset of rpcs_sent) */
     uint64_t rpcs_served;
-    uint64_t stores_refused; /* records refused by this node as a storer */
-    uint64_t fail_refreshes; /* bucket refreshes started because a contact failed */
+    uint64_t stores_refused;     /* records refused by this node as a storer */
+    uint64_t fail_refreshes;     /* bucket refreshes started because a contact failed */
+    uint64_t republished;        /* records this node re-stored by republishing */
+    uint64_t republish_triggers; /* held keys republished early because a replica died */
 } ap_dht_stats_t;
 AP_EXPORT void ap_dht_get_stats(ap_dht_t *dht, ap_dht_stats_t *out);
 

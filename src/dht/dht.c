@@ -47,11 +47,15 @@ struct ap_dht {
     ap_dht_stats_t stats;
     char announce[AP_DHT_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
     int nannounce;
+    uint64_t repub_timer;      /* periodic republish scan */
+    uint64_t repub_soon_timer; /* one-shot scan after a replica was found dead */
 };
 
 /* ---- small helpers --------------------------------------------------------- */
 
 static void contact_failed(ap_dht_t *dht, const ap_peer_id_t *peer, uint64_t now);
+static void republish_postpone(ap_dht_t *dht, const uint8_t id[AP_DHT_ID_LEN]);
+static void republish_after_failure(ap_dht_t *dht, const uint8_t dead[AP_DHT_ID_LEN], uint64_t now);
 
 void ap_dht_config_default(ap_dht_config_t *c)
 {
@@ -73,6 +77,7 @@ void ap_dht_config_default(ap_dht_config_t *c)
     c->cache_max_bytes = 8u << 20;
     c->cache_remote = true;
     c->client_mode = false;
+    c->republish_period_us = 600ull * 1000000;
 }
 
 static const char *short_id(const ap_peer_id_t *p, char buf[AP_PEER_SHORT_LEN])
@@ -485,7 +490,9 @@ static void key_result(lookup_t *lk, lk_key_t *kk, ap_dht_result_t *res, ap_dht_
     res->records = *arr;
 }
 
-/* Caches a found key locally and at the nearest visited node that lacked it. */
+/* Caches a found key locally and at the nearest visited node that lacked it
+ * (Kademlia: "the closest node it observed to the key that did not return
+ * the value"; nearer nodes that returned it are skipped). */
 static void cache_found(lookup_t *lk, lk_key_t *kk)
 {
     ap_dht_t *dht = lk->dht;
@@ -510,7 +517,6 @@ static void cache_found(lookup_t *lk, lk_key_t *kk)
                              has_sig, n);
             break;
         }
-        if (c->state == C_DONE && c->had_value) break; /* nearest visited already has it */
     }
 }
 
@@ -936,6 +942,7 @@ static void start_store_phase(lookup_t *lk)
             for (size_t j = 0; j < kk->nrecs; j++) {
                 srec_t *sr = &lk->srecs[kk->recs[j]];
                 int rc = ap__dht_storage_put(&dht->store, &sr->r, sr->sig, sr->has_sig, now);
+                if (rc == 0) republish_postpone(dht, kk->id);
                 if (rc == 0)
                     lk->nstored[kk->recs[j]]++;
                 else if (lk->status[kk->recs[j]] == 0)
@@ -1130,6 +1137,8 @@ int ap_dht_get_many(ap_dht_t *dht, const uint8_t *const *keys, const size_t *key
     return 0;
 }
 
+static int store_launch(ap_dht_t *dht, srec_t *sr, size_t n, ap_dht_store_many_fn cb, void *arg);
+
 int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size_t n, ap_dht_store_many_fn cb,
                       void *arg)
 {
@@ -1168,6 +1177,14 @@ int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size_t n, ap_d
         free(sr);
         return rc;
     }
+    return store_launch(dht, sr, n, cb, arg);
+}
+
+/* Starts the traversal of a store of n prepared (validated, signed) records;
+ * takes ownership of sr (freed on error too). */
+static int store_launch(ap_dht_t *dht, srec_t *sr, size_t n, ap_dht_store_many_fn cb, void *arg)
+{
+    int rc = 0;
     /* Group the records by key. */
     uint8_t(*ids)[AP_DHT_ID_LEN] = malloc(n * sizeof *ids);
     size_t *keyof = malloc(n * sizeof *keyof);
@@ -1293,6 +1310,13 @@ static void handle_store(ap_dht_t *dht, ap_rpc_req_t *req, const ap_peer_id_t *f
         if (!rc) rc = ap__dht_storage_charge(&dht->store, from, mono);
         if (!rc) rc = validate(dht, &r, sig, has_sig, from);
         if (!rc) rc = ap__dht_storage_put(&dht->store, &r, sig, has_sig, now);
+        if (rc == 0 || rc == AP_ESTALE) {
+            /* a peer just stored this key here: it is the one republishing
+             * it now (Kademlia's republish optimization) */
+            uint8_t kid[AP_DHT_ID_LEN];
+            ap_dht_key_id(r.key, r.key_len, kid);
+            republish_postpone(dht, kid);
+        }
         if (rc && rc != AP_ESTALE) {
             dht->stats.stores_refused++;
             ap_info(MOD, "peer %s: store refused: %s", short_id(from, sid), ap_err_name(rc));
@@ -1473,6 +1497,7 @@ static void contact_failed(ap_dht_t *dht, const ap_peer_id_t *peer, uint64_t now
     if (c) memcpy(cid, c->id, sizeof cid); /* c may move in the call below */
     (void)ap__dht_routing_failed(&dht->table, peer, now);
     if (!first) return;
+    republish_after_failure(dht, cid, now);
     int i = ap__dht_routing_bucket_of(&dht->table, cid);
     ap__dht_bucket_t *bk = &dht->table.buckets[i];
     uint64_t gap = dht->cfg.refresh_period_us / 20;
@@ -1503,6 +1528,201 @@ static void maintenance(ap_rt_t *rt, void *arg)
         ap__dht_routing_random_id(&dht->table, i, rnd, id);
         (void)find_nodes(dht, id, refresh_done, NULL);
     }
+}
+
+/* ---- republishing -------------------------------------------------------------
+ * Kademlia's hourly republish, scaled (republish_period_us, 10 min): every key
+ * this node holds for the network is re-stored, each record exactly as it
+ * arrived (an owner's signature travels with it, so storers and readers still
+ * verify it), to the key's current nearest nodes: a normal store traversal,
+ * which skips dead replicas and reaches nodes that joined nearer to the key.
+ * Each key's turn comes after a random [3/4, 1] of the period; a STORE of the
+ * key from a peer postpones it (that peer is republishing it, Kademlia's
+ * optimization, so the replicas do not all republish each period). A key
+ * whose replica is found dead (an RPC to it failed) is republished about a
+ * second later. Records expiring within 2 * rpc_timeout are left to expire. */
+
+#define REPUBLISH_MAX_KEYS      1024 /* per scan; the rest waits for the next one */
+#define REPUBLISH_KEYS_PER_WALK 64   /* keys per store traversal */
+
+static uint64_t republish_delay(ap_dht_t *dht)
+{
+    uint64_t p = dht->cfg.republish_period_us;
+    return p - p / 4 + ap_rt_rand_below(dht->rt, p / 4 + 1);
+}
+
+/* A peer stored the key here (or the node stored it itself): its next
+ * republish is a full period away. */
+static void republish_postpone(ap_dht_t *dht, const uint8_t id[AP_DHT_ID_LEN])
+{
+    if (!dht->cfg.republish_period_us) return;
+    ap__dht_sentry_t *e = ap__dht_storage_find(&dht->store, id, ap_rt_wall_ms(dht->rt));
+    if (e) e->republish_at_us = ap_rt_now_us(dht->rt) + republish_delay(dht);
+}
+
+typedef struct repub {
+    ap_dht_t *dht;
+    uint64_t now;
+    int64_t now_ms, margin_ms;
+    srec_t *sr;
+    size_t n, cap;
+    size_t *key_start; /* first record of each collected key */
+    size_t nkeys;
+    ap__dht_contact_t *near; /* k contacts of scratch */
+} repub_t;
+
+static void repub_entry(void *arg, ap__dht_sentry_t *e)
+{
+    repub_t *rp = arg;
+    ap_dht_t *dht = rp->dht;
+    if (e->republish_at_us == 0) { /* stored before republishing was scheduled */
+        e->republish_at_us = rp->now + republish_delay(dht);
+        return;
+    }
+    if (e->republish_at_us > rp->now || rp->nkeys == REPUBLISH_MAX_KEYS) return;
+    e->republish_at_us = rp->now + republish_delay(dht);
+    /* Only a node among the k nearest it knows of the key republishes it: a
+     * copy cached far from the key by a get just expires. */
+    int k = dht->cfg.k,
+        m = ap__dht_routing_nearest(&dht->table, e->id, k, rp->now, false, rp->near);
+    if (m == k && ap__dht_cmp_dist(e->id, rp->near[k - 1].id, dht->self_id) < 0) return;
+    size_t first = rp->n;
+    for (size_t i = 0; i < e->nrecs; i++) {
+        ap__dht_srec_t *r = e->recs[i];
+        if (r->exp - rp->now_ms <= rp->margin_ms) continue; /* about to expire: let it */
+        if (rp->n == rp->cap) {
+            size_t nc = rp->cap ? rp->cap * 2 : 16;
+            srec_t *n2 = realloc(rp->sr, nc * sizeof *n2);
+            if (!n2) break;
+            rp->sr = n2;
+            rp->cap = nc;
+        }
+        srec_t *o = &rp->sr[rp->n];
+        memset(o, 0, sizeof *o);
+        size_t tot = e->key_len + r->subkey_len + r->value_len;
+        o->data = malloc(tot ? tot : 1);
+        if (!o->data) break;
+        uint8_t *p = o->data;
+        memcpy(p, e->key, e->key_len);
+        o->r.key = p;
+        o->r.key_len = e->key_len;
+        p += e->key_len;
+        if (r->subkey_len) memcpy(p, r->subkey, r->subkey_len);
+        o->r.subkey = r->subkey_len ? p : NULL;
+        o->r.subkey_len = r->subkey_len;
+        p += r->subkey_len;
+        if (r->value_len) memcpy(p, r->value, r->value_len);
+        o->r.value = p;
+        o->r.value_len = r->value_len;
+        o->r.expiration_ms = r->exp;
+        memcpy(o->sig, r->sig, AP_ED25519_SIG_LEN);
+        o->has_sig = r->has_sig;
+        rp->n++;
+    }
+    if (rp->n > first) rp->key_start[rp->nkeys++] = first;
+}
+
+static void republish_done(ap_dht_t *dht, void *arg, const int *status, const int *nstored,
+                           size_t n)
+{
+    (void)dht, (void)arg, (void)status, (void)nstored, (void)n;
+}
+
+/* Republishes every held key whose turn has come. */
+static void republish_scan(ap_dht_t *dht)
+{
+    if (!dht->cfg.republish_period_us || dht->cfg.client_mode) return;
+    int64_t now_ms = ap_rt_wall_ms(dht->rt);
+    ap__dht_storage_expire(&dht->store, now_ms);
+    if (ap__dht_storage_records(&dht->store) == 0) return;
+    repub_t rp = {.dht = dht, .now = ap_rt_now_us(dht->rt), .now_ms = now_ms};
+    rp.margin_ms = (int64_t)(2 * dht->cfg.rpc_timeout_us / 1000);
+    rp.key_start = malloc(REPUBLISH_MAX_KEYS * sizeof *rp.key_start);
+    rp.near = malloc((size_t)dht->cfg.k * sizeof *rp.near);
+    if (!rp.key_start || !rp.near) {
+        free(rp.key_start);
+        free(rp.near);
+        return;
+    }
+    ap__dht_storage_foreach(&dht->store, repub_entry, &rp);
+    free(rp.near);
+    /* one store traversal per REPUBLISH_KEYS_PER_WALK keys */
+    for (size_t k = 0; k < rp.nkeys; k += REPUBLISH_KEYS_PER_WALK) {
+        size_t kend =
+            k + REPUBLISH_KEYS_PER_WALK < rp.nkeys ? k + REPUBLISH_KEYS_PER_WALK : rp.nkeys;
+        size_t a = rp.key_start[k], b = kend < rp.nkeys ? rp.key_start[kend] : rp.n;
+        srec_t *chunk = malloc((b - a) * sizeof *chunk);
+        if (!chunk) {
+            for (size_t i = a; i < b; i++) free(rp.sr[i].data);
+            continue;
+        }
+        memcpy(chunk, &rp.sr[a], (b - a) * sizeof *chunk);
+        dht->stats.republished += b - a;
+        (void)store_launch(dht, chunk, b - a, republish_done, NULL); /* frees chunk on error */
+    }
+    free(rp.sr);
+    free(rp.key_start);
+}
+
+static void republish_tick(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    republish_scan(arg);
+}
+
+static void republish_soon_cb(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    ap_dht_t *dht = arg;
+    dht->repub_soon_timer = 0;
+    republish_scan(dht);
+}
+
+typedef struct dead_scan {
+    ap_dht_t *dht;
+    uint8_t dead[AP_DHT_ID_LEN];
+    uint64_t now;
+    ap__dht_contact_t *near;
+    int marked;
+} dead_scan_t;
+
+/* Whether the dead contact was one of the num_replicas nearest nodes this
+ * node knows (itself included) for the entry's key: then a replica is gone. */
+static void dead_entry(void *arg, ap__dht_sentry_t *e)
+{
+    dead_scan_t *d = arg;
+    ap_dht_t *dht = d->dht;
+    /* cheap filter: the dead node is not much farther from the key than us */
+    if (ap__dht_common_prefix(e->id, d->dead) + 2 < ap__dht_common_prefix(e->id, dht->self_id))
+        return;
+    int nrep = dht->cfg.num_replicas, nearer = 0;
+    if (ap__dht_cmp_dist(e->id, dht->self_id, d->dead) < 0) nearer++;
+    int m = ap__dht_routing_nearest(&dht->table, e->id, nrep + 1, d->now, true, d->near);
+    for (int i = 0; i < m && nearer < nrep; i++) {
+        if (memcmp(d->near[i].id, d->dead, AP_DHT_ID_LEN) == 0) continue;
+        if (ap__dht_cmp_dist(e->id, d->near[i].id, d->dead) < 0) nearer++;
+    }
+    if (nearer >= nrep) return;
+    e->republish_at_us = d->now; /* due now */
+    d->marked++;
+}
+
+/* An RPC to the contact with node id `dead` failed for the first time. */
+static void republish_after_failure(ap_dht_t *dht, const uint8_t dead[AP_DHT_ID_LEN], uint64_t now)
+{
+    if (!dht->cfg.republish_period_us || dht->cfg.client_mode) return;
+    if (ap__dht_storage_records(&dht->store) == 0) return;
+    dead_scan_t d = {.dht = dht, .now = now};
+    memcpy(d.dead, dead, AP_DHT_ID_LEN);
+    d.near = malloc((size_t)(dht->cfg.num_replicas + 1) * sizeof *d.near);
+    if (!d.near) return;
+    ap__dht_storage_foreach(&dht->store, dead_entry, &d);
+    free(d.near);
+    if (!d.marked) return;
+    dht->stats.republish_triggers += (uint64_t)d.marked;
+    /* a second's delay batches the failures of one burst into one scan */
+    if (!dht->repub_soon_timer)
+        dht->repub_soon_timer = ap_rt_timer_start(dht->rt, 1000000, 0, republish_soon_cb, dht);
 }
 
 /* ---- bootstrap ------------------------------------------------------------------ */
@@ -1729,6 +1949,7 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
         return AP_EINVAL;
     }
     dht->rt = rt;
+    ap_dht_peer_node_id(ap_rt_self(rt), dht->self_id);
     if (c->nannounce < 0 || c->nannounce > AP_DHT_MAX_ANNOUNCE) {
         free(dht);
         return AP_EINVAL;
@@ -1763,6 +1984,11 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
     uint64_t period = c->refresh_period_us / 4;
     if (period < 1000000) period = 1000000;
     dht->maint_timer = ap_rt_timer_start(rt, period, period, maintenance, dht);
+    if (c->republish_period_us && !c->client_mode) {
+        uint64_t rp = c->republish_period_us / 8;
+        if (rp < 1000000) rp = 1000000;
+        dht->repub_timer = ap_rt_timer_start(rt, rp, rp, republish_tick, dht);
+    }
     *out = dht;
     return 0;
 }
@@ -1771,6 +1997,8 @@ void ap_dht_free(ap_dht_t *dht)
 {
     if (!dht) return;
     if (dht->maint_timer) ap_rt_timer_stop(dht->rt, dht->maint_timer);
+    if (dht->repub_timer) ap_rt_timer_stop(dht->rt, dht->repub_timer);
+    if (dht->repub_soon_timer) ap_rt_timer_stop(dht->rt, dht->repub_soon_timer);
     if (dht->registered) ap_rt_rpc_unregister(dht->rt, AP_DHT_PROTO);
     /* bootstraps: orphan them (pending dials call back later) */
     while (dht->boots) {

@@ -30,6 +30,9 @@ struct ap__dht_sentry {
     bool is_dict;
     ap__dht_srec_t **recs; /* plain: one record with an empty subkey */
     size_t nrecs, cap;
+    /* Owned by the DHT node (storage only zeroes it): monotonic time at
+     * which this node republishes the key's records (0 = not scheduled). */
+    uint64_t republish_at_us;
 };
 
 #define AP__DHT_RATE_SLOTS 1024
