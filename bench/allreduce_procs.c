@@ -243,8 +243,9 @@ typedef struct wk {
     char buf[8192];
     size_t len;
     bool eof, done;
-    int ready;   /* rounds it said ready for */
+    int ready;   /* barriers it waits (or waited) at: two per round, start and check */
     int reports; /* round lines received */
+    int checks;  /* check lines received */
     ap_avg_role_t role;
 } wk_t;
 
@@ -343,20 +344,30 @@ static void on_line(const ap_arp_cfg_t *cfg, wk_t *w, int i, const char *line, d
         if (jnum(line, "round_s", &v) && v > r->max_worker_s) r->max_worker_s = v;
         if (jnum(line, "cpu_s", &v)) r->cpu_s += v;
         if (jnum(line, "bytes_sent", &v)) r->bytes_sent += (uint64_t)v;
-        if (w->role != AP_AVG_AUX) {
-            if (jnum(line, "averaged_fraction", &v) && v < r->min_fraction) r->min_fraction = v;
-            if (jnum(line, "checked", &v)) r->checked += (uint64_t)v;
-            if (jnum(line, "bad", &v)) r->bad += (uint64_t)v;
-            if (jnum(line, "max_err", &v) && v > r->max_err) r->max_err = v;
-            if (jnum(line, "tol", &v) && v > r->tol) r->tol = v;
-            char d[40];
-            if (jstr(line, "digest", d, sizeof d)) {
-                if (!a->have_digest) {
-                    snprintf(a->digest, sizeof a->digest, "%s", d);
-                    a->have_digest = true;
-                } else if (strcmp(a->digest, d) != 0) {
-                    r->digests_equal = false;
-                }
+        if (w->role != AP_AVG_AUX && jnum(line, "averaged_fraction", &v) && v < r->min_fraction)
+            r->min_fraction = v;
+    } else if (!strcmp(ev, "check")) {
+        double v, rr = -1;
+        jnum(line, "round", &rr);
+        if ((int)rr != w->checks || w->checks >= total_rounds) {
+            set_why(res, "worker %d reported the check of round %g out of turn", i, rr);
+            return;
+        }
+        round_acc_t *a = &acc[w->checks];
+        ap_arp_round_t *r = &a->r;
+        w->checks++;
+        if (w->role == AP_AVG_AUX) return;
+        if (jnum(line, "checked", &v)) r->checked += (uint64_t)v;
+        if (jnum(line, "bad", &v)) r->bad += (uint64_t)v;
+        if (jnum(line, "max_err", &v) && v > r->max_err) r->max_err = v;
+        if (jnum(line, "tol", &v) && v > r->tol) r->tol = v;
+        char d[40];
+        if (jstr(line, "digest", d, sizeof d)) {
+            if (!a->have_digest) {
+                snprintf(a->digest, sizeof a->digest, "%s", d);
+                a->have_digest = true;
+            } else if (strcmp(a->digest, d) != 0) {
+                r->digests_equal = false;
             }
         }
     }
@@ -525,17 +536,16 @@ int ap_arp_run(const ap_arp_cfg_t *cfg, ap_arp_result_t *res)
         acc[r].r.digests_equal = true;
     }
     double t_end = now_s() + (cfg->timeout_s > 0 ? cfg->timeout_s : 600);
-    int released = 0; /* rounds whose barrier was released */
+    int released = 0; /* barriers released */
     double go_s[AP_ARP_MAX_ROUNDS] = {0};
     void (*old_pipe)(int) = signal(SIGPIPE, SIG_IGN);
     while (!rc) {
-        /* release the next barrier once every worker is ready for it */
-        bool all_ready = released < total;
+        /* release the next barrier once every worker waits at it; barrier
+         * 2r starts round r, 2r + 1 lets the workers check round r */
+        bool all_ready = released < 2 * total;
         for (int i = 0; i < P && all_ready; i++) all_ready = w[i].ready > released;
-        bool prev_done = true;
-        for (int i = 0; i < P && released > 0; i++) prev_done &= w[i].reports >= released;
-        if (all_ready && prev_done) {
-            go_s[released] = now_s();
+        if (all_ready) {
+            if (released % 2 == 0) go_s[released / 2] = now_s();
             for (int i = 0; i < P; i++)
                 if (write(w[i].in_fd, "go\n", 3) != 3) {
                     set_why(res, "worker %d: cannot release the barrier", i);
@@ -613,7 +623,7 @@ int ap_arp_run(const ap_arp_cfg_t *cfg, ap_arp_result_t *res)
         ap_arp_round_t *x = &acc[r].r;
         /* wall time: release of the round's barrier to the last worker's line */
         x->wall_s = acc[r].last_s > go_s[r] ? acc[r].last_s - go_s[r] : 0;
-        if (x->status || x->min_fraction < 1.0 || x->bad || !x->digests_equal) {
+        if (x->status || x->min_fraction < 1.0 || x->bad || !x->checked || !x->digests_equal) {
             res->verified = false;
             set_why(res,
                     "round %d: status %d, averaged fraction %g, %llu of %llu elements off "

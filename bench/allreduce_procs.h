@@ -22,24 +22,34 @@
  *
  * WORKER (`apiary avg-worker`, internal, see its --help): loads its key file,
  * finds itself in the group by PeerID, listens (unless client), teaches the
- * runtime every member's address, then for each of W warm-up and R measured
- * rounds: fills its vector from the seed (ap_arp_value), prints
- * {"event":"ready","round":r}, waits for one line on stdin (the barrier; any
- * text; EOF ends the worker), runs one ap_allreduce_start round with group id
- * ap_arp_group_id(r), and prints one line
- *   {"event":"round","round":r,"warmup":B,"status":S,"round_s":T,"cpu_s":C,
- *    "bytes_sent":N,"bytes_received":N,"averaged_fraction":F,"parts_failed":N,
- *    "senders_dropped":N,"predicted_s":T,"checked":N,"bad":N,"max_err":E,
- *    "tol":E,"digest":"HEX"}
- * round_s is the worker's own round time (start to done), cpu_s its process
- * CPU time (user + system, all threads) over the round; checked/bad/max_err:
- * elements compared with the weighted mean computed from the seed (all of
- * them up to 4M elements, else an evenly spread sample of 1M), bad = those
- * off by more than tol (none: 1 ulp of the float mean; lossy codecs: the
- * codec's error bound, twice: data and result); digest = a 64-bit hash of
- * the whole vector (every receiver must hold the same bytes). Before the
- * first round it prints {"event":"up","index":I,"id":"...","addr":"..."};
- * at the end {"event":"done"}. With --no-sync it does not wait on stdin.
+ * runtime every member's address, prints
+ *   {"event":"up","index":I,"id":"12D3KooW...","role":"normal","addr":"..."}
+ * then, for each of W warm-up and R measured rounds r = 0, 1, ...:
+ *   1. fills its vector from the seed (ap_arp_value), prints
+ *      {"event":"ready","round":r,"phase":"start"} and waits for one line on
+ *      stdin (the start barrier; any text; EOF ends the worker);
+ *   2. runs one ap_allreduce_start round with group id ap_arp_group_id(r)
+ *      and prints
+ *      {"event":"round","round":r,"warmup":B,"status":S,"round_s":T,"cpu_s":C,
+ *       "bytes_sent":N,"bytes_received":N,"averaged_fraction":F,
+ *       "parts_failed":N,"senders_dropped":N,"predicted_s":T,"elems":N,
+ *       "codec":"none","peers":P,"index":I}
+ *      round_s = its own round time (start to done), cpu_s = its process CPU
+ *      time (user + system, all threads) over the round;
+ *   3. prints {"event":"ready","round":r,"phase":"check"} and waits for a
+ *      second line (so the check never takes CPU from a member still in
+ *      its round), compares its vector with the weighted mean computed from
+ *      the seeds (every element up to 4M, else an evenly spread sample of
+ *      1M) and prints
+ *      {"event":"check","round":r,"checked":N,"bad":N,"max_err":E,"tol":E,
+ *       "digest":"HEX"}
+ *      bad = elements off by more than tol (none: the float rounding of the
+ *      exact mean; lossy codecs: the codec's error bound applied to the data
+ *      and to the result); digest = a 64-bit hash of the whole vector (every
+ *      receiver must hold the same bytes). An aux member checks nothing.
+ * At the end it prints {"event":"done"} and exits 0 (1 if a round failed).
+ * With --no-sync it never waits on stdin. Any other stdout line is not JSON
+ * with an "event" and is ignored by the parent.
  *
  * THREADS. Everything here runs on the caller's thread; ap_arp_run blocks
  * until every worker ended (or was killed at the timeout). */

@@ -379,7 +379,7 @@ static int worker_main(int argc, char **argv)
     for (int r = 0; r < warmup + rounds; r++) {
         if (sends)
             for (uint64_t k = 0; k < elems; k++) w.x[k] = ap_arp_value(seed, w.self, k);
-        printf("{\"event\":\"ready\",\"round\":%d}\n", r);
+        printf("{\"event\":\"ready\",\"round\":%d,\"phase\":\"start\"}\n", r);
         fflush(stdout);
         if (sync) {
             char line[64];
@@ -392,6 +392,24 @@ static int worker_main(int argc, char **argv)
         rc = ap_node_call_sync(w.rt, round_fn, &call);
         double cpu = cpu_now() - c0;
         if (rc) w.res.status = rc;
+        const ap_allreduce_result_t *R = &w.res;
+        printf("{\"event\":\"round\",\"round\":%d,\"warmup\":%s,\"status\":%d,\"round_s\":%.6f,"
+               "\"cpu_s\":%.6f,\"bytes_sent\":%llu,\"bytes_received\":%llu,"
+               "\"averaged_fraction\":%.6f,\"parts_failed\":%u,\"senders_dropped\":%u,"
+               "\"predicted_s\":%.6f,\"elems\":%llu,\"codec\":\"%s\",\"peers\":%zu,"
+               "\"index\":%d}\n",
+               r, r < warmup ? "true" : "false", R->status, (double)R->elapsed_us * 1e-6, cpu,
+               (unsigned long long)R->bytes_sent, (unsigned long long)R->bytes_received,
+               R->averaged_fraction, R->parts_failed, R->senders_dropped, R->predicted_s,
+               (unsigned long long)elems, ap_arp_codec_name(codec), w.n, w.self);
+        /* the check runs after every member ended its round (second barrier),
+         * so it never takes CPU from a round still running */
+        printf("{\"event\":\"ready\",\"round\":%d,\"phase\":\"check\"}\n", r);
+        fflush(stdout);
+        if (sync) {
+            char line[64];
+            if (!fgets(line, sizeof line, stdin)) break;
+        }
         /* check the result against the weighted mean computed from the seeds */
         uint64_t checked = 0, bad = 0;
         double max_err = 0, max_tol = 0;
@@ -416,19 +434,10 @@ static int worker_main(int argc, char **argv)
             }
             dg = digest(w.x, elems);
         }
-        const ap_allreduce_result_t *R = &w.res;
-        printf("{\"event\":\"round\",\"round\":%d,\"warmup\":%s,\"status\":%d,\"round_s\":%.6f,"
-               "\"cpu_s\":%.6f,\"bytes_sent\":%llu,\"bytes_received\":%llu,"
-               "\"averaged_fraction\":%.6f,\"parts_failed\":%u,\"senders_dropped\":%u,"
-               "\"predicted_s\":%.6f,\"checked\":%llu,\"bad\":%llu,\"max_err\":%.6g,"
-               "\"tol\":%.6g,\"digest\":\"%016llx\",\"elems\":%llu,\"codec\":\"%s\","
-               "\"peers\":%zu,\"index\":%d}\n",
-               r, r < warmup ? "true" : "false", R->status, (double)R->elapsed_us * 1e-6, cpu,
-               (unsigned long long)R->bytes_sent, (unsigned long long)R->bytes_received,
-               R->averaged_fraction, R->parts_failed, R->senders_dropped, R->predicted_s,
-               (unsigned long long)checked, (unsigned long long)bad, max_err, max_tol,
-               (unsigned long long)dg, (unsigned long long)elems, ap_arp_codec_name(codec), w.n,
-               w.self);
+        printf("{\"event\":\"check\",\"round\":%d,\"checked\":%llu,\"bad\":%llu,"
+               "\"max_err\":%.6g,\"tol\":%.6g,\"digest\":\"%016llx\"}\n",
+               r, (unsigned long long)checked, (unsigned long long)bad, max_err, max_tol,
+               (unsigned long long)dg);
         fflush(stdout);
         if (R->status) exit_rc = 1;
     }

@@ -145,6 +145,8 @@ static void usage(FILE *f)
                "  --dump-dir DIR      workers write their last vector to\n"
                "                      DIR/<codec>-p<P>-e<elems>/result-<i>.f32\n"
                "  --timeout S         per case (default 600)\n"
+               "  --roles LIST        member roles in order, e.g. normal,client,aux (one\n"
+               "                      --peers value of that length); default all normal\n"
                "--quick: peers 2,4, 1M elements, none and fp16, 2 rounds.\n");
 }
 
@@ -159,6 +161,8 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
     bool gloo = true, keep = false;
     const char *dump_dir = NULL;
     double timeout = 600;
+    ap_avg_role_t roles[AP_ARP_MAX_PEERS];
+    int nroles = 0;
     if (c->quick) {
         np = 2;
         elems[0] = 1u << 20;
@@ -166,13 +170,19 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         nc = 2;
         rounds = 2;
     }
-    static const struct option opts[] = {
-        {"peers", required_argument, NULL, 'p'},    {"elems", required_argument, NULL, 'e'},
-        {"codec", required_argument, NULL, 'c'},    {"rounds", required_argument, NULL, 'r'},
-        {"warmup", required_argument, NULL, 'w'},   {"chunk-elems", required_argument, NULL, 'C'},
-        {"no-gloo", no_argument, NULL, 'G'},        {"keep", no_argument, NULL, 'k'},
-        {"dump-dir", required_argument, NULL, 'd'}, {"timeout", required_argument, NULL, 't'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"peers", required_argument, NULL, 'p'},
+                                         {"elems", required_argument, NULL, 'e'},
+                                         {"codec", required_argument, NULL, 'c'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"warmup", required_argument, NULL, 'w'},
+                                         {"chunk-elems", required_argument, NULL, 'C'},
+                                         {"no-gloo", no_argument, NULL, 'G'},
+                                         {"keep", no_argument, NULL, 'k'},
+                                         {"dump-dir", required_argument, NULL, 'd'},
+                                         {"timeout", required_argument, NULL, 't'},
+                                         {"roles", required_argument, NULL, 'R'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -227,6 +237,18 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         case 't':
             timeout = atof(optarg);
             break;
+        case 'R': {
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            nroles = 0;
+            char *save = NULL;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                if (nroles == AP_ARP_MAX_PEERS || ap_arp_role_parse(t, &roles[nroles++])) {
+                    fprintf(stderr, "bench allreduce: --roles needs normal, client or aux\n");
+                    return 2;
+                }
+            break;
+        }
         case 'h':
             usage(stdout);
             return 0;
@@ -235,6 +257,12 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
             return 2;
         }
     }
+    for (int i = 0; nroles && i < np; i++)
+        if (peers[i] != (uint64_t)nroles) {
+            fprintf(stderr, "bench allreduce: --roles lists %d roles; use it with --peers %d\n",
+                    nroles, nroles);
+            return 2;
+        }
     if (rounds < 1 || warmup < 0 || rounds + warmup > AP_ARP_MAX_ROUNDS) {
         fprintf(stderr, "bench allreduce: need 1 <= rounds and rounds + warmup <= %d\n",
                 AP_ARP_MAX_ROUNDS);
@@ -294,6 +322,7 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                                     .chunk_elems = (uint32_t)chunk,
                                     .seed = 1,
                                     .timeout_s = timeout,
+                                    .roles = nroles ? roles : NULL,
                                     .dump_dir = dump_dir ? ddir : NULL};
                 double l1 = load1();
                 static ap_arp_result_t res;
