@@ -152,6 +152,11 @@ struct ap_allreduce {
     /* reducer */
     uint32_t my_chunks, reduced;
     double *acc, *wsum; /* acc: acc_bytes from the service's cache */
+    /* touched[c]: acc of chunk c holds a sum. The accumulator is filled
+     * lazily, by the first chunk c that arrives (own term + its term in one
+     * pass), so a round starts sending at once instead of first writing the
+     * whole accumulator. */
+    uint8_t *touched;
     size_t acc_bytes;
     float *result;  /* where means go: data + off[self], or aux_buf */
     float *aux_buf; /* aux_bytes from the service's cache */
@@ -255,7 +260,11 @@ static void finalise_chunks(ap_allreduce_t *ar)
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         double w = ar->wsum[c];
         if (w > 0) {
-            for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            if (ar->touched[c])
+                for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            else /* nobody else delivered: the same arithmetic on the own term alone */
+                for (uint32_t e = 0; e < len; e++)
+                    ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
             /* a lossy codec: keep what the others will decode, so that every
              * member holds the same values */
             if (ar->codec->id != AP_AVG_CODEC_F32 &&
@@ -308,10 +317,28 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     }
     double *acc = ar->acc + (uint64_t)f.index * ar->o.chunk_elems;
     double w = sl->weight;
-    if (ar->codec->check_raw)
-        for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ap__avg_raw_get(f.payload, e);
-    else
-        for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
+    const float *own = ar->sends ? ar->result + (uint64_t)f.index * ar->o.chunk_elems : NULL;
+    double ow = ar->weight;
+    bool first = !ar->touched[f.index];
+    ar->touched[f.index] = 1;
+    /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
+     * as initialising acc with the own term, then adding) */
+    if (ar->codec->check_raw) {
+        if (!first)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ap__avg_raw_get(f.payload, e);
+        else if (own)
+            for (uint32_t e = 0; e < f.elems; e++)
+                acc[e] = ow * own[e] + w * ap__avg_raw_get(f.payload, e);
+        else
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ap__avg_raw_get(f.payload, e);
+    } else {
+        if (!first)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
+        else if (own)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = ow * own[e] + w * ar->scratch[e];
+        else
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ar->scratch[e];
+    }
     ar->wsum[f.index] += w;
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
@@ -813,6 +840,7 @@ static void round_free(ap_allreduce_t *ar)
     free(ar->cnt);
     cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
+    free(ar->touched);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     free(ar->in);
     free(ar->out);
@@ -912,14 +940,13 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
         ar->my_chunks = nchunks(ar, c);
         ar->acc = cache_take(ar->svc, 0, c * sizeof *ar->acc, &ar->acc_bytes);
         ar->wsum = calloc(ar->my_chunks, sizeof *ar->wsum);
+        ar->touched = calloc(ar->my_chunks, 1);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
-        if (!ar->acc || !ar->wsum || !ar->in) goto nomem;
+        if (!ar->acc || !ar->wsum || !ar->touched || !ar->in) goto nomem;
         if (ar->sends) {
             ar->result = ar->data + ar->off[ar->self];
-            for (uint64_t e = 0; e < c; e++) ar->acc[e] = ar->weight * ar->result[e];
             for (uint32_t k = 0; k < ar->my_chunks; k++) ar->wsum[k] = ar->weight;
         } else {
-            memset(ar->acc, 0, c * sizeof *ar->acc);
             ar->aux_buf = cache_take(ar->svc, 1, c * sizeof(float), &ar->aux_bytes);
             if (!ar->aux_buf) goto nomem;
             ar->result = ar->aux_buf;
