@@ -6,12 +6,14 @@
 #include "apiary/node.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_MEMBERS 64
@@ -25,8 +27,9 @@ typedef struct wreport {
     int status;
     int exact;
     double elapsed_s, fraction, cpu_s;
-    uint64_t sent;
+    uint64_t sent, received;
     uint32_t dropped, failed;
+    long long retrans, timeouts; /* TCP segments retransmitted, RTOs in the round */
     char why[200];
 } wreport_t;
 
@@ -114,10 +117,108 @@ static void check_exact(const float *x, uint64_t elems, const ap_arns_peer_t *pe
     rep->exact = 1;
 }
 
+/* ---- optional link trace (APIARY_ARNS_TRACE=DIR): eth0 byte counters every
+ * 20 ms, one file per member and round, for finding idle links ---- */
+
+typedef struct tracer {
+    pthread_t th;
+    volatile bool stop;
+    FILE *f;
+} tracer_t;
+
+static bool eth0_bytes(uint64_t *rx, uint64_t *tx)
+{
+    FILE *f = fopen("/proc/self/net/dev", "r");
+    if (!f) return false;
+    char line[512];
+    bool ok = false;
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "eth0:");
+        if (!p) continue;
+        unsigned long long v[9];
+        if (sscanf(p + 5, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                   &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) == 9) {
+            *rx = v[0];
+            *tx = v[8];
+            ok = true;
+        }
+    }
+    fclose(f);
+    return ok;
+}
+
+/* A counter from /proc/self/net/{snmp,netstat} (this namespace): section
+ * "Tcp" or "TcpExt", field name; -1 if absent. */
+static long long net_counter(const char *file, const char *sect, const char *field)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/net/%s", file);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    static char hdr[8192], val[8192];
+    long long out = -1;
+    size_t sl = strlen(sect);
+    while (fgets(hdr, sizeof hdr, f) && fgets(val, sizeof val, f)) {
+        if (strncmp(hdr, sect, sl) || hdr[sl] != ':') continue;
+        char *hs, *vs;
+        char *h = strtok_r(hdr + sl + 1, " \n", &hs);
+        char *v = strtok_r(val + sl + 1, " \n", &vs);
+        while (h && v) {
+            if (!strcmp(h, field)) out = atoll(v);
+            h = strtok_r(NULL, " \n", &hs);
+            v = strtok_r(NULL, " \n", &vs);
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+static void *trace_main(void *arg)
+{
+    tracer_t *t = arg;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!t->stop) {
+        uint64_t rx, tx;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (eth0_bytes(&rx, &tx))
+            fprintf(t->f, "%.3f %llu %llu\n",
+                    (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9,
+                    (unsigned long long)rx, (unsigned long long)tx);
+        usleep(20000);
+    }
+    return NULL;
+}
+
+static bool trace_start(tracer_t *t, size_t member, uint32_t round)
+{
+    const char *dir = getenv("APIARY_ARNS_TRACE");
+    if (!dir) return false;
+    char path[512];
+    snprintf(path, sizeof path, "%s/m%zu-r%u.txt", dir, member, round);
+    t->f = fopen(path, "w");
+    t->stop = false;
+    if (!t->f) return false;
+    if (pthread_create(&t->th, NULL, trace_main, t)) {
+        fclose(t->f);
+        return false;
+    }
+    return true;
+}
+
+static void trace_stop(tracer_t *t)
+{
+    t->stop = true;
+    pthread_join(t->th, NULL);
+    fclose(t->f);
+}
+
 static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t n,
                   const ap_arns_opts_t *o, int to_parent, int from_parent)
 {
     if (ap_netns_enter(ns, i)) return 10;
+    const char *nice_s = getenv("APIARY_ARNS_NICE");
+    if (nice_s) setpriority(PRIO_PROCESS, 0, atoi(nice_s));
     uint8_t seed[32] = {0x5a};
     seed[1] = (uint8_t)(i + 1);
     char listen[64];
@@ -162,6 +263,10 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
         memcpy(g.id, &r, sizeof r);
         round_state_t st = {0};
         wreport_t rep = {0};
+        tracer_t tr;
+        bool tracing = trace_start(&tr, i, r);
+        long long rt0 = net_counter("snmp", "Tcp", "RetransSegs"),
+                  to0 = net_counter("netstat", "TcpExt", "TCPTimeouts");
         double c0 = cpu_now();
         ap_allreduce_t *ar = NULL;
         int rc = ap_allreduce_start(svc, &g, x, o->elems, weight(i), &ro, on_done, &st, &ar);
@@ -177,6 +282,7 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
             rep.elapsed_s = (double)st.res.elapsed_us / 1e6;
             rep.fraction = st.res.averaged_fraction;
             rep.sent = st.res.bytes_sent;
+            rep.received = st.res.bytes_received;
             rep.dropped = st.res.senders_dropped;
             rep.failed = st.res.parts_failed;
             rep.exact = 1;
@@ -187,6 +293,9 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
                 check_exact(x, o->elems, peers, n, &rep);
         }
         rep.cpu_s = cpu_now() - c0;
+        if (tracing) trace_stop(&tr);
+        rep.retrans = net_counter("snmp", "Tcp", "RetransSegs") - rt0;
+        rep.timeouts = net_counter("netstat", "TcpExt", "TCPTimeouts") - to0;
         if (!write_all(to_parent, &rep, sizeof rep)) break;
     }
     free(x);
@@ -268,6 +377,14 @@ int ap_arns_run(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, const ap_
                 break;
             }
             rep.why[sizeof rep.why - 1] = 0;
+            if (getenv("APIARY_ARNS_VERBOSE"))
+                fprintf(stderr,
+                        "arns: round %d member %zu: %.3f s, sent %.1f MB (%.2f MB/s), received "
+                        "%.1f MB (%.2f MB/s), cpu %.3f s, status %d, tcp retrans %lld rto %lld\n",
+                        r, i, rep.elapsed_s, (double)rep.sent / 1e6,
+                        (double)rep.sent / 1e6 / rep.elapsed_s, (double)rep.received / 1e6,
+                        (double)rep.received / 1e6 / rep.elapsed_s, rep.cpu_s, rep.status,
+                        rep.retrans, rep.timeouts);
             if (rep.status && !a->status) a->status = rep.status;
             if (!rep.exact) a->exact = false;
             if ((rep.status || !rep.exact) && !a->why[0])

@@ -90,10 +90,13 @@ typedef struct series {
 
 /* warmup + rounds rounds; the median of the measured ones. -1 on failure
  * (message printed). */
+static uint32_t g_chunk = 16384; /* --chunk */
+
 static int run_series(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, uint64_t elems,
                       int warmup, int rounds, series_t *out)
 {
     ap_arns_opts_t o = {.elems = elems,
+                        .chunk_elems = g_chunk,
                         .codec = AP_AVG_CODEC_F32,
                         /* equal-parts runs declare bandwidths the links do not
                          * have: a long deadline lets them finish */
@@ -195,8 +198,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
     links_meas_t m;
     if (measure_links(ns, links, n, measure_s, &m)) goto out;
 
-    uint32_t chunk_elems = 16384; /* the library's default */
-    double ovh = framing_overhead(chunk_elems);
+    double ovh = framing_overhead(g_chunk);
     double mu[MAXP], md[MAXP], nu[MAXP], nd[MAXP];
     for (size_t i = 0; i < n; i++) {
         mu[i] = m.up[i] / ovh;
@@ -243,7 +245,7 @@ out:
 static void usage(void)
 {
     fprintf(stderr, "usage: apiary bench allreduce-shaped [--part equal|equal8|hetero|all] "
-                    "[--rounds R] [--elems N]\n");
+                    "[--rounds R] [--elems N] [--chunk ELEMS]\n");
 }
 
 static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
@@ -256,6 +258,8 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             part = argv[++k];
         else if (!strcmp(argv[k], "--rounds") && k + 1 < argc)
             rounds = atoi(argv[++k]);
+        else if (!strcmp(argv[k], "--chunk") && k + 1 < argc)
+            g_chunk = (uint32_t)strtoul(argv[++k], NULL, 10);
         else if (!strcmp(argv[k], "--elems") && k + 1 < argc)
             elems_override = strtoull(argv[++k], NULL, 10);
         else {
@@ -263,7 +267,7 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             return 2;
         }
     }
-    if (rounds < 1 || rounds > 32) {
+    if (rounds < 1 || rounds > 32 || g_chunk < 256 || g_chunk > (1u << 20)) {
         usage();
         return 2;
     }
