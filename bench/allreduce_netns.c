@@ -6,6 +6,7 @@
 #include "apiary/node.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -213,6 +214,18 @@ static void trace_stop(tracer_t *t)
     fclose(t->f);
 }
 
+/* Runs h's loop until from_parent is readable (a command or EOF). */
+static bool wait_parent(ap_host_t *h, int from_parent)
+{
+    for (;;) {
+        struct pollfd p = {.fd = from_parent, .events = POLLIN};
+        int rc = poll(&p, 1, 0);
+        if (rc > 0) return true;
+        if (rc < 0 && errno != EINTR) return false;
+        ap_host_run_once(h, 2000); /* 2 ms: the rounds start within that of each other */
+    }
+}
+
 static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t n,
                   const ap_arns_opts_t *o, int to_parent, int from_parent)
 {
@@ -255,7 +268,10 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
                               .stall_min_us = o->stall_min_us};
     uint64_t timeout_us = (uint64_t)((o->round_timeout_s > 0 ? o->round_timeout_s : 600) * 1e6);
     uint32_t r;
-    while (read_all(from_parent, &r, sizeof r)) {
+    /* Between rounds the loop must keep running: when this member's round
+     * is over, bytes it queued (the last results, CLOSE frames) may still sit
+     * in its transport's write queue, and the others wait for them. */
+    while (wait_parent(h, from_parent) && read_all(from_parent, &r, sizeof r)) {
         if (x)
             for (uint64_t k = 0; k < o->elems; k++) x[k] = value(i, k);
         ap_avg_group_t g = {.members = mem, .n = n};
