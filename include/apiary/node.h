@@ -69,6 +69,9 @@ typedef struct ap_node_opts {
      * multiaddrs, e.g. ap_rt_dial(rt, "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...").
      * A node is either in-process or TCP. */
     const char *listen;
+    /* TCP + Noise without a listener: the node only dials out (a client
+     * behind NAT; its listen address list is empty). listen must be NULL. */
+    bool dial_only;
 } ap_node_opts_t;
 
 /* Creates a node on host h. opts may be NULL. *out receives the runtime.

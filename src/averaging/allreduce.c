@@ -30,6 +30,9 @@
 #define MOD      "avg"
 #define PARK_MAX 256
 #define PARK_US  10000000ull
+#ifndef AVG_WINDOW
+#define AVG_WINDOW (4u << 20)
+#endif
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -149,6 +152,11 @@ struct ap_allreduce {
     /* reducer */
     uint32_t my_chunks, reduced;
     double *acc, *wsum; /* acc: acc_bytes from the service's cache */
+    /* touched[c]: acc of chunk c holds a sum. The accumulator is filled
+     * lazily, by the first chunk c that arrives (own term + its term in one
+     * pass), so a round starts sending at once instead of first writing the
+     * whole accumulator. */
+    uint8_t *touched;
     size_t acc_bytes;
     float *result;  /* where means go: data + off[self], or aux_buf */
     float *aux_buf; /* aux_bytes from the service's cache */
@@ -252,7 +260,11 @@ static void finalise_chunks(ap_allreduce_t *ar)
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         double w = ar->wsum[c];
         if (w > 0) {
-            for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            if (ar->touched[c])
+                for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+            else /* nobody else delivered: the same arithmetic on the own term alone */
+                for (uint32_t e = 0; e < len; e++)
+                    ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
             /* a lossy codec: keep what the others will decode, so that every
              * member holds the same values */
             if (ar->codec->id != AP_AVG_CODEC_F32 &&
@@ -294,7 +306,10 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
         drop_sender(ar, l->peer, AP_EPROTO, "chunk of the wrong size");
         goto after;
     }
-    int rc = ar->codec->decode(f.payload, f.payload_len, f.elems, ar->scratch);
+    /* raw float32: checked in place and summed straight from the message */
+    int rc = ar->codec->check_raw
+                 ? ar->codec->check_raw(f.payload, f.payload_len, f.elems)
+                 : ar->codec->decode(f.payload, f.payload_len, f.elems, ar->scratch);
     if (rc) {
         drop_sender(ar, l->peer, AP_EPROTO,
                     rc == AP_ENONFINITE ? "NaN or Inf in chunk" : "chunk payload size mismatch");
@@ -302,7 +317,28 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     }
     double *acc = ar->acc + (uint64_t)f.index * ar->o.chunk_elems;
     double w = sl->weight;
-    for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
+    const float *own = ar->sends ? ar->result + (uint64_t)f.index * ar->o.chunk_elems : NULL;
+    double ow = ar->weight;
+    bool first = !ar->touched[f.index];
+    ar->touched[f.index] = 1;
+    /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
+     * as initialising acc with the own term, then adding) */
+    if (ar->codec->check_raw) {
+        if (!first)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ap__avg_raw_get(f.payload, e);
+        else if (own)
+            for (uint32_t e = 0; e < f.elems; e++)
+                acc[e] = ow * own[e] + w * ap__avg_raw_get(f.payload, e);
+        else
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ap__avg_raw_get(f.payload, e);
+    } else {
+        if (!first)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
+        else if (own)
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = ow * own[e] + w * ar->scratch[e];
+        else
+            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ar->scratch[e];
+    }
     ar->wsum[f.index] += w;
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
@@ -457,12 +493,16 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
         fail_part(ar, k, AP_EPROTO, "result chunk out of order");
     } else if (f.elems != chunk_len(ar, ar->cnt[k], f.index)) {
         fail_part(ar, k, AP_EPROTO, "result chunk of the wrong size");
-    } else if ((rc = ar->codec->decode(f.payload, f.payload_len, f.elems, ar->scratch))) {
+    } else if ((rc = ar->codec->check_raw
+                         ? ar->codec->check_raw(f.payload, f.payload_len, f.elems)
+                         : ar->codec->decode(f.payload, f.payload_len, f.elems, ar->scratch))) {
         fail_part(ar, k, AP_EPROTO,
                   rc == AP_ENONFINITE ? "NaN or Inf in result" : "result payload size mismatch");
     } else {
+        /* checked before it touches the data; raw float32 is copied once */
         float *dst = ar->data + ar->off[k] + (uint64_t)f.index * ar->o.chunk_elems;
-        memcpy(dst, ar->scratch, (size_t)f.elems * sizeof(float));
+        memcpy(dst, ar->codec->check_raw ? (const void *)f.payload : (const void *)ar->scratch,
+               (size_t)f.elems * sizeof(float));
         ar->res.elems_averaged += f.elems;
         ar->res.bytes_received += len;
         if (++os->next_recv == nc) os->state = SLOT_DONE;
@@ -800,6 +840,7 @@ static void round_free(ap_allreduce_t *ar)
     free(ar->cnt);
     cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
+    free(ar->touched);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     free(ar->in);
     free(ar->out);
@@ -853,7 +894,7 @@ static int open_part(ap_allreduce_t *ar, int k)
     l->next = ar->links;
     ar->links = l;
     size_t fmax = AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
-    ap_stream_opts_t so = {.window = fmax * 4 > (1u << 20) ? fmax * 4 : (1u << 20),
+    ap_stream_opts_t so = {.window = fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW,
                            .max_msg = fmax,
                            .open_timeout_us = ar->deadline_us - ar->start_us};
     ap_stream_t *s = NULL;
@@ -899,14 +940,13 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
         ar->my_chunks = nchunks(ar, c);
         ar->acc = cache_take(ar->svc, 0, c * sizeof *ar->acc, &ar->acc_bytes);
         ar->wsum = calloc(ar->my_chunks, sizeof *ar->wsum);
+        ar->touched = calloc(ar->my_chunks, 1);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
-        if (!ar->acc || !ar->wsum || !ar->in) goto nomem;
+        if (!ar->acc || !ar->wsum || !ar->touched || !ar->in) goto nomem;
         if (ar->sends) {
             ar->result = ar->data + ar->off[ar->self];
-            for (uint64_t e = 0; e < c; e++) ar->acc[e] = ar->weight * ar->result[e];
             for (uint32_t k = 0; k < ar->my_chunks; k++) ar->wsum[k] = ar->weight;
         } else {
-            memset(ar->acc, 0, c * sizeof *ar->acc);
             ar->aux_buf = cache_take(ar->svc, 1, c * sizeof(float), &ar->aux_bytes);
             if (!ar->aux_buf) goto nomem;
             ar->result = ar->aux_buf;
@@ -972,9 +1012,15 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
-    if (sends)
-        for (uint64_t i = 0; i < n_elems; i++)
-            if (!isfinite(data[i])) return AP_ENONFINITE;
+    if (sends) { /* branch-free so that it vectorises: it reads the whole vector */
+        uint32_t bad = 0;
+        for (uint64_t i = 0; i < n_elems; i++) {
+            uint32_t v;
+            memcpy(&v, &data[i], 4);
+            bad |= (v & 0x7f800000u) + 0x00800000u; /* bit 31 set iff Inf or NaN */
+        }
+        if (bad & 0x80000000u) return AP_ENONFINITE;
+    }
 
     ap_allreduce_t *ar = calloc(1, sizeof *ar);
     if (!ar) return AP_ENOMEM;
@@ -1134,7 +1180,7 @@ int ap_avg_service_new(ap_rt_t *rt, ap_avg_service_t **out)
     ap_avg_service_t *svc = calloc(1, sizeof *svc);
     if (!svc) return AP_ENOMEM;
     svc->rt = rt;
-    ap_stream_opts_t so = {.window = 1u << 20,
+    ap_stream_opts_t so = {.window = AVG_WINDOW,
                            .max_msg = AP__AVG_FRAME_HDR + (size_t)AP__AVG_CHUNK_MAX * 4};
     int rc = ap_rt_stream_listen(rt, AP_AVG_PROTO, &so, on_accept, svc);
     if (rc) {

@@ -6,6 +6,7 @@
 #include "apiary/error.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static size_t f32_size(uint32_t n)
@@ -30,30 +31,54 @@ static int f32_encode(const float *x, uint32_t n, uint8_t *out)
     return 0;
 }
 
+/* Whether any of the n floats at p has an all-ones exponent (Inf or NaN):
+ * (v & exp) + one exponent step carries into bit 31 exactly then. Branch-free
+ * so that the compiler vectorises it (it runs over every byte of a round). */
+static bool any_nonfinite(const uint8_t *p, size_t n)
+{
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        acc |= (v & 0x7f800000u) + 0x00800000u;
+    }
+    return (acc & 0x80000000u) != 0;
+}
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static int f32_check_raw(const uint8_t *in, size_t len, uint32_t n)
+{
+    if (len != (size_t)n * 4) return AP_ECORRUPT;
+    return any_nonfinite(in, n) ? AP_ENONFINITE : 0;
+}
+
+static int f32_decode(const uint8_t *in, size_t len, uint32_t n, float *out)
+{
+    int rc = f32_check_raw(in, len, n);
+    if (rc == AP_ECORRUPT) return rc;
+    memcpy(out, in, (size_t)n * 4);
+    return rc;
+}
+#define F32_CHECK_RAW f32_check_raw
+#else
 static int f32_decode(const uint8_t *in, size_t len, uint32_t n, float *out)
 {
     if (len != (size_t)n * 4) return AP_ECORRUPT;
-    int bad = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t v = (uint32_t)in[4 * i] | ((uint32_t)in[4 * i + 1] << 8) |
                      ((uint32_t)in[4 * i + 2] << 16) | ((uint32_t)in[4 * i + 3] << 24);
-        bad |= (v & 0x7f800000u) == 0x7f800000u; /* exponent all ones: Inf or NaN */
         memcpy(&out[i], &v, 4);
     }
-    return bad ? AP_ENONFINITE : 0;
+    return any_nonfinite((const uint8_t *)out, n) ? AP_ENONFINITE : 0;
 }
+#define F32_CHECK_RAW NULL
+#endif
 
 /* compress-module codecs: the chunk is one compress message (its own header,
  * offset 0); the decoder checks codec, count and offset, then finiteness. */
 static bool finite_all(const float *x, uint32_t n)
 {
-    int bad = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t v;
-        memcpy(&v, &x[i], 4);
-        bad |= (v & 0x7f800000u) == 0x7f800000u;
-    }
-    return !bad;
+    return !any_nonfinite((const uint8_t *)x, n);
 }
 
 #define CX(name, cid)                                                                              \
@@ -83,11 +108,12 @@ CX(uniform8, AP_CODEC_UNIFORM8)
 CX(blockwise8, AP_CODEC_BLOCKWISE8)
 
 static const ap__avg_codec_t codecs[] = {
-    {AP_AVG_CODEC_F32, "none", f32_size, f32_encode, f32_decode},
-    {AP_AVG_CODEC_FP16, "fp16", fp16_size, fp16_encode, fp16_decode},
-    {AP_AVG_CODEC_BF16, "bf16", bf16_size, bf16_encode, bf16_decode},
-    {AP_AVG_CODEC_UNIFORM8, "uniform8", uniform8_size, uniform8_encode, uniform8_decode},
-    {AP_AVG_CODEC_BLOCKWISE8, "blockwise8", blockwise8_size, blockwise8_encode, blockwise8_decode},
+    {AP_AVG_CODEC_F32, "none", f32_size, f32_encode, f32_decode, F32_CHECK_RAW},
+    {AP_AVG_CODEC_FP16, "fp16", fp16_size, fp16_encode, fp16_decode, NULL},
+    {AP_AVG_CODEC_BF16, "bf16", bf16_size, bf16_encode, bf16_decode, NULL},
+    {AP_AVG_CODEC_UNIFORM8, "uniform8", uniform8_size, uniform8_encode, uniform8_decode, NULL},
+    {AP_AVG_CODEC_BLOCKWISE8, "blockwise8", blockwise8_size, blockwise8_encode, blockwise8_decode,
+     NULL},
 };
 
 const ap__avg_codec_t *ap__avg_codec_get(uint32_t id)

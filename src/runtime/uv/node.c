@@ -185,6 +185,7 @@ void ap__node_run_soon(ap_node_t *n)
 static int uv_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, bool with_id)
 {
     ap_node_t *n = (ap_node_t *)rt;
+    if (!n->addr[0]) return 0; /* a dial-only TCP node */
     if (max >= 1) {
         if (with_id) {
             char id[AP_PEER_ID_STR_MAX];
@@ -255,7 +256,10 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     n->next_id = 1;
     bool tcp =
         o.listen && (strncmp(o.listen, "/ip4/", 5) == 0 || strncmp(o.listen, "/ip6/", 5) == 0);
-    rc = tcp ? ap__tcpc_start(n, o.listen) : ap__mem_register(n, o.listen);
+    if (o.dial_only && o.listen)
+        rc = AP_EINVAL;
+    else
+        rc = tcp || o.dial_only ? ap__tcpc_start(n, o.listen) : ap__mem_register(n, o.listen);
     if (rc < 0) {
         ap__rt_fini(&n->rt);
         free(n);

@@ -165,15 +165,18 @@ int ap__tcpc_start(ap_node_t *n, const char *listen)
         free(tc);
         return rc;
     }
-    rc = ap__tcp_listen(tc->t, listen);
-    if (rc < 0) {
-        ap__tcp_close(tc->t, free, tc);
-        return rc;
+    n->addr[0] = 0; /* listen NULL: dial-only (no listener, no address) */
+    if (listen) {
+        rc = ap__tcp_listen(tc->t, listen);
+        if (rc < 0) {
+            ap__tcp_close(tc->t, free, tc);
+            return rc;
+        }
+        ap_multiaddr_t ma;
+        ap__tcp_listen_addrs(tc->t, &ma, 1);
+        ma.has_peer = false;
+        if (ap_multiaddr_print(&ma, n->addr, sizeof n->addr) < 0) n->addr[0] = 0;
     }
-    ap_multiaddr_t ma;
-    ap__tcp_listen_addrs(tc->t, &ma, 1);
-    ma.has_peer = false;
-    if (ap_multiaddr_print(&ma, n->addr, sizeof n->addr) < 0) n->addr[0] = 0;
     tc->node = n;
     n->tcpc = tc;
     return 0;
