@@ -265,7 +265,8 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
                               .codec = o->codec,
                               .deadline_factor = o->deadline_factor,
                               .connect_grace_us = o->connect_grace_us,
-                              .stall_min_us = o->stall_min_us};
+                              .stall_min_us = o->stall_min_us,
+                              .max_lead_chunks = o->max_lead_chunks};
     uint64_t timeout_us = (uint64_t)((o->round_timeout_s > 0 ? o->round_timeout_s : 600) * 1e6);
     uint32_t r;
     /* Between rounds the loop must keep running: when this member's round

@@ -91,11 +91,13 @@ typedef struct series {
 /* warmup + rounds rounds; the median of the measured ones. -1 on failure
  * (message printed). */
 static uint32_t g_chunk = 16384; /* --chunk */
+static uint32_t g_lead = 4;      /* --lead: pacing of the measured runs (0 = unpaced) */
 
 static int run_series(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, uint64_t elems,
-                      int warmup, int rounds, series_t *out)
+                      int warmup, int rounds, uint32_t lead, series_t *out)
 {
     ap_arns_opts_t o = {.elems = elems,
+                        .max_lead_chunks = lead,
                         .chunk_elems = g_chunk,
                         .codec = AP_AVG_CODEC_F32,
                         /* equal-parts runs declare bandwidths the links do not
@@ -212,22 +214,27 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
 
     ap_arns_peer_t peers[MAXP];
     for (size_t i = 0; i < n; i++) peers[i] = (ap_arns_peer_t){s->role[i], nu[i], nd[i]};
-    series_t bal;
-    if (run_series(ns, peers, n, s->elems, warmup, rounds, &bal)) goto out;
-    char f[640];
+    series_t bal, unp = {0};
+    if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &bal)) goto out;
+    if (g_lead && run_series(ns, peers, n, s->elems, warmup, rounds, 0, &unp)) goto out;
+    char f[800];
     snprintf(f, sizeof f,
-             "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"rounds\":%d,\"round_s\":%.4f,"
+             "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"chunk_elems\":%u,"
+             "\"max_lead_chunks\":%u,\"rounds\":%d,\"round_s\":%.4f,"
              "\"bound_s\":%.4f,\"bound_nominal_s\":%.4f,\"over_nominal\":%.4f,"
+             "\"unpaced_round_s\":%.4f,\"unpaced_over_bound\":%.4f,"
              "\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,\"cpu_s_per_round\":%.3f,"
              "\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
-             s->links, n, (unsigned long long)s->elems, bal.rounds, bal.median_s, bound, bound_nom,
-             bal.median_s / bound_nom, m.worst_ratio, ovh, bal.cpu_s, bal.mb_per_cpu_s, load1());
+             s->links, n, (unsigned long long)s->elems, g_chunk, g_lead, bal.rounds, bal.median_s,
+             bound, bound_nom, bal.median_s / bound_nom, g_lead ? unp.median_s : bal.median_s,
+             (g_lead ? unp.median_s : bal.median_s) / bound, m.worst_ratio, ovh, bal.cpu_s,
+             bal.mb_per_cpu_s, load1());
     ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
 
     if (s->equal_parts_too) {
         for (size_t i = 0; i < n; i++) peers[i].decl_up = peers[i].decl_down = 12.5e6;
         series_t eq;
-        if (run_series(ns, peers, n, s->elems, warmup, rounds, &eq)) goto out;
+        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &eq)) goto out;
         snprintf(f, sizeof f,
                  "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"rounds\":%d,"
                  "\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,\"equal_parts_cpu_s\":%.3f,"
@@ -245,7 +252,7 @@ out:
 static void usage(void)
 {
     fprintf(stderr, "usage: apiary bench allreduce-shaped [--part equal|equal8|hetero|all] "
-                    "[--rounds R] [--elems N] [--chunk ELEMS]\n");
+                    "[--rounds R] [--elems N] [--chunk ELEMS] [--lead CHUNKS]\n");
 }
 
 static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
@@ -258,6 +265,8 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             part = argv[++k];
         else if (!strcmp(argv[k], "--rounds") && k + 1 < argc)
             rounds = atoi(argv[++k]);
+        else if (!strcmp(argv[k], "--lead") && k + 1 < argc)
+            g_lead = (uint32_t)strtoul(argv[++k], NULL, 10);
         else if (!strcmp(argv[k], "--chunk") && k + 1 < argc)
             g_chunk = (uint32_t)strtoul(argv[++k], NULL, 10);
         else if (!strcmp(argv[k], "--elems") && k + 1 < argc)
