@@ -37,6 +37,7 @@ typedef struct ap_arns_opts {
     double deadline_factor;    /* 0 = the library's default */
     uint64_t connect_grace_us; /* 0 = the library's default */
     uint64_t stall_min_us;     /* 0 = the library's default */
+    uint32_t max_lead_chunks;  /* pacing (ap_allreduce_opts_t); 0 = unpaced */
     int rounds;                /* 1..64 */
     double round_timeout_s;    /* a worker gives up on a round after this (0 = 600) */
 } ap_arns_opts_t;
