@@ -39,12 +39,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t key[AP__MM_KEY_MAX], key2[AP__MM_KEY_MAX];
         size_t kl, kl2;
         ap__mm_member_t m, m2;
-        if (ap__mm_req_decode(b, n, key, &kl, &m)) break;
+        bool leave, leave2;
+        if (ap__mm_req_decode(b, n, key, &kl, &m, &leave)) break;
         check_member(&m);
         if (kl == 0 || kl > AP__MM_KEY_MAX || m.closed) abort();
-        if (ap__mm_req_encode(key, kl, &m, &enc, &len)) abort();
-        if (ap__mm_req_decode(enc, len, key2, &kl2, &m2) || kl2 != kl || memcmp(key, key2, kl) ||
-            memcmp(&m, &m2, sizeof m))
+        if (ap__mm_req_encode(key, kl, &m, leave, &enc, &len)) abort();
+        if (ap__mm_req_decode(enc, len, key2, &kl2, &m2, &leave2) || kl2 != kl ||
+            memcmp(key, key2, kl) || memcmp(&m, &m2, sizeof m) || leave2 != leave)
             abort();
         free(enc);
         break;

@@ -31,7 +31,7 @@
 #define PARK_MAX 256
 #define PARK_US  10000000ull
 #ifndef AVG_WINDOW
-#define AVG_WINDOW (1u << 20)
+#define AVG_WINDOW (4u << 20)
 #endif
 
 /* ---- wire helpers ----------------------------------------------------------- */
@@ -161,6 +161,12 @@ struct ap_allreduce {
      * pass), so a round starts sending at once instead of first writing the
      * whole accumulator. */
     uint8_t *touched;
+    /* lossy codecs: each result chunk's frame, encoded once when the chunk is
+     * final; the reducer keeps its decoding and every receiver gets these very
+     * bytes (re-encoding decoded values is not the identity for every codec,
+     * e.g. uniform8 re-derives its bins) */
+    uint8_t *res_enc; /* my_chunks frames of res_fsz bytes; res_enc_bytes from the cache */
+    size_t res_fsz, res_enc_bytes;
     size_t acc_bytes;
     float *result;  /* where means go: data + off[self], or aux_buf */
     float *aux_buf; /* aux_bytes from the service's cache */
@@ -199,7 +205,7 @@ typedef struct big_cache {
 
 struct ap_avg_service {
     ap_rt_t *rt;
-    big_cache_t cache[2];
+    big_cache_t cache[3]; /* accumulator, aux result, encoded results */
     ap_allreduce_t *rounds;
     parked_t *parked;
     int nparked;
@@ -269,17 +275,23 @@ static void finalise_chunks(ap_allreduce_t *ar)
             else /* nobody else delivered: the same arithmetic on the own term alone */
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
-            /* a lossy codec: keep what the others will decode, so that every
-             * member holds the same values */
-            if (ar->codec->id != AP_AVG_CODEC_F32 &&
-                (ar->codec->encode(ar->result + s, len, ar->frame + AP__AVG_FRAME_HDR) ||
-                 ar->codec->decode(ar->frame + AP__AVG_FRAME_HDR, ar->codec->size(len), len,
-                                   ar->result + s)))
-                ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
+            /* a lossy codec: encode the result once, keep its decoding and send
+             * those bytes, so that every member holds the same values */
+            if (ar->res_enc) {
+                uint8_t *fr = ar->res_enc + (size_t)c * ar->res_fsz;
+                ap__avg_frame_header(fr, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
+                if (ar->codec->encode(ar->result + s, len, fr + AP__AVG_FRAME_HDR) ||
+                    ar->codec->decode(fr + AP__AVG_FRAME_HDR, ar->codec->size(len), len,
+                                      ar->result + s)) {
+                    ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
+                    fr[0] = 0; /* not a frame: sent by encoding afresh */
+                }
+            }
             if (ar->sends) ar->res.elems_averaged += len;
         } else if (!ar->sends) {
             /* aux with every sender dropped: nothing to average, nobody to tell */
             memset(ar->result + s, 0, (size_t)len * sizeof(float));
+            if (ar->res_enc) ar->res_enc[(size_t)c * ar->res_fsz] = 0;
         }
         ar->reduced++;
     }
@@ -366,11 +378,16 @@ static void send_results_to(ap_allreduce_t *ar, int j)
     while (sl->next_out < ar->reduced) {
         uint32_t c = sl->next_out;
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
-        ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-        int rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
-                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
+        const uint8_t *fr = ar->res_enc ? ar->res_enc + (size_t)c * ar->res_fsz : NULL;
+        int rc = 0;
+        if (!fr || fr[0] != AP__AVG_FRAME_RESULT) {
+            ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
+            rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
+                                   ar->frame + AP__AVG_FRAME_HDR);
+            fr = ar->frame;
+        }
+        if (rc == 0) rc = ap_stream_send(s, fr, fl);
         if (rc == AP_EAGAIN) return;
         if (rc) {
             drop_sender(ar, j, AP_ERESET, "cannot send results");
@@ -856,6 +873,7 @@ static void round_free(ap_allreduce_t *ar)
     free(ar->wsum);
     free(ar->touched);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
+    cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
     free(ar->out);
     free(ar->scratch);
@@ -957,6 +975,12 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
         ar->touched = calloc(ar->my_chunks, 1);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
         if (!ar->acc || !ar->wsum || !ar->touched || !ar->in) goto nomem;
+        if (ar->codec->id != AP_AVG_CODEC_F32) {
+            ar->res_fsz = AP__AVG_FRAME_HDR + ar->codec->size((uint32_t)ce);
+            ar->res_enc =
+                cache_take(ar->svc, 2, (size_t)ar->my_chunks * ar->res_fsz, &ar->res_enc_bytes);
+            if (!ar->res_enc) goto nomem;
+        }
         if (ar->sends) {
             ar->result = ar->data + ar->off[ar->self];
             for (uint32_t k = 0; k < ar->my_chunks; k++) ar->wsum[k] = ar->weight;
@@ -1220,7 +1244,7 @@ int ap_avg_service_free(ap_avg_service_t *svc)
         ap_stream_reset(pk->s, AP_ESHUTDOWN);
         free(pk);
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         if (svc->cache[k].p) ap__big_free(svc->cache[k].p, svc->cache[k].bytes);
     free(svc);
     return 0;
@@ -1262,7 +1286,7 @@ void ap__avg_service_abandon(ap_avg_service_t *svc)
         svc->parked = pk->next;
         free(pk);
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         if (svc->cache[k].p) ap__big_free(svc->cache[k].p, svc->cache[k].bytes);
     free(svc);
 }

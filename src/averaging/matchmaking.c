@@ -110,7 +110,7 @@ int ap__mm_decl_decode(const uint8_t *b, size_t len, ap__mm_member_t *out)
     return rc;
 }
 
-int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t *self,
+int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t *self, bool leave,
                       uint8_t **out, size_t *len)
 {
     if (key_len == 0 || key_len > AP__MM_KEY_MAX) return AP_EINVAL;
@@ -121,6 +121,7 @@ int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t 
     pb.group_key.data = (uint8_t *)key;
     pb.group_key.len = key_len;
     pb.self = &me;
+    pb.leave = leave;
     int rc = pack_out(apiary__mm__join_request__get_packed_size(&pb), out, len);
     if (rc) return rc;
     apiary__mm__join_request__pack(&pb, *out);
@@ -128,7 +129,7 @@ int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t 
 }
 
 int ap__mm_req_decode(const uint8_t *b, size_t len, uint8_t *key_out, size_t *key_len,
-                      ap__mm_member_t *self)
+                      ap__mm_member_t *self, bool *leave)
 {
     if (len > AP__MM_MSG_MAX) return AP_EMSGSIZE;
     Apiary__Mm__JoinRequest *pb = apiary__mm__join_request__unpack(NULL, len, b);
@@ -142,6 +143,7 @@ int ap__mm_req_decode(const uint8_t *b, size_t len, uint8_t *key_out, size_t *ke
     }
     memcpy(key_out, pb->group_key.data, pb->group_key.len);
     *key_len = pb->group_key.len;
+    *leave = pb->leave;
 out:
     apiary__mm__join_request__free_unpacked(pb, NULL);
     return rc;
@@ -331,6 +333,30 @@ static void add_addrs(ap_rt_t *rt, const ap__mm_member_t *m)
     for (int i = 0; i < m->naddrs; i++) ap_rt_add_addr(rt, &m->id, m->addrs[i]);
 }
 
+static void leave_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                       const char *errmsg)
+{
+    (void)rt, (void)arg, (void)resp, (void)len;
+    if (status)
+        ap_log(AP_LOG_DEBUG, MOD, "leave not delivered: %s%s%s", ap_err_name(status),
+               errmsg ? ": " : "", errmsg ? errmsg : "");
+}
+
+/* LEAVE: this follower gives up the join its leader holds, so the leader
+ * drops it at once (it would otherwise begin a group with a member that is
+ * gone, and the round would wait connect_grace_us for it). Fire and forget:
+ * the answer is only logged. */
+static void send_leave(ap_avg_search_t *s)
+{
+    uint8_t *b;
+    size_t n;
+    if (ap__mm_req_encode(s->key, s->key_len, &s->self, true, &b, &n)) return;
+    ap_rpc_opts_t o = {.timeout_us = s->grace_us, .max_resp = AP__MM_MSG_MAX};
+    if (!ap_rt_rpc_call(s->mm->rt, &s->leader.id, AP_AVG_MATCH_PROTO, b, n, &o, leave_done, NULL))
+        ap_log(AP_LOG_DEBUG, MOD, "cannot send leave");
+    free(b);
+}
+
 /* Ends the search: held followers get "rejected" (unless the group began and
  * they were answered), timers and the call stop, cb runs. */
 static void finish(ap_avg_search_t *s, int status, const ap_avg_group_t *g)
@@ -344,7 +370,10 @@ static void finish(ap_avg_search_t *s, int status, const ap_avg_group_t *g)
     s->poll_timer = s->deadline_timer = 0;
     uint64_t call = s->call_id;
     s->call_id = 0;
-    if (call) ap_rt_rpc_cancel(rt, call); /* its done sees finished and returns */
+    if (call) {
+        ap_rt_rpc_cancel(rt, call); /* its done sees finished and returns */
+        send_leave(s);
+    }
     for (size_t i = 0; i < s->nfol; i++)
         respond_code(s->fol[i].req, AP__MM_REJECTED,
                      status == AP_ECANCELED ? "leader canceled" : "leader found no group", NULL);
@@ -576,7 +605,7 @@ static void join(ap_avg_search_t *s, const ap__mm_member_t *leader)
     s->nfol = 0;
     uint8_t *b;
     size_t n;
-    int rc = ap__mm_req_encode(s->key, s->key_len, &s->self, &b, &n);
+    int rc = ap__mm_req_encode(s->key, s->key_len, &s->self, false, &b, &n);
     if (rc) {
         finish(s, rc, NULL);
         return;
@@ -696,9 +725,10 @@ static void on_join(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     uint8_t key[AP__MM_KEY_MAX];
     size_t key_len;
     ap__mm_member_t q;
+    bool leave = false;
     char sq[AP_PEER_SHORT_LEN];
     ap_peer_id_short(ap_rpc_req_peer(req), sq);
-    int rc = ap__mm_req_decode(data, len, key, &key_len, &q);
+    int rc = ap__mm_req_decode(data, len, key, &key_len, &q, &leave);
     if (rc) {
         ap_log(AP_LOG_WARN, MOD, "bad join request from %s: %s", sq, ap_err_name(rc));
         ap_rpc_respond_error(req, AP_EPROTO, "bad join request");
@@ -710,6 +740,19 @@ static void on_join(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         return;
     }
     ap_avg_search_t *s = find_search(mm, key, key_len);
+    if (leave) { /* drop its held join at once; both calls are answered "rejected" */
+        for (size_t i = 0; s && i < s->nfol; i++) {
+            if (!ap_peer_id_eq(&s->fol[i].m.id, &q.id)) continue;
+            ap_log(AP_LOG_DEBUG, MOD, "%s left", sq);
+            respond_code(s->fol[i].req, AP__MM_REJECTED, "left", NULL);
+            memmove(&s->fol[i], &s->fol[i + 1], (s->nfol - i - 1) * sizeof *s->fol);
+            s->nfol--;
+            respond_code(req, AP__MM_REJECTED, "left", NULL);
+            return;
+        }
+        respond_code(req, AP__MM_REJECTED, "not held here", NULL);
+        return;
+    }
     if (!s) {
         respond_code(req, AP__MM_REJECTED, "not looking for this group", NULL);
         return;

@@ -40,11 +40,12 @@ typedef struct ap__mm_resp {
  * AP_EMSGSIZE on bad bytes. */
 int ap__mm_decl_encode(const ap__mm_member_t *m, uint8_t **out, size_t *len);
 int ap__mm_decl_decode(const uint8_t *b, size_t len, ap__mm_member_t *out);
-int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t *self,
+/* leave: a LEAVE (the asker gives up its held join) instead of a join. */
+int ap__mm_req_encode(const uint8_t *key, size_t key_len, const ap__mm_member_t *self, bool leave,
                       uint8_t **out, size_t *len);
-/* key_out must hold AP__MM_KEY_MAX bytes. */
+/* key_out must hold AP__MM_KEY_MAX bytes; *leave tells a LEAVE from a join. */
 int ap__mm_req_decode(const uint8_t *b, size_t len, uint8_t *key_out, size_t *key_len,
-                      ap__mm_member_t *self);
+                      ap__mm_member_t *self, bool *leave);
 int ap__mm_resp_encode(const ap__mm_resp_t *r, uint8_t **out, size_t *len);
 int ap__mm_resp_decode(const uint8_t *b, size_t len, ap__mm_resp_t *out);
 

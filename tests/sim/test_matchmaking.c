@@ -306,6 +306,38 @@ static void test_cancel(void **state)
     env_free(&e);
 }
 
+/* LEAVE: a held follower that gives up is dropped by its leader at once. L
+ * (target 3) holds A; A cancels; then B joins. Without LEAVE, L would count
+ * A and B and begin at once with A in the group (gone: the round would wait
+ * connect_grace_us for it); with it, L holds B only and begins at its
+ * deadline with {L, B}. */
+static void test_follower_leaves(void **state)
+{
+    (void)state;
+    env_t e;
+    env_init(&e, 4, ap_test_seed(606));
+    uint64_t t0 = ap_sim_now_us(e.sim);
+    search(&e, 0, 3, 2, 3 * SEC);
+    search(&e, 1, 3, 2, 3 * SEC + 100000);
+    ap_sim_run_for(e.sim, SEC); /* 1 waits at 0 */
+    assert_false(e.nd[1].ended);
+    ap_avg_match_cancel(e.nd[1].search);
+    assert_int_equal(e.nd[1].status, AP_ECANCELED);
+    ap_sim_run_for(e.sim, 200000); /* the LEAVE arrives */
+    search(&e, 2, 3, 2, 3 * SEC);  /* expires after 0: follows it */
+    assert_true(ap_sim_run_until(e.sim, all_ended, &e, t0 + 10 * SEC));
+    for (int i = 0; i <= 2; i += 2) {
+        assert_int_equal(e.nd[i].status, 0);
+        assert_int_equal(e.nd[i].n, 2);
+        assert_int_equal(index_of(&e, &e.nd[i].mem[0].id), 0);
+        assert_int_equal(index_of(&e, &e.nd[i].mem[1].id), 2);
+        /* it began at its deadline, not when B joined */
+        assert_true(e.nd[i].ended_at >= t0 + 3 * SEC);
+    }
+    assert_int_equal(memcmp(e.nd[0].gid, e.nd[2].gid, sizeof e.nd[0].gid), 0);
+    env_free(&e);
+}
+
 /* ---- bad input at a leader ------------------------------------------------------ */
 
 typedef struct call {
@@ -344,7 +376,7 @@ static void call_join(env_t *e, int from, const uint8_t *key, size_t key_len, in
     m.exp_ms = exp_ms;
     uint8_t *b;
     size_t n;
-    assert_ok(ap__mm_req_encode(key, key_len, &m, &b, &n));
+    assert_ok(ap__mm_req_encode(key, key_len, &m, false, &b, &n));
     memset(c, 0, sizeof *c);
     assert_true(ap_rt_rpc_call(rt, ap_sim_peer_id(e->sim, 0), AP_AVG_MATCH_PROTO, b, n, NULL,
                                on_call, c) != 0);
@@ -531,15 +563,24 @@ static void test_wire(void **state)
     uint8_t *b;
     size_t n;
     /* request round trip */
-    assert_ok(ap__mm_req_encode(KEY, sizeof KEY - 1, &a, &b, &n));
+    assert_ok(ap__mm_req_encode(KEY, sizeof KEY - 1, &a, false, &b, &n));
     uint8_t key[AP__MM_KEY_MAX];
     size_t kl;
     ap__mm_member_t d;
-    assert_ok(ap__mm_req_decode(b, n, key, &kl, &d));
+    bool leave = true;
+    assert_ok(ap__mm_req_decode(b, n, key, &kl, &d, &leave));
     assert_int_equal(kl, sizeof KEY - 1);
     assert_memory_equal(&d, &a, sizeof d);
+    assert_false(leave);
     for (size_t cut = 0; cut < n; cut++) /* truncations never decode into garbage */
-        if (ap__mm_req_decode(b, cut, key, &kl, &d) == 0) assert_memory_equal(&d, &a, sizeof d);
+        if (ap__mm_req_decode(b, cut, key, &kl, &d, &leave) == 0)
+            assert_memory_equal(&d, &a, sizeof d);
+    free(b);
+    /* a LEAVE round trip */
+    assert_ok(ap__mm_req_encode(KEY, sizeof KEY - 1, &a, true, &b, &n));
+    assert_ok(ap__mm_req_decode(b, n, key, &kl, &d, &leave));
+    assert_true(leave);
+    assert_memory_equal(&d, &a, sizeof d);
     free(b);
     /* begin with a duplicate member is refused */
     ap__mm_member_t two[2] = {a, a};
@@ -578,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_dead_leader),
         cmocka_unit_test(test_concurrent_with_crashes),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_follower_leaves),
         cmocka_unit_test(test_bad_joins),
         cmocka_unit_test(test_averager_step),
     };
