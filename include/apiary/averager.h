@@ -138,6 +138,13 @@ typedef struct ap_allreduce_opts {
     uint64_t connect_grace_us;
     /* Absolute cap on the round deadline in ap_rt_now_us() time (0 = none). */
     uint64_t deadline_at_us;
+    /* Pacing (local; members may differ): a sender sends data chunk c of a
+     * part only while c < (result chunks received for that part) + this, so
+     * it never runs far ahead of a reducer that waits for slower senders
+     * and spends its upload on parts and results that can progress
+     * (0 = unpaced: up to the stream window). 4 measured best on 100 Mbit/s
+     * shaped links (docs/averaging.md, "Pacing"); on loopback it costs. */
+    uint32_t max_lead_chunks;
 } ap_allreduce_opts_t;
 
 typedef struct ap_allreduce_result {

@@ -124,6 +124,10 @@ typedef struct in_slot {
     uint32_t next_out; /* next result chunk to send back */
     bool closed_out;   /* we half-closed after the last result */
     uint64_t first_us, last_us, bytes;
+    /* stall clock: the last chunk, or the last tick at which this sender was
+     * ahead of the reduction (then it may be paced, waiting for results
+     * that wait for someone else) */
+    uint64_t stall_from_us;
 } in_slot_t;
 
 /* This node as sender: one slot per reducer of a part (not itself). */
@@ -355,6 +359,7 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
     sl->last_us = now;
+    sl->stall_from_us = now;
     sl->bytes += len;
     ar->res.bytes_received += len;
 after:
@@ -472,6 +477,7 @@ static int adopt(ap_allreduce_t *ar, ap_stream_t *s, const ap__avg_hello_t *h)
     sl->link = l;
     sl->weight = h->weight;
     sl->last_us = ap_rt_now_us(ar->rt);
+    sl->stall_from_us = sl->last_us;
     ap_stream_set_cbs(s, &in_cbs, l);
     return 0;
 }
@@ -523,6 +529,7 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
         ar->res.elems_averaged += f.elems;
         ar->res.bytes_received += len;
         if (++os->next_recv == nc) os->state = SLOT_DONE;
+        pump_send_all(ar);
     }
     check_done(ar);
 }
@@ -534,6 +541,9 @@ static int send_one(ap_allreduce_t *ar, int k)
     if (os->state != SLOT_ACTIVE || !os->link || !os->link->s || os->sent_all) return 0;
     ap_stream_t *s = os->link->s;
     uint32_t nc = nchunks(ar, ar->cnt[k]);
+    /* pacing: at most max_lead_chunks data chunks ahead of the results
+     * this reducer has sent back (docs/averaging.md, "Pacing") */
+    if (os->next_send < nc && os->next_send - os->next_recv >= ar->o.max_lead_chunks) return 0;
     if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
@@ -732,6 +742,10 @@ static void tick_cb(ap_rt_t *rt, void *arg)
         if (j == ar->self || ar->m[j].role == AP_AVG_AUX) continue;
         if (sl->state != SLOT_WAITING && sl->state != SLOT_ACTIVE) continue;
         if (sl->state == SLOT_ACTIVE && sl->next_in == ar->my_chunks) continue;
+        if (sl->state == SLOT_ACTIVE && sl->next_in > ar->reduced) {
+            sl->stall_from_us = now; /* ahead: another sender gates the results */
+            continue;
+        }
         double chunk_bytes = (double)ar->codec->size(ar->o.chunk_elems) + AP__AVG_FRAME_HDR;
         double rate;
         if (sl->next_in >= 2 && sl->last_us > sl->first_us)
@@ -747,7 +761,7 @@ static void tick_cb(ap_rt_t *rt, void *arg)
         if (gap_us > (double)limit) limit = gap_us > 1e15 ? (uint64_t)1e15 : (uint64_t)gap_us;
         if (sl->state == SLOT_WAITING && limit < ar->o.connect_grace_us)
             limit = ar->o.connect_grace_us;
-        uint64_t last = sl->state == SLOT_WAITING ? ar->start_us : sl->last_us;
+        uint64_t last = sl->state == SLOT_WAITING ? ar->start_us : sl->stall_from_us;
         if (now > last + limit)
             drop_sender(ar, j, AP_ETIMEDOUT,
                         sl->state == SLOT_WAITING ? "never connected" : "stalled");
@@ -1034,6 +1048,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.stall_min_us) o.stall_min_us = 1000000;
     if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
+    if (!o.max_lead_chunks) o.max_lead_chunks = UINT32_MAX;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
     if (sends) { /* branch-free so that it vectorises: it reads the whole vector */

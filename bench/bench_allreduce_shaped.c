@@ -1,0 +1,333 @@
+/* `apiary bench allreduce-shaped`: the butterfly all-reduce between real
+ * processes on shaped links (network namespaces, veth + htb: bench/netns.h),
+ * against the DeDLOC model's lower bound.
+ *
+ *   equal links:  4 and 8 peers at 100 Mbit/s up and down, 4 M floats;
+ *   hetero links: 1000/100/100/20 Mbit/s + a client-only peer at 100, 2 M
+ *                 floats, once with LP-balanced parts and once with equal
+ *                 parts (every member declares the same bandwidth).
+ *
+ * Metrics: shaped_round_over_bound {links: equal|hetero} = median round time
+ * / the LP bound computed with the links' measured TCP goodput (one plain
+ * TCP stream per link and direction, measured first in the same run) and the
+ * protocol's framing overhead (chunk header, mux frames, Noise tag + length:
+ * +0.08 % at 16 K-element chunks); shaped_balanced_speedup = equal-parts
+ * round / balanced round. Fields give the bound at the nominal rates too
+ * (over_nominal), the CPU seconds of all workers per round, payload MB per
+ * CPU second and the load average.
+ *
+ * Needs root and network namespaces; otherwise it prints why and reports
+ * nothing (exit 0). */
+#include "allreduce_netns.h"
+#include "bench.h"
+#include "netns.h"
+
+#include "apiary/averager.h"
+#include "apiary/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXP   16
+#define MBIT   1e6
+#define FRAME  1514.0 /* Ethernet frame of a full TCP segment */
+#define TCP_PL 1448.0 /* its payload (with timestamps) */
+
+/* Wire bytes per payload byte above TCP: the chunk header (12 B) and the mux
+ * START length (4 B) per chunk, a mux frame header (8 B) per 32 KiB, the
+ * Noise tag + length prefix (18 B) per 65,519 B. */
+static double framing_overhead(uint32_t chunk_elems)
+{
+    double cb = 4.0 * chunk_elems;
+    return (1 + 16 / cb) * (1 + 8 / 32768.0) * (1 + 18 / 65519.0);
+}
+
+/* The LP bound (s) for elems float32 with links up/down (bytes/s of payload). */
+static double lp_bound(size_t n, const ap_avg_role_t *roles, const double *up, const double *down,
+                       uint64_t elems)
+{
+    ap_avg_bw_t bw[MAXP];
+    double sh[MAXP], t;
+    for (size_t i = 0; i < n; i++) bw[i] = (ap_avg_bw_t){roles[i], up[i], down[i]};
+    if (ap_avg_balance(bw, n, NULL, sh, &t)) return -1;
+    return t * (double)elems * 4;
+}
+
+static double load1(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* JSON-safe copy (quotes, backslashes and control characters become ' '). */
+static void json_safe(char *dst, size_t n, const char *src)
+{
+    size_t k = 0;
+    for (; src[k] && k + 1 < n; k++) {
+        char ch = src[k];
+        dst[k] = (ch == '"' || ch == '\\' || (unsigned char)ch < 0x20) ? ' ' : ch;
+    }
+    dst[k] = 0;
+}
+
+typedef struct series {
+    double median_s, cpu_s, mb_per_cpu_s;
+    int rounds;
+} series_t;
+
+/* warmup + rounds rounds; the median of the measured ones. -1 on failure
+ * (message printed). */
+static uint32_t g_chunk = 16384; /* --chunk */
+static uint32_t g_lead = 4;      /* --lead: pacing of the measured runs (0 = unpaced) */
+
+static int run_series(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, uint64_t elems,
+                      int warmup, int rounds, uint32_t lead, series_t *out)
+{
+    ap_arns_opts_t o = {.elems = elems,
+                        .max_lead_chunks = lead,
+                        .chunk_elems = g_chunk,
+                        .codec = AP_AVG_CODEC_F32,
+                        /* equal-parts runs declare bandwidths the links do not
+                         * have: a long deadline lets them finish */
+                        .deadline_factor = 50,
+                        .connect_grace_us = 10000000,
+                        .stall_min_us = 3000000,
+                        .rounds = warmup + rounds};
+    ap_arns_round_t res[64];
+    char why[300];
+    int rc = ap_arns_run(ns, peers, n, &o, res, why, sizeof why);
+    if (rc) {
+        fprintf(stderr, "allreduce-shaped: %s (%s)\n", why, ap_err_name(rc));
+        return -1;
+    }
+    double t[64], cpu = 0, bytes = 0;
+    for (int r = 0; r < warmup + rounds; r++) {
+        if (res[r].status || !res[r].exact || res[r].min_fraction != 1.0) {
+            fprintf(stderr, "allreduce-shaped: round %d failed: status %s, fraction %.4f: %s\n", r,
+                    ap_err_name(res[r].status), res[r].min_fraction, res[r].why);
+            return -1;
+        }
+        if (r < warmup) continue;
+        t[r - warmup] = res[r].round_s;
+        cpu += res[r].cpu_s;
+        bytes += (double)res[r].payload_bytes;
+    }
+    qsort(t, (size_t)rounds, sizeof t[0], cmp_double);
+    out->median_s = rounds % 2 ? t[rounds / 2] : (t[rounds / 2 - 1] + t[rounds / 2]) / 2;
+    out->cpu_s = cpu / rounds;
+    out->mb_per_cpu_s = cpu > 0 ? bytes / 1e6 / cpu : 0;
+    out->rounds = rounds;
+    return 0;
+}
+
+typedef struct links_meas {
+    double up[MAXP], down[MAXP]; /* bytes/s of TCP payload */
+    double worst_ratio;          /* min over links of goodput / (rate·1448/1514) */
+} links_meas_t;
+
+/* Measures the links and checks that the shaping holds: no link may carry
+ * more than 5 % above its rate's TCP payload share. */
+static int measure_links(ap_netns_t *ns, const ap_netns_link_t *links, size_t n, double seconds,
+                         links_meas_t *m)
+{
+    char why[300];
+    int rc = ap_netns_measure(ns, seconds, m->up, m->down, why, sizeof why);
+    if (rc) {
+        fprintf(stderr, "allreduce-shaped: measuring the links: %s\n", why);
+        return -1;
+    }
+    m->worst_ratio = 10;
+    for (size_t i = 0; i < n; i++) {
+        double ru = m->up[i] / (links[i].up_bps / 8 * TCP_PL / FRAME);
+        double rd = m->down[i] / (links[i].down_bps / 8 * TCP_PL / FRAME);
+        fprintf(stderr,
+                "allreduce-shaped: host %zu TCP goodput up %.1f Mbit/s (%.3f of %.0f), down %.1f "
+                "Mbit/s (%.3f of %.0f)\n",
+                i, m->up[i] * 8 / MBIT, ru, links[i].up_bps / MBIT, m->down[i] * 8 / MBIT, rd,
+                links[i].down_bps / MBIT);
+        if (ru > 1.05 || rd > 1.05) {
+            fprintf(stderr, "allreduce-shaped: host %zu's link is not shaped as asked\n", i);
+            return -1;
+        }
+        if (ru < m->worst_ratio) m->worst_ratio = ru;
+        if (rd < m->worst_ratio) m->worst_ratio = rd;
+    }
+    if (m->worst_ratio < 0.8)
+        fprintf(stderr,
+                "allreduce-shaped: a link carries %.0f %% of its rate (CPU-bound on this host?); "
+                "the bound uses the measured goodput\n",
+                m->worst_ratio * 100);
+    return 0;
+}
+
+typedef struct scenario {
+    const char *links;
+    size_t n;
+    ap_avg_role_t role[MAXP];
+    double up_mbit[MAXP], down_mbit[MAXP];
+    uint64_t elems;
+    bool equal_parts_too; /* also run with equal declared bandwidths */
+} scenario_t;
+
+static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int rounds,
+                        double measure_s)
+{
+    size_t n = s->n;
+    ap_netns_link_t links[MAXP];
+    for (size_t i = 0; i < n; i++)
+        links[i] = (ap_netns_link_t){s->up_mbit[i] * MBIT, s->down_mbit[i] * MBIT};
+    ap_netns_t *ns;
+    char why[300];
+    int rc = ap_netns_new(n, links, &ns, why, sizeof why);
+    if (rc) {
+        fprintf(stderr, "allreduce-shaped: namespaces: %s\n", why);
+        return -1;
+    }
+    int ret = -1;
+    links_meas_t m;
+    if (measure_links(ns, links, n, measure_s, &m)) goto out;
+
+    double ovh = framing_overhead(g_chunk);
+    double mu[MAXP], md[MAXP], nu[MAXP], nd[MAXP];
+    for (size_t i = 0; i < n; i++) {
+        mu[i] = m.up[i] / ovh;
+        md[i] = m.down[i] / ovh;
+        nu[i] = links[i].up_bps / 8;
+        nd[i] = links[i].down_bps / 8;
+    }
+    double bound = lp_bound(n, s->role, mu, md, s->elems);
+    double bound_nom = lp_bound(n, s->role, nu, nd, s->elems);
+    if (bound <= 0 || bound_nom <= 0) goto out;
+
+    ap_arns_peer_t peers[MAXP];
+    for (size_t i = 0; i < n; i++) peers[i] = (ap_arns_peer_t){s->role[i], nu[i], nd[i]};
+    series_t bal, unp = {0};
+    if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &bal)) goto out;
+    if (g_lead && run_series(ns, peers, n, s->elems, warmup, rounds, 0, &unp)) goto out;
+    char f[800];
+    snprintf(f, sizeof f,
+             "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"chunk_elems\":%u,"
+             "\"max_lead_chunks\":%u,\"rounds\":%d,\"round_s\":%.4f,"
+             "\"bound_s\":%.4f,\"bound_nominal_s\":%.4f,\"over_nominal\":%.4f,"
+             "\"unpaced_round_s\":%.4f,\"unpaced_over_bound\":%.4f,"
+             "\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,\"cpu_s_per_round\":%.3f,"
+             "\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
+             s->links, n, (unsigned long long)s->elems, g_chunk, g_lead, bal.rounds, bal.median_s,
+             bound, bound_nom, bal.median_s / bound_nom, g_lead ? unp.median_s : bal.median_s,
+             (g_lead ? unp.median_s : bal.median_s) / bound, m.worst_ratio, ovh, bal.cpu_s,
+             bal.mb_per_cpu_s, load1());
+    ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
+
+    if (s->equal_parts_too) {
+        for (size_t i = 0; i < n; i++) peers[i].decl_up = peers[i].decl_down = 12.5e6;
+        series_t eq;
+        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &eq)) goto out;
+        snprintf(f, sizeof f,
+                 "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"rounds\":%d,"
+                 "\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,\"equal_parts_cpu_s\":%.3f,"
+                 "\"load1\":%.2f",
+                 s->links, n, (unsigned long long)s->elems, eq.rounds, eq.median_s, bal.median_s,
+                 eq.cpu_s, load1());
+        ap_bench_report(c, "shaped_balanced_speedup", eq.median_s / bal.median_s, "x", f);
+    }
+    ret = 0;
+out:
+    ap_netns_free(ns);
+    return ret;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: apiary bench allreduce-shaped [--part equal|equal8|hetero|all] "
+                    "[--rounds R] [--elems N] [--chunk ELEMS] [--lead CHUNKS]\n");
+}
+
+static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
+{
+    const char *part = "all";
+    int rounds = c->quick ? 1 : 3, warmup = 1;
+    uint64_t elems_override = 0;
+    for (int k = 1; k < argc; k++) { /* argv[0] is the bench name */
+        if (!strcmp(argv[k], "--part") && k + 1 < argc)
+            part = argv[++k];
+        else if (!strcmp(argv[k], "--rounds") && k + 1 < argc)
+            rounds = atoi(argv[++k]);
+        else if (!strcmp(argv[k], "--lead") && k + 1 < argc)
+            g_lead = (uint32_t)strtoul(argv[++k], NULL, 10);
+        else if (!strcmp(argv[k], "--chunk") && k + 1 < argc)
+            g_chunk = (uint32_t)strtoul(argv[++k], NULL, 10);
+        else if (!strcmp(argv[k], "--elems") && k + 1 < argc)
+            elems_override = strtoull(argv[++k], NULL, 10);
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (rounds < 1 || rounds > 32 || g_chunk < 256 || g_chunk > (1u << 20)) {
+        usage();
+        return 2;
+    }
+    char why[300];
+    int rc = ap_netns_probe(why, sizeof why);
+    if (rc) {
+        char safe[300];
+        json_safe(safe, sizeof safe, why);
+        fprintf(stderr, "allreduce-shaped: skipped: %s\n", safe);
+        if (c->json)
+            printf("{\"bench\":\"%s\",\"skipped\":true,\"reason\":\"%s\"}\n", c->name, safe);
+        return 0;
+    }
+    ap_log_set_level(AP_LOG_ERROR);
+    uint64_t big = c->quick ? (1u << 19) : (1u << 22);
+    double measure_s = c->quick ? 1.0 : 2.0;
+    scenario_t equal4 = {.links = "equal",
+                         .n = 4,
+                         .role = {AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL},
+                         .up_mbit = {100, 100, 100, 100},
+                         .down_mbit = {100, 100, 100, 100},
+                         .elems = elems_override ? elems_override : big};
+    scenario_t equal8 = equal4;
+    equal8.n = 8;
+    for (size_t i = 0; i < 8; i++) {
+        equal8.role[i] = AP_AVG_NORMAL;
+        equal8.up_mbit[i] = equal8.down_mbit[i] = 100;
+    }
+    scenario_t hetero = {
+        .links = "hetero",
+        .n = 5,
+        .role = {AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_NORMAL, AP_AVG_CLIENT},
+        .up_mbit = {1000, 100, 100, 20, 100},
+        .down_mbit = {1000, 100, 100, 20, 100},
+        .elems = elems_override ? elems_override : big / 2,
+        .equal_parts_too = true};
+    bool all = !strcmp(part, "all");
+    int fails = 0, ran = 0;
+    if (all || !strcmp(part, "equal"))
+        ran++, fails += run_scenario(c, &equal4, warmup, rounds, measure_s) != 0;
+    if ((all && !c->quick) || !strcmp(part, "equal8"))
+        ran++, fails += run_scenario(c, &equal8, warmup, rounds, measure_s) != 0;
+    if (all || !strcmp(part, "hetero"))
+        ran++, fails += run_scenario(c, &hetero, warmup, rounds, measure_s) != 0;
+    if (!ran) {
+        usage();
+        return 2;
+    }
+    return fails ? 1 : 0;
+}
+
+AP_BENCH(bench_allreduce_shaped_def, "allreduce-shaped", bench_allreduce_shaped,
+         "butterfly all-reduce between processes on htb-shaped veth links (netns, root): round "
+         "time vs the DeDLOC LP bound")
