@@ -386,14 +386,17 @@ struct lookup {
 };
 
 /* How many of the nearest live candidates must answer before a key is
- * settled: k, for gets, node lookups and stores alike. Stores used to settle
- * at 2 * num_replicas answers, which is cheaper but at N = 3,000 sometimes
- * placed a record away from the key's true nearest nodes, where the getters'
- * beams never looked (bench dht --nodes 3000: 0.993 no-fault success, 1.000
- * with a beam of k; docs/dht.md). */
+ * settled: k for gets and node lookups; 2 * num_replicas for stores, whose
+ * record goes to the num_replicas nearest of those. (With every node's id
+ * wrong — fixed in 2a608ee — stores needed a beam of k at N = 3,000; with
+ * correct ids 2 * num_replicas places every record on its key's true nearest
+ * nodes: test_store_get, bench dht at N = 1,000 and 10,000, docs/dht.md.) */
 static int lk_beam(const lookup_t *lk)
 {
-    return lk->dht->cfg.k;
+    int k = lk->dht->cfg.k;
+    if (lk->kind == LK_STORE && 2 * lk->dht->cfg.num_replicas < k)
+        return 2 * lk->dht->cfg.num_replicas;
+    return k;
 }
 
 static int cand_cap(const ap_dht_t *dht)
