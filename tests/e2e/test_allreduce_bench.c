@@ -8,6 +8,7 @@
  * rounding for none, within fp16's error bound (data and result rounded) for fp16; every receiver
  * must hold the same bytes. No timing is asserted. */
 #include "aptest.h"
+#include "procs.h"
 
 #include "../../bench/allreduce_procs.h"
 
@@ -17,12 +18,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static const char *cli(void)
-{
-    const char *c = getenv("APIARY_CLI");
-    return c ? c : "./apiary";
-}
 
 static uint64_t elems(void)
 {
@@ -37,7 +32,7 @@ static int run_bench(const char *args, const char *dump, int *nlines)
     snprintf(cmd, sizeof cmd,
              "'%s' bench allreduce --json --no-gloo --elems %llu --rounds 2 --warmup 1 "
              "--dump-dir '%s' --timeout 240 %s",
-             cli(), (unsigned long long)elems(), dump, args);
+             ap_test_cli(), (unsigned long long)elems(), dump, args);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     char line[2048];

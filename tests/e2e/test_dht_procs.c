@@ -2,6 +2,7 @@
  * + Noise), stores and gets through the one-shot CLI tools, one node killed
  * with SIGKILL mid-run, clean shutdown of the rest on SIGTERM. */
 #include "aptest.h"
+#include "procs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,12 +21,6 @@ typedef struct proc {
     char addr[256];
 } proc_t;
 
-static const char *cli(void)
-{
-    const char *c = getenv("APIARY_CLI");
-    return c ? c : "./apiary";
-}
-
 /* Starts `apiary dht` with extra args; reads its stdout until the shared
  * multiaddr line appears (or the process dies). */
 static int start_node(proc_t *p, const char *initial)
@@ -41,10 +36,11 @@ static int start_node(proc_t *p, const char *initial)
         close(fds[0]);
         close(fds[1]);
         if (initial)
-            execl(cli(), cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", "--initial-peers",
-                  initial, (char *)NULL);
+            execl(ap_test_cli(), ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0",
+                  "--initial-peers", initial, (char *)NULL);
         else
-            execl(cli(), cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", (char *)NULL);
+            execl(ap_test_cli(), ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0",
+                  (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -78,11 +74,11 @@ static int run_tool(char *out, size_t cap, const char *const *args)
         close(fds[1]);
         const char *argv[16];
         int n = 0;
-        argv[n++] = cli();
+        argv[n++] = ap_test_cli();
         argv[n++] = "dht";
         for (int i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
         argv[n] = NULL;
-        execv(cli(), (char *const *)argv);
+        execv(ap_test_cli(), (char *const *)argv);
         _exit(127);
     }
     close(fds[1]);

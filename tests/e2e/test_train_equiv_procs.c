@@ -15,6 +15,7 @@
  *    slowdown (rounds back to back, the case where checkpoints used to
  *    starve) write a checkpoint every epoch; a peer resumes from one. */
 #include "aptest.h"
+#include "procs.h"
 
 #include "apiary/nn.h"
 #include "apiary/nn_optim.h"
@@ -34,68 +35,16 @@
 #define B      8
 #define EPOCHS 8
 
-static const char *cli(void)
-{
-    const char *c = getenv("APIARY_CLI");
-    return c ? c : "./apiary";
-}
-
-static pid_t spawn_log(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(cli(), argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static bool grep_file(const char *path, const char *needle, char *out, size_t n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    char line[1024];
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle)) {
-            if (out) snprintf(out, n, "%s", line);
-            found = true;
-        }
-    fclose(f);
-    return found;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int wait_exit(pid_t pid, int seconds)
-{
-    for (int i = 0; i < seconds * 10; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-        sleep_ms(100);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
 static pid_t start_boot(const char *dir, char *addr, size_t n)
 {
     char blog[256], line[1024];
     snprintf(blog, sizeof blog, "%s/boot.log", dir);
-    char *bargv[] = {(char *)cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    pid_t boot = spawn_log(bargv, blog);
+    char *bargv[] = {(char *)ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
+    pid_t boot = ap_test_spawn_log(bargv, blog);
     addr[0] = 0;
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        sleep_ms(100);
-        if (grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_test_sleep_ms(100);
+        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, n, "%s", strstr(line, "/ip4/"));
         }
@@ -158,7 +107,7 @@ static void test_equivalence_processes(void **state)
     char slog[256], sck[256];
     snprintf(slog, sizeof slog, "%s/single.log", dir);
     snprintf(sck, sizeof sck, "%s/single", dir);
-    char *sv[] = {(char *)cli(),
+    char *sv[] = {(char *)ap_test_cli(),
                   "train",
                   "--run-id",
                   "equiv-single",
@@ -181,7 +130,7 @@ static void test_equivalence_processes(void **state)
                   "--checkpoint-dir",
                   sck,
                   NULL};
-    pid_t single = spawn_log(sv, slog);
+    pid_t single = ap_test_spawn_log(sv, slog);
 
     /* the collaboration: 4 peers, one batch of b each per epoch */
     char logs[NPEERS][256], cks[NPEERS][256], shard[NPEERS][16];
@@ -190,7 +139,7 @@ static void test_equivalence_processes(void **state)
         snprintf(logs[i], sizeof logs[i], "%s/peer%d.log", dir, i);
         snprintf(cks[i], sizeof cks[i], "%s/peer%d", dir, i);
         snprintf(shard[i], sizeof shard[i], "%d/%d", i, NPEERS);
-        char *av[] = {(char *)cli(),
+        char *av[] = {(char *)ap_test_cli(),
                       "train",
                       "--run-id",
                       "equiv",
@@ -221,27 +170,27 @@ static void test_equivalence_processes(void **state)
                       "--log-level",
                       "info",
                       NULL};
-        pids[i] = spawn_log(av, logs[i]);
+        pids[i] = ap_test_spawn_log(av, logs[i]);
     }
-    assert_int_equal(wait_exit(single, 120), 0);
-    for (int i = 0; i < NPEERS; i++) assert_int_equal(wait_exit(pids[i], 120), 0);
+    assert_int_equal(ap_test_wait_exit(single, 120), 0);
+    for (int i = 0; i < NPEERS; i++) assert_int_equal(ap_test_wait_exit(pids[i], 120), 0);
     kill(boot, SIGTERM);
-    wait_exit(boot, 10);
+    ap_test_wait_exit(boot, 10);
 
     /* every epoch of every peer: a complete group of 4 averaging exactly 4·b */
     for (int i = 0; i < NPEERS; i++) {
-        assert_true(grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
         print_message("peer%d %s", i, line);
         assert_non_null(strstr(line, "partial epochs 0 "));
         /* a download at start-up (epoch 0: the same initialisation) is
          * harmless; none later (no peer fell behind or missed a group) */
-        assert_false(grep_file(logs[i], "behind: epoch", NULL, 0));
-        assert_false(grep_file(logs[i], "missed the averaging group", NULL, 0));
+        assert_false(ap_test_grep_file(logs[i], "behind: epoch", NULL, 0));
+        assert_false(ap_test_grep_file(logs[i], "missed the averaging group", NULL, 0));
         for (int e = 1; e <= EPOCHS; e++) {
             char want[96];
             snprintf(want, sizeof want, "epoch %d reached (%d peers, %d samples)", e, NPEERS,
                      NPEERS * B);
-            if (!grep_file(logs[i], want, NULL, 0)) {
+            if (!ap_test_grep_file(logs[i], want, NULL, 0)) {
                 print_message("peer%d: no \"%s\" in %s\n", i, want, logs[i]);
                 fail();
             }
@@ -299,7 +248,7 @@ static void test_delayed_checkpoints_processes(void **state)
         snprintf(cks[i], sizeof cks[i], "%s/ck%d", dir, i);
         char seed[8];
         snprintf(seed, sizeof seed, "%d", i + 1);
-        char *av[] = {(char *)cli(),
+        char *av[] = {(char *)ap_test_cli(),
                       "train",
                       "--run-id",
                       "dckpt",
@@ -325,29 +274,29 @@ static void test_delayed_checkpoints_processes(void **state)
                       "--checkpoint-dir",
                       cks[i],
                       NULL};
-        pids[i] = spawn_log(av, logs[i]);
+        pids[i] = ap_test_spawn_log(av, logs[i]);
     }
-    for (int i = 0; i < 2; i++) assert_int_equal(wait_exit(pids[i], 90), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(ap_test_wait_exit(pids[i], 90), 0);
     unsigned long long saved = 0;
     for (int i = 0; i < 2; i++) {
-        assert_true(grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
         print_message("peer%d %s", i, line);
         /* a checkpoint per epoch (plus one at exit), not starved */
         int n = 0;
         for (int e = 1; e <= 6; e++) {
             char want[64];
             snprintf(want, sizeof want, "checkpoint: epoch %d saved", e);
-            n += grep_file(logs[i], want, NULL, 0);
+            n += ap_test_grep_file(logs[i], want, NULL, 0);
         }
         print_message("peer%d: %d of 6 epochs checkpointed\n", i, n);
         assert_true(n >= 5);
-        assert_true(grep_file(logs[i], "(at exit)", line, sizeof line));
+        assert_true(ap_test_grep_file(logs[i], "(at exit)", line, sizeof line));
         assert_int_equal(sscanf(strstr(line, "epoch"), "epoch %llu", &saved), 1);
         assert_true(saved >= 6);
     }
     /* resume from peer 0's checkpoint, alone, two more epochs */
     snprintf(logs[2], sizeof logs[2], "%s/resume.log", dir);
-    char *rv[] = {(char *)cli(),
+    char *rv[] = {(char *)ap_test_cli(),
                   "train",
                   "--run-id",
                   "dckpt-resume",
@@ -374,16 +323,16 @@ static void test_delayed_checkpoints_processes(void **state)
     snprintf(from, sizeof from, "%s/dckpt.ckpt", cks[0]);
     snprintf(to, sizeof to, "%s/dckpt-resume.ckpt", cks[0]);
     assert_int_equal(link(from, to), 0);
-    pid_t r = spawn_log(rv, logs[2]);
-    assert_int_equal(wait_exit(r, 90), 0);
-    assert_true(grep_file(logs[2], "resumed from", line, sizeof line));
+    pid_t r = ap_test_spawn_log(rv, logs[2]);
+    assert_int_equal(ap_test_wait_exit(r, 90), 0);
+    assert_true(ap_test_grep_file(logs[2], "resumed from", line, sizeof line));
     print_message("%s", line);
     unsigned long long at = 0;
     assert_int_equal(sscanf(strstr(line, "at epoch"), "at epoch %llu", &at), 1);
     assert_int_equal(at, saved);
-    assert_true(grep_file(logs[2], "summary: epochs 8", NULL, 0));
+    assert_true(ap_test_grep_file(logs[2], "summary: epochs 8", NULL, 0));
     kill(boot, SIGTERM);
-    wait_exit(boot, 10);
+    ap_test_wait_exit(boot, 10);
 }
 
 int main(void)

@@ -4,6 +4,7 @@
  * downloading the state; a peer resumes from its checkpoint, and a
  * checkpoint of another model is refused while training goes on. */
 #include "aptest.h"
+#include "procs.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,58 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *cli(void)
-{
-    const char *c = getenv("APIARY_CLI");
-    return c ? c : "./apiary";
-}
-
-static pid_t spawn_log(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(cli(), argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static bool grep_file(const char *path, const char *needle, char *out, size_t n)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    char line[1024];
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle)) {
-            if (out) snprintf(out, n, "%s", line);
-            found = true;
-        }
-    fclose(f);
-    return found;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int wait_exit(pid_t pid, int seconds)
-{
-    for (int i = 0; i < seconds * 10; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-        sleep_ms(100);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
 static void test_train_processes(void **state)
 {
     (void)state;
@@ -74,11 +23,11 @@ static void test_train_processes(void **state)
     assert_non_null(mkdtemp(dir));
     char blog[256], addr[512] = "", line[1024];
     snprintf(blog, sizeof blog, "%s/boot.log", dir);
-    char *bargv[] = {(char *)cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    pid_t boot = spawn_log(bargv, blog);
+    char *bargv[] = {(char *)ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
+    pid_t boot = ap_test_spawn_log(bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        sleep_ms(100);
-        if (grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_test_sleep_ms(100);
+        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
         }
@@ -92,7 +41,7 @@ static void test_train_processes(void **state)
         snprintf(logs[i], sizeof logs[i], "%s/peer%d.log", dir, i);
         char seed[8];
         snprintf(seed, sizeof seed, "%d", i + 1);
-        char *av[] = {(char *)cli(),
+        char *av[] = {(char *)ap_test_cli(),
                       "train",
                       "--run-id",
                       "e2e",
@@ -121,15 +70,16 @@ static void test_train_processes(void **state)
                       NULL};
         if (i == 2) {
             /* the latecomer joins once the others are a few epochs in */
-            for (int w = 0; w < 300 && !grep_file(logs[0], "epoch 3 ", NULL, 0); w++) sleep_ms(100);
+            for (int w = 0; w < 300 && !ap_test_grep_file(logs[0], "epoch 3 ", NULL, 0); w++)
+                ap_test_sleep_ms(100);
         }
-        pids[i] = spawn_log(av, logs[i]);
-        if (i == 0) sleep_ms(500);
+        pids[i] = ap_test_spawn_log(av, logs[i]);
+        if (i == 0) ap_test_sleep_ms(500);
     }
-    for (int i = 0; i < 3; i++) assert_int_equal(wait_exit(pids[i], 90), 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(ap_test_wait_exit(pids[i], 90), 0);
     unsigned long long ep[3] = {0};
     for (int i = 0; i < 3; i++) {
-        assert_true(grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
         assert_int_equal(sscanf(strstr(line, "epochs"), "epochs %llu", &ep[i]), 1);
         print_message("peer%d %s", i, line);
     }
@@ -137,14 +87,14 @@ static void test_train_processes(void **state)
     /* The latecomer caught up by downloading state: at start-up ("caught up: loaded
      * epoch ...") or, when the donors were busy then, as a laggard later on. */
     unsigned long long loads = 0;
-    assert_true(grep_file(logs[2], "summary:", line, sizeof line));
+    assert_true(ap_test_grep_file(logs[2], "summary:", line, sizeof line));
     assert_non_null(strstr(line, "state loads"));
     assert_int_equal(sscanf(strstr(line, "state loads"), "state loads %llu", &loads), 1);
     assert_true(loads >= 1);
 
     /* resume from the checkpoint */
     snprintf(logs[3], sizeof logs[3], "%s/resume.log", dir);
-    char *rv[] = {(char *)cli(),
+    char *rv[] = {(char *)ap_test_cli(),
                   "train",
                   "--run-id",
                   "e2e",
@@ -163,11 +113,11 @@ static void test_train_processes(void **state)
                   "--checkpoint-dir",
                   ck,
                   NULL};
-    pids[3] = spawn_log(rv, logs[3]);
-    assert_int_equal(wait_exit(pids[3], 60), 0);
-    assert_true(grep_file(logs[3], "resumed from", line, sizeof line));
+    pids[3] = ap_test_spawn_log(rv, logs[3]);
+    assert_int_equal(ap_test_wait_exit(pids[3], 60), 0);
+    assert_true(ap_test_grep_file(logs[3], "resumed from", line, sizeof line));
     /* a GPT reading the MLP's checkpoint refuses it and trains on */
-    char *gv[] = {(char *)cli(),
+    char *gv[] = {(char *)ap_test_cli(),
                   "train",
                   "--run-id",
                   "e2e",
@@ -186,12 +136,12 @@ static void test_train_processes(void **state)
                   "--checkpoint-dir",
                   ck,
                   NULL};
-    pids[3] = spawn_log(gv, logs[3]);
-    assert_int_equal(wait_exit(pids[3], 60), 0);
-    assert_true(grep_file(logs[3], "refused", NULL, 0));
-    assert_true(grep_file(logs[3], "summary: epochs 1", NULL, 0));
+    pids[3] = ap_test_spawn_log(gv, logs[3]);
+    assert_int_equal(ap_test_wait_exit(pids[3], 60), 0);
+    assert_true(ap_test_grep_file(logs[3], "refused", NULL, 0));
+    assert_true(ap_test_grep_file(logs[3], "summary: epochs 1", NULL, 0));
     kill(boot, SIGTERM);
-    wait_exit(boot, 10);
+    ap_test_wait_exit(boot, 10);
 }
 
 int main(void)
