@@ -41,4 +41,15 @@ void ap_bench_report_vs(ap_bench_ctx_t *c, const char *metric, double value, con
 /* Monotonic seconds, for timing. */
 double ap_bench_now(void);
 
+/* A python3 for a baseline: the first of $APIARY_PYTHON, python3,
+ * /usr/bin/python3 for which `python -c check` succeeds (check: Python code
+ * without single quotes, e.g. "import torch"). NULL if none; the result is a
+ * static buffer shared by all callers. */
+const char *ap_bench_python(const char *check);
+
+/* Path of a script shipped in bench/ (name, e.g. "nn_torch.py"): under
+ * $APIARY_SRC/bench, beside this source tree's bench/, or ./bench. NULL if
+ * not found; a static buffer shared by all callers. */
+const char *ap_bench_script(const char *name);
+
 #endif

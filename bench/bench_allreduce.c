@@ -67,44 +67,6 @@ static double load1(void)
     return l;
 }
 
-/* A python3 that imports torch: $APIARY_PYTHON, python3, /usr/bin/python3. */
-static const char *torch_python(void)
-{
-    static char found[512];
-    const char *cands[] = {getenv("APIARY_PYTHON"), "python3", "/usr/bin/python3"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!cands[i] || !*cands[i] || strchr(cands[i], '\'')) continue;
-        char cmd[700];
-        snprintf(cmd, sizeof cmd,
-                 "'%s' -c 'import torch.distributed as d; assert d.is_gloo_available()' "
-                 ">/dev/null 2>&1",
-                 cands[i]);
-        if (system(cmd) == 0) {
-            snprintf(found, sizeof found, "%s", cands[i]);
-            return found;
-        }
-    }
-    return NULL;
-}
-
-static const char *gloo_script(void)
-{
-    static char path[4096];
-    const char *src = getenv("APIARY_SRC");
-    if (src && *src) {
-        snprintf(path, sizeof path, "%s/bench/allreduce_gloo.py", src);
-        if (access(path, R_OK) == 0) return path;
-    }
-    const char *self = __FILE__, *tail = "bench_allreduce.c";
-    size_t n = strlen(self), k = strlen(tail);
-    if (n > k && n - k < sizeof path - 32) {
-        snprintf(path, sizeof path, "%.*sallreduce_gloo.py", (int)(n - k), self);
-        if (access(path, R_OK) == 0) return path;
-    }
-    snprintf(path, sizeof path, "bench/allreduce_gloo.py");
-    return access(path, R_OK) == 0 ? path : NULL;
-}
-
 /* Median round time of gloo's all_reduce, or 0 if it failed. */
 static double run_gloo(const char *py, const char *script, int peers, uint64_t elems, int rounds,
                        int warmup, double *cpu)
@@ -270,8 +232,9 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
     }
     const char *py = NULL, *script = NULL;
     if (gloo) {
-        script = gloo_script();
-        py = script ? torch_python() : NULL;
+        script = ap_bench_script("allreduce_gloo.py");
+        py = script ? ap_bench_python("import torch.distributed as d; assert d.is_gloo_available()")
+                    : NULL;
         if (!py)
             fprintf(stderr,
                     "bench allreduce: PyTorch with gloo not importable%s; no gloo "

@@ -49,41 +49,6 @@ static int train_step(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok, co
     return ap_nn_optim_step(o, p->data, p->grad, 1e-4f);
 }
 
-/* Finds a python3 that imports torch: $APIARY_PYTHON, python3, /usr/bin/python3. */
-static const char *torch_python(void)
-{
-    static char found[512];
-    const char *cands[] = {getenv("APIARY_PYTHON"), "python3", "/usr/bin/python3"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!cands[i] || !*cands[i] || strchr(cands[i], '\'')) continue;
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", cands[i]);
-        if (system(cmd) == 0) {
-            snprintf(found, sizeof found, "%s", cands[i]);
-            return found;
-        }
-    }
-    return NULL;
-}
-
-static const char *torch_script(void)
-{
-    static char path[4096];
-    const char *src = getenv("APIARY_SRC");
-    if (src && *src) {
-        snprintf(path, sizeof path, "%s/bench/nn_torch.py", src);
-        if (access(path, R_OK) == 0) return path;
-    }
-    const char *self = __FILE__, *tail = "bench_nn.c";
-    size_t n = strlen(self), k = strlen(tail);
-    if (n > k && n - k < sizeof path - 16) {
-        snprintf(path, sizeof path, "%.*snn_torch.py", (int)(n - k), self);
-        if (access(path, R_OK) == 0) return path;
-    }
-    snprintf(path, sizeof path, "bench/nn_torch.py");
-    return access(path, R_OK) == 0 ? path : NULL;
-}
-
 /* Runs the PyTorch baseline under each of a few thread-runtime settings and
  * keeps the best, so the baseline is not handicapped by its defaults: on a
  * shared 2-core machine OpenMP's spinning workers (GOMP active wait) and
@@ -211,8 +176,8 @@ static int bench_nn(ap_bench_ctx_t *c, int argc, char **argv)
         }
     }
     int threads = ap__pool_size(ap__pool_global()) + 1;
-    const char *py = torch && !c->quick ? torch_python() : NULL;
-    const char *script = py ? torch_script() : NULL;
+    const char *py = torch && !c->quick ? ap_bench_python("import torch") : NULL;
+    const char *script = py ? ap_bench_script("nn_torch.py") : NULL;
     if (torch && !c->quick && !(py && script))
         fprintf(stderr, "bench nn: PyTorch not importable (apt-get install python3-torch); "
                         "reporting apiary only\n");

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_BENCH 64
 static const ap_bench_t *benches[MAX_BENCH];
@@ -115,3 +116,40 @@ static int bench_main(int argc, char **argv)
 }
 
 AP_CLI_COMMAND(cmd_bench, "bench", bench_main, "run a benchmark (apiary bench --help)")
+
+const char *ap_bench_python(const char *check)
+{
+    static char found[512];
+    if (!check || strchr(check, '\'')) return NULL;
+    const char *cands[] = {getenv("APIARY_PYTHON"), "python3", "/usr/bin/python3"};
+    for (size_t i = 0; i < 3; i++) {
+        if (!cands[i] || !*cands[i] || strchr(cands[i], '\'') || strlen(cands[i]) >= sizeof found)
+            continue;
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", cands[i], check);
+        if (system(cmd) == 0) {
+            snprintf(found, sizeof found, "%s", cands[i]);
+            return found;
+        }
+    }
+    return NULL;
+}
+
+const char *ap_bench_script(const char *name)
+{
+    static char path[4096];
+    const char *src = getenv("APIARY_SRC");
+    if (src && *src) {
+        snprintf(path, sizeof path, "%s/bench/%s", src, name);
+        if (access(path, R_OK) == 0) return path;
+    }
+    /* this file is tools/apiary/cmd_bench.c: the tree's bench/ is ../../bench */
+    const char *self = __FILE__, *tail = "tools/apiary/cmd_bench.c";
+    size_t n = strlen(self), k = strlen(tail);
+    if (n >= k && !strcmp(self + n - k, tail)) {
+        snprintf(path, sizeof path, "%.*sbench/%s", (int)(n - k), self, name);
+        if (access(path, R_OK) == 0) return path;
+    }
+    snprintf(path, sizeof path, "bench/%s", name);
+    return access(path, R_OK) == 0 ? path : NULL;
+}
