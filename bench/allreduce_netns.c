@@ -34,32 +34,6 @@ typedef struct wreport {
     char why[200];
 } wreport_t;
 
-static bool write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t w = write(fd, b, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        b += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-static bool read_all(int fd, void *p, size_t n)
-{
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return false;
-        b += r;
-        n -= (size_t)r;
-    }
-    return true;
-}
-
 static float value(size_t member, uint64_t k)
 {
     return (float)(((k * 2654435761u) >> 7) % 1000 + member);
@@ -247,10 +221,10 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
     char addrs[1][AP_RT_ADDR_MAX];
     if (ap_rt_listen_addrs(rt, addrs, 1, false) < 1) return 13;
     snprintf(me.addr, sizeof me.addr, "%s", addrs[0]);
-    if (!write_all(to_parent, &me, sizeof me)) return 14;
+    if (!ap_netns_write_full(to_parent, &me, sizeof me)) return 14;
     hello_t *all = calloc(n, sizeof *all);
     ap_avg_member_t *mem = calloc(n, sizeof *mem);
-    if (!all || !mem || !read_all(from_parent, all, n * sizeof *all)) return 15;
+    if (!all || !mem || !ap_netns_read_full(from_parent, all, n * sizeof *all)) return 15;
     for (size_t j = 0; j < n; j++) {
         if (ap_peer_id_from_bytes(&mem[j].id, all[j].id, AP_PEER_ID_LEN)) return 16;
         mem[j].role = peers[j].role;
@@ -272,7 +246,7 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
     /* Between rounds the loop must keep running: when this member's round
      * is over, bytes it queued (the last results, CLOSE frames) may still sit
      * in its transport's write queue, and the others wait for them. */
-    while (wait_parent(h, from_parent) && read_all(from_parent, &r, sizeof r)) {
+    while (wait_parent(h, from_parent) && ap_netns_read_full(from_parent, &r, sizeof r)) {
         if (x)
             for (uint64_t k = 0; k < o->elems; k++) x[k] = value(i, k);
         ap_avg_group_t g = {.members = mem, .n = n};
@@ -313,7 +287,7 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
         if (tracing) trace_stop(&tr);
         rep.retrans = net_counter("snmp", "Tcp", "RetransSegs") - rt0;
         rep.timeouts = net_counter("netstat", "TcpExt", "TCPTimeouts") - to0;
-        if (!write_all(to_parent, &rep, sizeof rep)) break;
+        if (!ap_netns_write_full(to_parent, &rep, sizeof rep)) break;
     }
     free(x);
     free(all);
@@ -372,23 +346,23 @@ int ap_arns_run(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, const ap_
     hello_t *all = calloc(n, sizeof *all);
     if (!rc && !all) rc = AP_ENOMEM;
     for (size_t i = 0; i < started && !rc; i++)
-        if (!read_all(up[i][0], &all[i], sizeof all[i])) {
+        if (!ap_netns_read_full(up[i][0], &all[i], sizeof all[i])) {
             snprintf(why, wn, "worker %zu (namespace %s) did not start", i, ap_netns_name(ns, i));
             rc = AP_EIO;
         }
     for (size_t i = 0; i < started && !rc; i++)
-        if (!write_all(down[i][1], all, n * sizeof *all)) rc = AP_EIO;
+        if (!ap_netns_write_full(down[i][1], all, n * sizeof *all)) rc = AP_EIO;
     for (int r = 0; r < o->rounds && !rc; r++) {
         uint32_t ri = (uint32_t)r;
         for (size_t i = 0; i < n && !rc; i++)
-            if (!write_all(down[i][1], &ri, sizeof ri)) rc = AP_EIO;
+            if (!ap_netns_write_full(down[i][1], &ri, sizeof ri)) rc = AP_EIO;
         ap_arns_round_t *a = &out[r];
         memset(a, 0, sizeof *a);
         a->exact = true;
         a->min_fraction = 1;
         for (size_t i = 0; i < n && !rc; i++) {
             wreport_t rep;
-            if (!read_all(up[i][0], &rep, sizeof rep)) {
+            if (!ap_netns_read_full(up[i][0], &rep, sizeof rep)) {
                 snprintf(why, wn, "worker %zu died in round %d", i, r);
                 rc = AP_EIO;
                 break;

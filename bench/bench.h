@@ -41,6 +41,9 @@ void ap_bench_report_vs(ap_bench_ctx_t *c, const char *metric, double value, con
 /* Monotonic seconds, for timing. */
 double ap_bench_now(void);
 
+/* The 1-minute load average (/proc/loadavg), or -1. */
+double ap_bench_load1(void);
+
 /* A python3 for a baseline: the first of $APIARY_PYTHON, python3,
  * /usr/bin/python3 for which `python -c check` succeeds (check: Python code
  * without single quotes, e.g. "import torch"). NULL if none; the result is a

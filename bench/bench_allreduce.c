@@ -56,17 +56,6 @@ static int parse_codecs(const char *s, uint8_t *out, int max)
     return n;
 }
 
-static double load1(void)
-{
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1;
-        fclose(f);
-    }
-    return l;
-}
-
 /* Median round time of gloo's all_reduce, or 0 if it failed. */
 static double run_gloo(const char *py, const char *script, int peers, uint64_t elems, int rounds,
                        int warmup, double *cpu)
@@ -264,7 +253,7 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                     snprintf(f, sizeof f,
                              "\"peers\":%d,\"elems\":%llu,\"codec\":\"none\",\"round_s\":%.4f,"
                              "\"cpu_s\":%.3f,\"encrypted\":false,\"load1\":%.2f",
-                             P, (unsigned long long)E, gs, gcpu, load1());
+                             P, (unsigned long long)E, gs, gcpu, ap_bench_load1());
                     ap_bench_report(c, "gloo_busbw_MBps", gloo_bus, "MB/s", f);
                 } else {
                     fprintf(stderr, "bench allreduce: the gloo run (P=%d) failed\n", P);
@@ -293,7 +282,7 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                                     .roles = nroles ? roles : NULL,
                                     .extra_args = lenient,
                                     .dump_dir = dump_dir ? ddir : NULL};
-                double l1 = load1();
+                double l1 = ap_bench_load1();
                 static ap_arp_result_t res;
                 int rc = ap_arp_run(&cfg, &res);
                 if (rc || !res.verified) {

@@ -55,17 +55,6 @@ static double lp_bound(size_t n, const ap_avg_role_t *roles, const double *up, c
     return t * (double)elems * 4;
 }
 
-static double load1(void)
-{
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1;
-        fclose(f);
-    }
-    return l;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -228,7 +217,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
              s->links, n, (unsigned long long)s->elems, g_chunk, g_lead, bal.rounds, bal.median_s,
              bound, bound_nom, bal.median_s / bound_nom, g_lead ? unp.median_s : bal.median_s,
              (g_lead ? unp.median_s : bal.median_s) / bound, m.worst_ratio, ovh, bal.cpu_s,
-             bal.mb_per_cpu_s, load1());
+             bal.mb_per_cpu_s, ap_bench_load1());
     ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
 
     if (s->equal_parts_too) {
@@ -240,7 +229,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
                  "\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,\"equal_parts_cpu_s\":%.3f,"
                  "\"load1\":%.2f",
                  s->links, n, (unsigned long long)s->elems, eq.rounds, eq.median_s, bal.median_s,
-                 eq.cpu_s, load1());
+                 eq.cpu_s, ap_bench_load1());
         ap_bench_report(c, "shaped_balanced_speedup", eq.median_s / bal.median_s, "x", f);
     }
     ret = 0;

@@ -427,8 +427,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Writes all of p to a socket (sock) or a pipe. */
-static bool write_full(int fd, const void *p, size_t n)
+bool ap_netns_write_full(int fd, const void *p, size_t n)
 {
     const uint8_t *b = p;
     int type;
@@ -444,7 +443,7 @@ static bool write_full(int fd, const void *p, size_t n)
     return true;
 }
 
-static bool read_full(int fd, void *p, size_t n)
+bool ap_netns_read_full(int fd, void *p, size_t n)
 {
     uint8_t *b = p;
     while (n) {
@@ -463,7 +462,7 @@ static bool send_for(int fd, double seconds)
     static uint8_t buf[1 << 16];
     double end = now_s() + seconds;
     while (now_s() < end)
-        if (!write_full(fd, buf, sizeof buf)) return false;
+        if (!ap_netns_write_full(fd, buf, sizeof buf)) return false;
     return true;
 }
 
@@ -507,10 +506,10 @@ static void *hub_conn(void *p)
 {
     conn_arg_t *a = p;
     uint8_t cmd;
-    if (read_full(a->fd, &cmd, 1)) {
+    if (ap_netns_read_full(a->fd, &cmd, 1)) {
         if (cmd == 'U') {
             double r = recv_rate(a->fd, 0.2 * a->seconds);
-            write_full(a->fd, &r, sizeof r);
+            ap_netns_write_full(a->fd, &r, sizeof r);
         } else if (cmd == 'D') {
             send_for(a->fd, a->seconds);
         }
@@ -565,17 +564,17 @@ static int host_main(uint16_t port, double seconds, int out)
     int fd = dial(AP_NETNS_HUB_IP, port, seconds);
     if (fd >= 0) {
         uint8_t c = 'U';
-        if (write_full(fd, &c, 1) && send_for(fd, seconds) && shutdown(fd, SHUT_WR) == 0)
-            read_full(fd, &r[0], sizeof r[0]);
+        if (ap_netns_write_full(fd, &c, 1) && send_for(fd, seconds) && shutdown(fd, SHUT_WR) == 0)
+            ap_netns_read_full(fd, &r[0], sizeof r[0]);
         close(fd);
     }
     fd = dial(AP_NETNS_HUB_IP, port, seconds);
     if (fd >= 0) {
         uint8_t c = 'D';
-        if (write_full(fd, &c, 1)) r[1] = recv_rate(fd, 0.2 * seconds);
+        if (ap_netns_write_full(fd, &c, 1)) r[1] = recv_rate(fd, 0.2 * seconds);
         close(fd);
     }
-    return write_full(out, r, sizeof r) ? 0 : 1;
+    return ap_netns_write_full(out, r, sizeof r) ? 0 : 1;
 }
 
 int ap_netns_measure(ap_netns_t *ns, double seconds, double *up, double *down, char *why, size_t wn)
@@ -604,13 +603,13 @@ int ap_netns_measure(ap_netns_t *ns, double seconds, double *up, double *down, c
             listen(lfd, (int)(2 * n + 8)) == 0 &&
             getsockname(lfd, (struct sockaddr *)&sa, &sl) == 0)
             port = ntohs(sa.sin_port);
-        write_full(pp[1], &port, sizeof port);
+        ap_netns_write_full(pp[1], &port, sizeof port);
         close(pp[1]);
         _exit(port ? hub_main(lfd, n, seconds) : 1);
     }
     close(pp[1]);
     uint16_t port = 0;
-    if (!read_full(pp[0], &port, sizeof port) || port == 0) {
+    if (!ap_netns_read_full(pp[0], &port, sizeof port) || port == 0) {
         close(pp[0]);
         waitpid(hub, NULL, 0);
         snprintf(why, wn, "the hub's TCP sink did not start");
@@ -641,7 +640,7 @@ int ap_netns_measure(ap_netns_t *ns, double seconds, double *up, double *down, c
     for (size_t i = 0; i < n; i++) {
         double r[2] = {-1, -1};
         if (res[i][0] >= 0) {
-            if (pids[i] > 0 && !read_full(res[i][0], r, sizeof r)) r[0] = r[1] = -1;
+            if (pids[i] > 0 && !ap_netns_read_full(res[i][0], r, sizeof r)) r[0] = r[1] = -1;
             close(res[i][0]);
         }
         if (pids[i] > 0) waitpid(pids[i], NULL, 0);

@@ -49,6 +49,11 @@ typedef struct ap_netns_link {
  * or htb) and a reason in why (n bytes). */
 int ap_netns_probe(char *why, size_t n);
 
+/* Write / read exactly n bytes on a pipe or a socket (EINTR retried; a
+ * socket is written with MSG_NOSIGNAL). False on error or end of file. */
+bool ap_netns_write_full(int fd, const void *p, size_t n);
+bool ap_netns_read_full(int fd, void *p, size_t n);
+
 /* Creates the hub and n hosts (1..AP_NETNS_MAX_HOSTS) with links[i] (NULL =
  * all unshaped). On failure everything made so far is deleted, *out is NULL
  * and why holds the failing command and its output. */

@@ -153,3 +153,14 @@ const char *ap_bench_script(const char *name)
     snprintf(path, sizeof path, "bench/%s", name);
     return access(path, R_OK) == 0 ? path : NULL;
 }
+
+double ap_bench_load1(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
