@@ -46,25 +46,6 @@ static void usage(FILE *f)
            "  --log-level LEVEL    debug, info, warn (default), error, off\n");
 }
 
-int ap__cli_parse_count(const char *s, uint64_t *out);
-
-int ap__cli_parse_count(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s) return AP_EINVAL;
-    uint64_t mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1ull << 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1ull << 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1ull << 30, end++;
-    if (*end || v > UINT64_MAX / mul) return AP_EINVAL;
-    *out = v * mul;
-    return 0;
-}
-
 typedef struct wstate {
     ap_rt_t *rt;
     ap_avg_service_t *svc;
@@ -255,7 +236,7 @@ static int worker_main(int argc, char **argv)
             listen = optarg;
             break;
         case 'e':
-            if (ap__cli_parse_count(optarg, &elems) || !elems || elems > AP_AVG_MAX_ELEMS) {
+            if (ap_cli_count(optarg, &elems) || !elems || elems > AP_AVG_MAX_ELEMS) {
                 fprintf(stderr, "avg-worker: --elems needs 1..2^34 (e.g. 16M)\n");
                 return 2;
             }
@@ -266,31 +247,43 @@ static int worker_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'r':
-            rounds = atoi(optarg);
-            break;
-        case 'w':
-            warmup = atoi(optarg);
-            break;
-        case 's':
-            seed = (uint32_t)strtoul(optarg, NULL, 10);
-            break;
+        case 'r': {
+            long long v_;
+            if (!ap_cli_int("--rounds", optarg, 1, 100000, &v_)) return 2;
+            rounds = (int)v_;
+        } break;
+        case 'w': {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 100000, &v_)) return 2;
+            warmup = (int)v_;
+        } break;
+        case 's': {
+            long long v_;
+            if (!ap_cli_int("--seed", optarg, 0, 4294967295LL, &v_)) return 2;
+            seed = (uint32_t)v_;
+        } break;
         case 'C':
-            if (ap__cli_parse_count(optarg, &v) || !v || v > (1u << 20)) {
+            if (ap_cli_count(optarg, &v) || !v || v > (1u << 20)) {
                 fprintf(stderr, "avg-worker: --chunk-elems needs 1..2^20\n");
                 return 2;
             }
             chunk = (uint32_t)v;
             break;
-        case 'S':
-            stall_s = atof(optarg);
-            break;
-        case 'G':
-            grace_s = atof(optarg);
-            break;
-        case 'D':
-            deadline_s = atof(optarg);
-            break;
+        case 'S': {
+            double v_;
+            if (!ap_cli_num("--stall-s", optarg, 0, 1e6, &v_)) return 2;
+            stall_s = (double)v_;
+        } break;
+        case 'G': {
+            double v_;
+            if (!ap_cli_num("--connect-grace-s", optarg, 0, 1e6, &v_)) return 2;
+            grace_s = (double)v_;
+        } break;
+        case 'D': {
+            double v_;
+            if (!ap_cli_num("--deadline-s", optarg, 0, 1e6, &v_)) return 2;
+            deadline_s = (double)v_;
+        } break;
         case 'd':
             dump = optarg;
             break;

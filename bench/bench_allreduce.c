@@ -16,6 +16,7 @@
  * failed check fails the bench. */
 #include "allreduce_procs.h"
 #include "bench.h"
+#include "cli.h"
 
 #include "apiary/error.h"
 
@@ -26,8 +27,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int ap__cli_parse_count(const char *s, uint64_t *out);
-
 #define MAXL 8
 
 static int parse_list_u64(const char *s, uint64_t *out, int max)
@@ -37,7 +36,7 @@ static int parse_list_u64(const char *s, uint64_t *out, int max)
     int n = 0;
     char *save = NULL;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (n == max || ap__cli_parse_count(t, &out[n]) || !out[n]) return -1;
+        if (n == max || ap_cli_count(t, &out[n]) || !out[n]) return -1;
         n++;
     }
     return n;
@@ -164,14 +163,18 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                 return 2;
             }
             break;
-        case 'r':
-            rounds = atoi(optarg);
-            break;
-        case 'w':
-            warmup = atoi(optarg);
-            break;
+        case 'r': {
+            long long v_;
+            if (!ap_cli_int("--rounds", optarg, 1, 100000, &v_)) return 2;
+            rounds = (int)v_;
+        } break;
+        case 'w': {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 100000, &v_)) return 2;
+            warmup = (int)v_;
+        } break;
         case 'C':
-            if (ap__cli_parse_count(optarg, &chunk) || !chunk || chunk > (1u << 20)) {
+            if (ap_cli_count(optarg, &chunk) || !chunk || chunk > (1u << 20)) {
                 fprintf(stderr, "bench allreduce: --chunk-elems needs 1..2^20\n");
                 return 2;
             }
@@ -185,9 +188,11 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         case 'd':
             dump_dir = optarg;
             break;
-        case 't':
-            timeout = atof(optarg);
-            break;
+        case 't': {
+            double v_;
+            if (!ap_cli_num("--timeout", optarg, 1, 1e6, &v_)) return 2;
+            timeout = (double)v_;
+        } break;
         case 'R': {
             char buf[512];
             snprintf(buf, sizeof buf, "%s", optarg);

@@ -35,6 +35,13 @@ check 2 "train bad --model" "$cli" train --model nosuch
 check 2 "train unknown --compression" "$cli" train --compression zip
 check 2 "train --client with --auxiliary" "$cli" train --client --auxiliary
 check 2 "train bad --bandwidth" "$cli" train --bandwidth fast
+check 2 "train --batch-size not a number" "$cli" train --batch-size 8x
+check 2 "train --lr not a number" "$cli" train --lr abc
+check 2 "train --target-batch-size negative" "$cli" train --target-batch-size -5
+check 2 "train --seed overflowing" "$cli" train --seed 99999999999999999999999
+check 2 "nn-train --layers negative" "$cli" nn-train --layers -3
+check 2 "dht --stats-interval 0" "$cli" dht --stats-interval 0
+check 2 "demo --duration not a number" "$cli" demo --duration 1e
 check 0 "demo --help" "$cli" demo --help
 check 2 "demo too short" "$cli" demo --duration 5
 "$cli" --version | grep -q '^apiary [0-9]' || { echo "FAIL: version text"; fail=1; }

@@ -6,6 +6,7 @@
 #define AP_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 typedef struct ap_cli_cmd {
     const char *name;
@@ -27,5 +28,13 @@ const ap_cli_cmd_t *ap_cli_find(const char *name);
 /* Sets the log level from --log-level text; prints an error and returns
  * false if it is not a level. */
 bool ap_cli_set_log_level(const char *text);
+
+/* Strict numeric flags: the whole text must be a number in [min, max]
+ * (integers in base 10; counts may end in K, M or G = 2^10, 2^20, 2^30);
+ * otherwise "apiary: FLAG needs ..." is printed and false returned. */
+bool ap_cli_int(const char *flag, const char *text, long long min, long long max, long long *out);
+bool ap_cli_num(const char *flag, const char *text, double min, double max, double *out);
+/* A count with an optional K/M/G suffix: 0, or AP_EINVAL (nothing printed). */
+int ap_cli_count(const char *text, uint64_t *out);
 
 #endif

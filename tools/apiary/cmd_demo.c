@@ -67,7 +67,11 @@ static int demo_main(int argc, char **argv)
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
         if (ch == 'd') {
-            total = atof(optarg);
+            {
+                double v_;
+                if (!ap_cli_num("--duration", optarg, 20, 86400, &v_)) return 2;
+                total = (double)v_;
+            }
             if (!(total >= 20)) {
                 fprintf(stderr, "apiary demo: --duration must be at least 20 s\n");
                 return 2;

@@ -326,8 +326,11 @@ static int dht_main(int argc, char **argv)
         case 's':
             o.subkey = optarg;
             break;
-        case 'S':
-            o.stats_interval = atoi(optarg);
+        case 'S': {
+            long long v_;
+            if (!ap_cli_int("--stats-interval", optarg, 1, 86400, &v_)) goto out;
+            o.stats_interval = (int)v_;
+        }
             if (o.stats_interval <= 0) {
                 fprintf(stderr, "apiary dht: --stats-interval takes seconds > 0\n");
                 goto out;

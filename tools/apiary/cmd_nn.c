@@ -174,24 +174,36 @@ static int nn_train_main(int argc, char **argv)
         case O_DATA:
             data = optarg;
             break;
-        case O_LAYERS:
-            layers = atoi(optarg);
-            break;
-        case O_EMBD:
-            embd = atoi(optarg);
-            break;
-        case O_HEADS:
-            heads = atoi(optarg);
-            break;
-        case O_CTX:
-            ctx = atoi(optarg);
-            break;
-        case O_BATCH:
-            batch = atoi(optarg);
-            break;
-        case O_STEPS:
-            steps = atoi(optarg);
-            break;
+        case O_LAYERS: {
+            long long v_;
+            if (!ap_cli_int("--layers", optarg, 0, 1000000000, &v_)) return 2;
+            layers = (int)v_;
+        } break;
+        case O_EMBD: {
+            long long v_;
+            if (!ap_cli_int("--embd", optarg, 0, 1000000000, &v_)) return 2;
+            embd = (int)v_;
+        } break;
+        case O_HEADS: {
+            long long v_;
+            if (!ap_cli_int("--heads", optarg, 0, 1000000000, &v_)) return 2;
+            heads = (int)v_;
+        } break;
+        case O_CTX: {
+            long long v_;
+            if (!ap_cli_int("--ctx", optarg, 0, 1000000000, &v_)) return 2;
+            ctx = (int)v_;
+        } break;
+        case O_BATCH: {
+            long long v_;
+            if (!ap_cli_int("--batch", optarg, 0, 1000000000, &v_)) return 2;
+            batch = (int)v_;
+        } break;
+        case O_STEPS: {
+            long long v_;
+            if (!ap_cli_int("--steps", optarg, 0, 1000000000, &v_)) return 2;
+            steps = (int)v_;
+        } break;
         case O_OPTIM:
             if (parse_optim(optarg, &okind)) {
                 fprintf(stderr, "apiary nn-train: unknown optimizer '%s' (adamw|adam|sgd|lamb)\n",
@@ -199,9 +211,11 @@ static int nn_train_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_LR:
-            lr = strtof(optarg, NULL);
-            break;
+        case O_LR: {
+            double v_;
+            if (!ap_cli_num("--lr", optarg, 0, 1e6, &v_)) return 2;
+            lr = (float)v_;
+        } break;
         case O_SCHED:
             if (!strcmp(optarg, "cosine"))
                 sched = AP_NN_LR_COSINE;
@@ -214,33 +228,45 @@ static int nn_train_main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_WARMUP:
-            warmup = atoi(optarg);
-            break;
-        case O_CLIP:
-            clip = strtof(optarg, NULL);
-            break;
-        case O_DROPOUT:
-            dropout = strtof(optarg, NULL);
-            break;
+        case O_WARMUP: {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 1000000000, &v_)) return 2;
+            warmup = (int)v_;
+        } break;
+        case O_CLIP: {
+            double v_;
+            if (!ap_cli_num("--clip", optarg, 0, 1e30, &v_)) return 2;
+            clip = (float)v_;
+        } break;
+        case O_DROPOUT: {
+            double v_;
+            if (!ap_cli_num("--dropout", optarg, 0, 0.99, &v_)) return 2;
+            dropout = (float)v_;
+        } break;
         case O_SHARE:
             share = true;
             break;
-        case O_SEED:
-            seed = strtoull(optarg, NULL, 10);
-            break;
+        case O_SEED: {
+            long long v_;
+            if (!ap_cli_int("--seed", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
+            seed = (uint64_t)v_;
+        } break;
         case O_SAVE:
             save = optarg;
             break;
-        case O_SAVE_EVERY:
-            save_every = atoi(optarg);
-            break;
+        case O_SAVE_EVERY: {
+            long long v_;
+            if (!ap_cli_int("--save-every", optarg, 0, 1000000000, &v_)) return 2;
+            save_every = (int)v_;
+        } break;
         case O_RESUME:
             resume = optarg;
             break;
-        case O_SAMPLE:
-            sample = atoi(optarg);
-            break;
+        case O_SAMPLE: {
+            long long v_;
+            if (!ap_cli_int("--sample", optarg, 0, 1000000000, &v_)) return 2;
+            sample = (int)v_;
+        } break;
         case O_LOG:
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;

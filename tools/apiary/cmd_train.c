@@ -482,12 +482,16 @@ static int train_main(int argc, char **argv)
         case 'i':
             o.identity = optarg;
             break;
-        case 't':
-            o.target = strtoull(optarg, NULL, 10);
-            break;
-        case 'b':
-            o.batch = atoi(optarg);
-            break;
+        case 't': {
+            long long v_;
+            if (!ap_cli_int("--target-batch-size", optarg, 1, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.target = (uint64_t)v_;
+        } break;
+        case 'b': {
+            long long v_;
+            if (!ap_cli_int("--batch-size", optarg, 1, 1024, &v_)) return 2;
+            o.batch = (int)v_;
+        } break;
         case 'm':
             o.model = optarg;
             break;
@@ -534,35 +538,53 @@ static int train_main(int argc, char **argv)
         case 'k':
             o.ckdir = optarg;
             break;
-        case 'l':
-            o.lr = atof(optarg);
-            break;
-        case 's':
-            o.state_every = (uint32_t)atoi(optarg);
-            break;
-        case 'E':
-            o.max_epochs = strtoull(optarg, NULL, 10);
-            break;
-        case 'D':
-            o.duration = atof(optarg);
-            break;
-        case 'S':
-            o.slowdown = atof(optarg);
-            break;
-        case 'e':
-            o.seed = strtoull(optarg, NULL, 10);
-            break;
-        case 'W':
-            o.mm_window = atof(optarg);
-            break;
+        case 'l': {
+            double v_;
+            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &v_)) return 2;
+            o.lr = (double)v_;
+        } break;
+        case 's': {
+            long long v_;
+            if (!ap_cli_int("--average-state-every", optarg, 0, 1000000000, &v_)) return 2;
+            o.state_every = (uint32_t)v_;
+        } break;
+        case 'E': {
+            long long v_;
+            if (!ap_cli_int("--max-epochs", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.max_epochs = (uint64_t)v_;
+        } break;
+        case 'D': {
+            double v_;
+            if (!ap_cli_num("--duration", optarg, 0, 1e9, &v_)) return 2;
+            o.duration = (double)v_;
+        } break;
+        case 'S': {
+            double v_;
+            if (!ap_cli_num("--slowdown", optarg, 0, 1e6, &v_)) return 2;
+            o.slowdown = (double)v_;
+        } break;
+        case 'e': {
+            long long v_;
+            if (!ap_cli_int("--seed", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.seed = (uint64_t)v_;
+        } break;
+        case 'W': {
+            double v_;
+            if (!ap_cli_num("--matchmaking-window", optarg, 1e-3, 3600, &v_)) return 2;
+            o.mm_window = (double)v_;
+        } break;
         case 'U':
             o.delayed = true;
             break;
         case 'M':
             o.dhtmm = true;
             break;
-        case 'X':
-            o.max_local_batches = strtoull(optarg, NULL, 10);
+        case 'X': {
+            long long v_;
+            if (!ap_cli_int("--max-local-batches-per-epoch", optarg, 1, 0x7fffffffffffffffLL, &v_))
+                return 2;
+            o.max_local_batches = (uint64_t)v_;
+        }
             if (o.max_local_batches == 0) {
                 fprintf(stderr, "apiary train: --max-local-batches-per-epoch wants N >= 1\n");
                 return 2;

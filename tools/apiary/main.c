@@ -1,8 +1,11 @@
 /* apiary — decentralized deep learning over the Internet. */
 #include "cli.h"
 #include "apiary/common.h"
+#include "apiary/error.h"
 #include "apiary/log.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,53 @@ bool ap_cli_set_log_level(const char *text)
         return false;
     }
     ap_log_set_level(lvl);
+    return true;
+}
+
+int ap_cli_count(const char *text, uint64_t *out)
+{
+    if (!text || *text < '0' || *text > '9') return AP_EINVAL;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno) return AP_EINVAL;
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1ull << 30, end++;
+    if (*end || v > UINT64_MAX / mul) return AP_EINVAL;
+    *out = v * mul;
+    return 0;
+}
+
+bool ap_cli_int(const char *flag, const char *text, long long min, long long max, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = text && *text ? strtoll(text, &end, 10) : 0;
+    if (!text || !*text || errno || *end || v < min || v > max) {
+        fprintf(stderr, "apiary: %s needs an integer from %lld to %lld (got '%s')\n", flag, min,
+                max, text ? text : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool ap_cli_num(const char *flag, const char *text, double min, double max, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = text && *text ? strtod(text, &end) : NAN;
+    if (!text || !*text || errno || *end || !isfinite(v) || v < min || v > max) {
+        fprintf(stderr, "apiary: %s needs a number from %g to %g (got '%s')\n", flag, min, max,
+                text ? text : "");
+        return false;
+    }
+    *out = v;
     return true;
 }
 
