@@ -409,7 +409,11 @@ static void flush(ap_tcp_conn_t *c)
         wblock_t *b = c->wq_unsub;
         if (!b->next && c->inflight > 0) break; /* the open tail waits for a batch */
         uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
-        if (uv_write(&b->req, (uv_stream_t *)&c->h, &ub, 1, write_cb) != 0) {
+        int rc = uv_write(&b->req, (uv_stream_t *)&c->h, &ub, 1, write_cb);
+        if (rc != 0) {
+            if (c->st == C_OPEN)
+                ap_info(MOD, "connection %s %s lost: %s", c->outbound ? "to" : "from", c->who,
+                        uv_strerror(rc));
             conn_close(c, AP_ECLOSED);
             return;
         }
@@ -433,7 +437,13 @@ static void write_cb(uv_write_t *req, int status)
     wblock_recycle(c, b);
     if (c->st == C_CLOSING) return;
     if (status < 0) {
-        ap_debug(MOD, "write to %s failed: %s", c->who, uv_strerror(status));
+        /* the peer is gone (reset, broken pipe): one line, as when a read
+         * finds it closed */
+        if (c->st == C_OPEN)
+            ap_info(MOD, "connection %s %s lost: write failed: %s", c->outbound ? "to" : "from",
+                    c->who, uv_strerror(status));
+        else
+            ap_debug(MOD, "write to %s failed: %s", c->who, uv_strerror(status));
         conn_close(c, AP_ECLOSED);
         return;
     }
