@@ -22,27 +22,15 @@ static void on_rpc(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     fuzz_answer(req, d, n);
 }
 
-static ap_host_t *host;
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!host) {
-        ap_log_set_level(AP_LOG_OFF);
-        host = ap_host_new();
-        if (!host) abort();
-    }
+    ap_host_t *host = fuzz_host();
     if (size < 1) return 0;
-    static const uint8_t seed[32] = {7};
-    ap_rt_t *rt;
-    if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0) abort();
+    fake_t fk;
+    ap_rt_t *rt = fuzz_node_with_fake(host, &fk, false);
     ap_stream_opts_t o = {.window = 4096, .max_msg = 100000};
     ap_rt_stream_listen(rt, "/s", &o, fuzz_on_accept, NULL);
     ap_rt_rpc_register(rt, "/r", 50000, on_rpc, NULL);
-    fake_t fk = {0};
-    fk.conn.vt = &fake_vt;
-    fk.conn.dialer = false;
-    static const uint8_t pk[32] = {9};
-    ap_peer_id_from_ed25519(&fk.conn.remote, pk);
     ap__node_accept_conn((ap_node_t *)rt, &fk.conn);
     ap_mconn_t *c = fk.conn.user;
     size_t step = (size_t)data[0] * 3 + 1;

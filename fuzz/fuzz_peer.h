@@ -3,12 +3,16 @@
  * and a node's test services — stream protocol "/s" and RPC protocol "/r" —
  * whose behaviour the fuzzer steers with the first byte of a message:
  *   stream message: 'p' pause, 'r' reset, 'e' echo; hello 'x' refuse, 'e' echo
- *   RPC request:    'x' error response, anything else echoed. */
+ *   RPC request:    'x' error response, anything else echoed.
+ * Also the host shared across inputs and a fresh node with the fake plugged in. */
 #ifndef APIARY_FUZZ_PEER_H
 #define APIARY_FUZZ_PEER_H
 
+#include "apiary/log.h"
 #include "apiary/node.h"
 #include "runtime/uv/uv_impl.h"
+
+#include <stdlib.h>
 
 typedef struct fake {
     ap_conn_t conn;
@@ -66,6 +70,32 @@ static inline void fuzz_answer(ap_rpc_req_t *req, const uint8_t *d, size_t n)
         ap_rpc_respond_error(req, AP_ENOTFOUND, "nope");
     else
         ap_rpc_respond(req, d, n);
+}
+
+/* The host shared by all inputs (created at the first, logging off). */
+static inline ap_host_t *fuzz_host(void)
+{
+    static ap_host_t *host;
+    if (!host) {
+        ap_log_set_level(AP_LOG_OFF);
+        host = ap_host_new();
+        if (!host) abort();
+    }
+    return host;
+}
+
+/* A fresh node (fixed key) on host with fk plugged in as its connection to a
+ * fixed peer: dialed by us (dialer) or accepted. Returns the node. */
+static inline ap_rt_t *fuzz_node_with_fake(ap_host_t *host, fake_t *fk, bool dialer)
+{
+    static const uint8_t seed[32] = {7}, pk[32] = {9};
+    ap_rt_t *rt;
+    if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0) abort();
+    *fk = (fake_t){0};
+    fk->conn.vt = &fake_vt;
+    fk->conn.dialer = dialer;
+    ap_peer_id_from_ed25519(&fk->conn.remote, pk);
+    return rt;
 }
 
 #endif

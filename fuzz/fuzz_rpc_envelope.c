@@ -65,24 +65,12 @@ static void s_close(ap_stream_t *s, void *arg, int status)
 
 static const ap_stream_cbs_t scbs = {.on_msg = s_msg, .on_end = s_end, .on_close = s_close};
 
-static ap_host_t *host;
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!host) {
-        ap_log_set_level(AP_LOG_OFF);
-        host = ap_host_new();
-        if (!host) abort();
-    }
+    ap_host_t *host = fuzz_host();
     if (size < 1) return 0;
-    static const uint8_t seed[32] = {7};
-    ap_rt_t *rt;
-    if (ap_node_new(host, &(ap_node_opts_t){.ed25519_seed = seed, .rng_seed = 1}, &rt) < 0) abort();
-    fake_t fk = {0};
-    fk.conn.vt = &fake_vt;
-    fk.conn.dialer = true;
-    static const uint8_t pk[32] = {9};
-    ap_peer_id_from_ed25519(&fk.conn.remote, pk);
+    fake_t fk;
+    ap_rt_t *rt = fuzz_node_with_fake(host, &fk, true);
     ap__node_accept_conn((ap_node_t *)rt, &fk.conn);
     ap_mconn_t *c = fk.conn.user;
     const ap_peer_id_t *peer = &fk.conn.remote;

@@ -115,6 +115,35 @@ static const ap_peer_id_t *self_id(ap_rt_t *rt)
     return ap_rt_self(rt);
 }
 
+/* An echo call each way over the peers' connection: both succeed. */
+static void echo_both_ways(ap_host_t *h, ap_rt_t *a, ap_rt_t *b)
+{
+    int left = 2;
+    call_t c1 = {.left = &left}, c2 = {.left = &left};
+    assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                               on_done, &c1) != 0);
+    assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
+                               on_done, &c2) != 0);
+    dial_res_t dummy = {.done = true};
+    pair_wait_t w = {&dummy, &dummy, &left};
+    assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
+    if (!c1.ok) fail_msg("c1 %s", ap_err_name(c1.status));
+    if (!c2.ok) fail_msg("c2 %s", ap_err_name(c2.status));
+}
+
+/* Each peer holds exactly one connection; then both nodes and the host go. */
+static void one_connection_each_then_free(ap_host_t *h, ap_rt_t *a, ap_rt_t *b)
+{
+    ap_rt_stats_t sa, sb;
+    ap_rt_get_stats(a, &sa);
+    ap_rt_get_stats(b, &sb);
+    assert_int_equal(sa.connections, 1);
+    assert_int_equal(sb.connections, 1);
+    ap_node_free(a);
+    ap_node_free(b);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
 /* Deterministic: A is connected to B (A dialed). B then dials A's address
  * without a /p2p/ part: its mux cannot know it is A, so it dials; the
  * transport authenticates A, finds the existing connection from A and keeps
@@ -163,24 +192,8 @@ static void test_dial_resolved_with_inbound(void **state)
         two_t t2 = {a, b};
         assert_true(ap_host_run_until(h, settled, &t2, WAIT_US));
         /* and the connection works both ways */
-        int left = 2;
-        call_t c1 = {.left = &left}, c2 = {.left = &left};
-        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c1) != 0);
-        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c2) != 0);
-        pair_wait_t w = {&d1, &d2, &left};
-        assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
-        if (!c1.ok) fail_msg("c1 %s", ap_err_name(c1.status));
-        if (!c2.ok) fail_msg("c2 %s", ap_err_name(c2.status));
-        ap_rt_stats_t sa, sb;
-        ap_rt_get_stats(a, &sa);
-        ap_rt_get_stats(b, &sb);
-        assert_int_equal(sa.connections, 1);
-        assert_int_equal(sb.connections, 1);
-        ap_node_free(a);
-        ap_node_free(b);
-        assert_int_equal(ap_host_free(h), 0);
+        echo_both_ways(h, a, b);
+        one_connection_each_then_free(h, a, b);
     }
 }
 
@@ -220,24 +233,8 @@ static void test_simultaneous_dials(void **state)
         /* settle: the losing duplicate is retired (GOAWAY) and closed */
         two_t t2 = {a, b};
         assert_true(ap_host_run_until(h, settled, &t2, WAIT_US));
-        int left = 2;
-        call_t c1 = {.left = &left}, c2 = {.left = &left};
-        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c1) != 0);
-        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c2) != 0);
-        pair_wait_t w2 = {&da, &db, &left};
-        assert_true(ap_host_run_until(h, all_done, &w2, WAIT_US));
-        if (!c1.ok) fail_msg("c1 %s", ap_err_name(c1.status));
-        if (!c2.ok) fail_msg("c2 %s", ap_err_name(c2.status));
-        ap_rt_stats_t sa, sb;
-        ap_rt_get_stats(a, &sa);
-        ap_rt_get_stats(b, &sb);
-        assert_int_equal(sa.connections, 1);
-        assert_int_equal(sb.connections, 1);
-        ap_node_free(a);
-        ap_node_free(b);
-        assert_int_equal(ap_host_free(h), 0);
+        echo_both_ways(h, a, b);
+        one_connection_each_then_free(h, a, b);
     }
 }
 
@@ -429,16 +426,7 @@ static void run_calls_in_flight(bool tcp)
         goaways += sa.goaways + sb.goaways;
         assert_int_equal(sa.goaway_refused + sb.goaway_refused, 0);
         /* new calls run on the survivor */
-        int left = 2;
-        call_t c1 = {.left = &left}, c2 = {.left = &left};
-        assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c1) != 0);
-        assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                                   on_done, &c2) != 0);
-        dial_res_t dummy = {.done = true};
-        pair_wait_t w = {&dummy, &dummy, &left};
-        assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
-        assert_true(c1.ok && c2.ok);
+        echo_both_ways(h, a, b);
         assert_true(mux_settled(&t2));
         ap_node_free(a);
         ap_node_free(b);
