@@ -269,21 +269,15 @@ static int worker_main(int argc, char **argv)
             }
             chunk = (uint32_t)v;
             break;
-        case 'S': {
-            double v_;
-            if (!ap_cli_num("--stall-s", optarg, 0, 1e6, &v_)) return 2;
-            stall_s = (double)v_;
-        } break;
-        case 'G': {
-            double v_;
-            if (!ap_cli_num("--connect-grace-s", optarg, 0, 1e6, &v_)) return 2;
-            grace_s = (double)v_;
-        } break;
-        case 'D': {
-            double v_;
-            if (!ap_cli_num("--deadline-s", optarg, 0, 1e6, &v_)) return 2;
-            deadline_s = (double)v_;
-        } break;
+        case 'S':
+            if (!ap_cli_num("--stall-s", optarg, 0, 1e6, &stall_s)) return 2;
+            break;
+        case 'G':
+            if (!ap_cli_num("--connect-grace-s", optarg, 0, 1e6, &grace_s)) return 2;
+            break;
+        case 'D':
+            if (!ap_cli_num("--deadline-s", optarg, 0, 1e6, &deadline_s)) return 2;
+            break;
         case 'd':
             dump = optarg;
             break;

@@ -188,11 +188,9 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         case 'd':
             dump_dir = optarg;
             break;
-        case 't': {
-            double v_;
-            if (!ap_cli_num("--timeout", optarg, 1, 1e6, &v_)) return 2;
-            timeout = (double)v_;
-        } break;
+        case 't':
+            if (!ap_cli_num("--timeout", optarg, 1, 1e6, &timeout)) return 2;
+            break;
         case 'R': {
             char buf[512];
             snprintf(buf, sizeof buf, "%s", optarg);

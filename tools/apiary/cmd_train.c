@@ -538,11 +538,9 @@ static int train_main(int argc, char **argv)
         case 'k':
             o.ckdir = optarg;
             break;
-        case 'l': {
-            double v_;
-            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &v_)) return 2;
-            o.lr = (double)v_;
-        } break;
+        case 'l':
+            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &o.lr)) return 2;
+            break;
         case 's': {
             long long v_;
             if (!ap_cli_int("--average-state-every", optarg, 0, 1000000000, &v_)) return 2;
@@ -553,26 +551,20 @@ static int train_main(int argc, char **argv)
             if (!ap_cli_int("--max-epochs", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
             o.max_epochs = (uint64_t)v_;
         } break;
-        case 'D': {
-            double v_;
-            if (!ap_cli_num("--duration", optarg, 0, 1e9, &v_)) return 2;
-            o.duration = (double)v_;
-        } break;
-        case 'S': {
-            double v_;
-            if (!ap_cli_num("--slowdown", optarg, 0, 1e6, &v_)) return 2;
-            o.slowdown = (double)v_;
-        } break;
+        case 'D':
+            if (!ap_cli_num("--duration", optarg, 0, 1e9, &o.duration)) return 2;
+            break;
+        case 'S':
+            if (!ap_cli_num("--slowdown", optarg, 0, 1e6, &o.slowdown)) return 2;
+            break;
         case 'e': {
             long long v_;
             if (!ap_cli_int("--seed", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
             o.seed = (uint64_t)v_;
         } break;
-        case 'W': {
-            double v_;
-            if (!ap_cli_num("--matchmaking-window", optarg, 1e-3, 3600, &v_)) return 2;
-            o.mm_window = (double)v_;
-        } break;
+        case 'W':
+            if (!ap_cli_num("--matchmaking-window", optarg, 1e-3, 3600, &o.mm_window)) return 2;
+            break;
         case 'U':
             o.delayed = true;
             break;
