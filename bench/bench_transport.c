@@ -355,13 +355,56 @@ static double cpu_seconds(pid_t pid)
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* Seconds the main thread of pid (this process if 0) ran and waited on a
+ * run queue, from /proc/PID/schedstat; false if unavailable. */
+static bool sched_seconds(pid_t pid, double *run, double *wait)
+{
+    char path[64];
+    if (pid == 0)
+        snprintf(path, sizeof path, "/proc/self/schedstat");
+    else
+        snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    unsigned long long r = 0, w = 0;
+    int k = fscanf(f, "%llu %llu", &r, &w);
+    fclose(f);
+    if (k != 2) return false;
+    *run = (double)r * 1e-9;
+    *wait = (double)w * 1e-9;
+    return true;
+}
+
 typedef struct cpu_mark {
     double self, peer;
+    double wall;
+    bool sched; /* the fields below are valid */
+    double self_run, self_wait, peer_run, peer_wait;
 } cpu_mark_t;
 
 static cpu_mark_t cpu_mark(pid_t peer)
 {
-    return (cpu_mark_t){cpu_seconds(0), cpu_seconds(peer)};
+    cpu_mark_t m = {cpu_seconds(0), cpu_seconds(peer), ap_bench_now(), false, 0, 0, 0, 0};
+    m.sched = sched_seconds(0, &m.self_run, &m.self_wait) &&
+              sched_seconds(peer, &m.peer_run, &m.peer_wait);
+    return m;
+}
+
+/* The share of the wall time between a and b that each process's loop
+ * thread slept (neither ran nor waited for a core): time spent waiting for
+ * the other side (a pipelining gap), independent of how loaded the machine
+ * is. Two processes in a perfect pipeline leave the slower one near 0. */
+static void idle_fields(char *out, size_t cap, cpu_mark_t a, cpu_mark_t b)
+{
+    double wall = b.wall - a.wall;
+    if (!a.sched || !b.sched || wall <= 0) {
+        out[0] = 0;
+        return;
+    }
+    double si = (wall - (b.self_run - a.self_run) - (b.self_wait - a.self_wait)) / wall;
+    double pi = (wall - (b.peer_run - a.peer_run) - (b.peer_wait - a.peer_wait)) / wall;
+    snprintf(out, cap, ",\"sender_idle_per_wall\":%.2f,\"receiver_idle_per_wall\":%.2f",
+             si < 0 ? 0 : si, pi < 0 ? 0 : pi);
 }
 
 /* bytes per CPU-second of the busier of the two processes, in MB/s */
@@ -815,8 +858,17 @@ static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw, double b
     if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &so, &cbs, &m, &s) == 0) {
         mb_fill(s, &m);
         ap_host_run_until(h, mb_closed_p, &m, 120000000);
-        double mbps = (double)m.total / (ap_bench_now() - t0) / 1e6;
-        double mcpu = cpu_mbps(m.total, c0, cpu_mark(pid));
+        double wall = ap_bench_now() - t0;
+        double mbps = (double)m.total / wall / 1e6;
+        cpu_mark_t c1 = cpu_mark(pid);
+        double mcpu = cpu_mbps(m.total, c0, c1);
+        char f[256], idle[128];
+        idle_fields(idle, sizeof idle, c0, c1);
+        snprintf(f, sizeof f,
+                 "\"layer\":\"mux\",\"sender_cpu_per_wall\":%.2f,"
+                 "\"receiver_cpu_per_wall\":%.2f%s",
+                 (c1.self - c0.self) / wall, (c1.peer - c0.peer) / wall, idle);
+        ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
         ap_bench_report_vs(ctx, "encrypted_stream_cpu_MBps", mcpu, "MB/s", aead,
                            "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\","
                            "\"per\":\"cpu_second_of_busier_process\"");
@@ -976,12 +1028,13 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
          * for both means the two cores were ours; less means other jobs (or
          * waiting for the other side) held the stream back */
         double wall = enc > 0 ? (double)bulk / (enc * 1e6) : 0;
-        char f[160];
+        char f[256], idle[128];
+        idle_fields(idle, sizeof idle, c0, c1);
         snprintf(f, sizeof f,
                  "\"layer\":\"transport\",\"sender_cpu_per_wall\":%.2f,"
-                 "\"receiver_cpu_per_wall\":%.2f",
+                 "\"receiver_cpu_per_wall\":%.2f%s",
                  wall > 0 ? (c1.self - c0.self) / wall : 0,
-                 wall > 0 ? (c1.peer - c0.peer) / wall : 0);
+                 wall > 0 ? (c1.peer - c0.peer) / wall : 0, idle);
         ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
     }
     ap_bench_report_vs(ctx, "encrypted_stream_MBps", enc, "MB/s", aead,

@@ -31,7 +31,16 @@ struct dial_req {
     dial_req_t *next, *prev;
 };
 
-#define WBLOCK_CAP (1024u * 1024u)
+/* Write blocks: small enough that a stream's bytes reach the peer in pieces
+ * well below a mux stream window (1 MiB by default), so the receiver opens
+ * one piece while this side seals the next; big enough that a busy
+ * connection costs one syscall per 256 KiB. */
+#define WBLOCK_CAP (256u * 1024u)
+/* Writes made while a read is processed are held, to go out together (the
+ * mux's credit frames, echoes), at the latest after this much input. */
+#define RX_FLUSH_BYTES (128u * 1024u)
+/* Partly filled blocks handed to libuv before earlier writes completed. */
+#define WBLOCK_EARLY_MAX 2
 
 struct wblock {
     uv_write_t req;
@@ -50,7 +59,9 @@ struct ap_tcp_conn {
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool has_expected;
-    bool sink; /* injected (fuzzing): no socket; written bytes are dropped */
+    bool in_read;        /* inside read_cb: the open tail waits (see flush) */
+    size_t rx_unflushed; /* bytes processed in this read since writes went out */
+    bool sink;           /* injected (fuzzing): no socket; written bytes are dropped */
     ap_peer_id_t expected;
     ap_peer_id_t peer; /* valid once authenticated */
     bool has_peer;
@@ -329,8 +340,14 @@ static void conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...)
  * The write queue is a FIFO of blocks of up to WBLOCK_CAP bytes of whole
  * frames. Full blocks are handed to libuv at once (several may be in
  * flight), so sealing the next block overlaps with the kernel sending the
- * previous one; the last, partly filled block goes out as soon as nothing is
- * in flight (low latency for small messages, batching under load). A few
+ * previous one. The last, partly filled block goes out at once while the
+ * socket keeps up: when nothing is in flight, or when libuv holds no unsent
+ * bytes and fewer than WBLOCK_EARLY_MAX writes await their callback (a
+ * write that went straight into the kernel still waits a loop turn for its
+ * callback; small writes must not wait for it). Otherwise it waits for a
+ * batch (the socket is full: batching under load). While a read is
+ * processed it waits for the end of the read (or RX_FLUSH_BYTES of it), so
+ * what the layer above answers to one read goes out in one write. A few
  * spare blocks are kept per busy connection to avoid page faults of fresh
  * memory, and released by the sweep once the connection is quiet. */
 
@@ -407,7 +424,11 @@ static void flush(ap_tcp_conn_t *c)
     }
     while (c->wq_unsub) {
         wblock_t *b = c->wq_unsub;
-        if (!b->next && c->inflight > 0) break; /* the open tail waits for a batch */
+        if (!b->next) { /* the open tail: see above */
+            if (c->in_read) break;
+            if (c->inflight > 0 && (c->h.write_queue_size > 0 || c->inflight >= WBLOCK_EARLY_MAX))
+                break;
+        }
         uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
         int rc = uv_write(&b->req, (uv_stream_t *)&c->h, &ub, 1, write_cb);
         if (rc != 0) {
@@ -572,6 +593,11 @@ size_t ap__tcp_queued(const ap_tcp_conn_t *c)
     return c->queued;
 }
 
+int ap__tcp_writes_inflight(const ap_tcp_conn_t *c)
+{
+    return c->inflight;
+}
+
 /* ---- handshake ------------------------------------------------------------------- */
 
 static int hs_write(ap_tcp_conn_t *c)
@@ -730,6 +756,20 @@ static void frame(ap_tcp_conn_t *c, uint8_t *m, size_t n)
         data_frame(c, m, n);
 }
 
+/* A frame of n bytes was processed inside read_cb: writes held since the
+ * read began go out once RX_FLUSH_BYTES were processed. */
+static void read_progress(ap_tcp_conn_t *c, size_t n)
+{
+    if (!c->in_read) return;
+    c->rx_unflushed += n;
+    if (c->rx_unflushed < RX_FLUSH_BYTES) return;
+    c->rx_unflushed = 0;
+    if (!c->wq_unsub) return;
+    c->in_read = false;
+    flush(c);
+    c->in_read = true;
+}
+
 static void process(ap_tcp_conn_t *c, uint8_t *p, size_t n)
 {
     while (n > 0 && (c->st == C_HANDSHAKE || c->st == C_OPEN)) {
@@ -740,6 +780,7 @@ static void process(ap_tcp_conn_t *c, uint8_t *p, size_t n)
                 frame(c, p + 2, len);
                 p += 2 + len;
                 n -= 2 + len;
+                read_progress(c, 2 + len);
                 continue;
             }
         }
@@ -764,6 +805,7 @@ static void process(ap_tcp_conn_t *c, uint8_t *p, size_t n)
             size_t len = c->plen - 2;
             c->plen = 0;
             frame(c, c->part + 2, len);
+            read_progress(c, 2 + len);
         }
     }
 }
@@ -798,7 +840,11 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     t->stats.bytes_received += (uint64_t)nread;
     c->last_rx = now_ms(t);
+    c->in_read = true;
+    c->rx_unflushed = 0;
     process(c, t->rbuf, (size_t)nread);
+    c->in_read = false;
+    if (c->wq_unsub) flush(c); /* what was written while processing it */
 }
 
 static void start_reading(ap_tcp_conn_t *c)

@@ -72,7 +72,7 @@ typedef struct ap_tcp_cfg {
     uint64_t idle_ms;              /* 0 = never */
     size_t write_queue_max;        /* 0 = 4 MiB */
     ap_noise_hash_t hash;          /* AP_NOISE_BLAKE2B (0) by default */
-    size_t read_buf_size;          /* shared read buffer; 0 = 256 KiB */
+    size_t read_buf_size;          /* shared read buffer; 0 = 1 MiB */
     bool keep_duplicates;          /* see ONE CONNECTION PER PEER above */
 } ap_tcp_cfg_t;
 
@@ -133,6 +133,9 @@ int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
 /* Same as ap__tcp_send, gathering n buffers into one logical write (no extra copy). */
 int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n);
 size_t ap__tcp_queued(const ap_tcp_conn_t *c);
+/* Writes handed to libuv whose callback has not run yet (tests: the write
+ * queue's pipelining, tcp.c "writing"). */
+int ap__tcp_writes_inflight(const ap_tcp_conn_t *c);
 void ap__tcp_pause_read(ap_tcp_conn_t *c, bool paused);
 /* Sends what is queued, then closes; on_close(0) follows. */
 void ap__tcp_conn_close(ap_tcp_conn_t *c);

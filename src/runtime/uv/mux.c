@@ -787,6 +787,7 @@ static void writable_cb(ap_node_t *n, void *arg, int status)
 static void conn_write_obuf(ap_mconn_t *c)
 {
     if (c->state != MC_UP || !c->t || c->obuf.len == 0) return;
+    c->credit_owed = false;
     int rc = c->t->vt->write(c->t, c->obuf.data, c->obuf.len);
     c->node->stats.bytes_sent += c->obuf.len;
     ap__buf_reset(&c->obuf);
@@ -903,6 +904,7 @@ static void ms_ack(ap_mstream_t *s, bool force)
     uint32_t thr = w / 4 ? w / 4 : 1;
     if (!force && s->unacked < thr) return;
     ctl_rc(c, ap__frame_put_window(&c->obuf, s->sid, false, s->unacked));
+    c->credit_owed = true;
     s->rx_credit += s->unacked;
     s->unacked = 0;
 }
@@ -1180,6 +1182,7 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
     if (c->unacked >= AP_MUX_CONN_WINDOW / 4) {
         ctl_rc(c, ap__frame_put_window(&c->obuf, 0, false, c->unacked));
         if (c->state == MC_DEAD) return 1;
+        c->credit_owed = true;
         c->rx_credit += c->unacked;
         c->unacked = 0;
     }
@@ -1383,6 +1386,13 @@ static void on_read(void *user, ap_conn_t *t, const uint8_t *p, size_t n)
     c->node->stats.bytes_received += n;
     int rc = ap__frame_dec_feed(c->dec, p, n, on_frame, c);
     if (rc < 0 && c->state != MC_DEAD) conn_fail(c, AP_EPROTO, "malformed frame header");
+    /* Credit goes back now, not at the next flush: that runs a loop turn
+     * later, after the transport has delivered everything it read in this
+     * burst (up to a whole window), so the sender would idle until the
+     * receiver had drained it all (stop-and-wait on the window; see
+     * docs/runtime-uv.md, "Credit return"). The transport batches these small
+     * writes with anything else written while it processes the read. */
+    if (c->credit_owed) conn_write_obuf(c);
 }
 
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n)

@@ -204,6 +204,10 @@ struct ap_mconn {
     bool blocked;        /* transport above high-water */
     bool flush_queued;
     bool in_read;
+    /* A credit WINDOW frame waits in obuf: on_read hands obuf to the
+     * transport before it returns, so credit goes back while the peer still
+     * has window left, not a loop turn (and a whole read burst) later. */
+    bool credit_owed;
     ap_mconn_t *flush_next;
     ap_buf_t obuf;       /* frames not yet handed to the transport */
     size_t direct_bytes; /* bytes of big DATA frames written directly this round */
