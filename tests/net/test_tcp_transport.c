@@ -45,6 +45,8 @@ typedef struct node {
     int close_status[MAXC];
     ap_buf_t rx;
     bool closed;
+    bool echo;            /* on_data sends every message back */
+    int inflight_in_echo; /* writes in flight right after the last echo */
 } node_t;
 
 static void on_conn(void *arg, ap_tcp_conn_t *c)
@@ -57,8 +59,11 @@ static void on_conn(void *arg, ap_tcp_conn_t *c)
 static void on_data(void *arg, ap_tcp_conn_t *c, const uint8_t *d, size_t len)
 {
     node_t *n = arg;
-    (void)c;
     assert_ok(ap__buf_append(&n->rx, d, len));
+    if (n->echo) {
+        assert_ok(ap__tcp_send(c, d, len));
+        n->inflight_in_echo = ap__tcp_writes_inflight(c);
+    }
 }
 
 static void on_writable(void *arg, ap_tcp_conn_t *c)
@@ -914,6 +919,47 @@ static void test_dns_dial(void **state)
     free_nodes(ns);
 }
 
+/* The write queue's pipelining (tcp.c, "writing"): a small write is not held
+ * back by an earlier one that went straight into the kernel and only awaits
+ * its callback (the mux's credit frames must reach the sender at once), but
+ * at most WBLOCK_EARLY_MAX partly filled blocks go out that way; and what is
+ * written while a read is processed goes out together after it. */
+static void test_write_pipelining(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_init(&a, 1, NULL, true);
+    node_init(&b, 2, NULL, false);
+    ap_tcp_conn_t *cb = connect_pair(&a, &b);
+    run_for(20); /* the handshake's writes are done */
+    assert_int_equal(a.nconn, 1);
+    assert_int_equal(ap__tcp_writes_inflight(cb), 0);
+
+    assert_ok(ap__tcp_send(cb, (const uint8_t *)"x", 1));
+    assert_int_equal(ap__tcp_writes_inflight(cb), 1);
+    /* the first write's bytes are in the kernel, its callback is pending:
+     * the second small write goes out too, not a loop turn later */
+    assert_ok(ap__tcp_send(cb, (const uint8_t *)"y", 1));
+    assert_int_equal(ap__tcp_writes_inflight(cb), 2);
+    /* bounded: the third waits for a callback and then goes as a batch */
+    assert_ok(ap__tcp_send(cb, (const uint8_t *)"z", 1));
+    assert_ok(ap__tcp_send(cb, (const uint8_t *)"w", 1));
+    assert_int_equal(ap__tcp_writes_inflight(cb), 2);
+    assert_true(wait_rx(&a, 4, 3000));
+    assert_memory_equal(a.rx.data, "xyzw", 4);
+
+    /* writes made inside on_data wait for the end of the read */
+    a.echo = true;
+    a.inflight_in_echo = -1;
+    assert_ok(ap__tcp_send(cb, (const uint8_t *)"ping", 4));
+    assert_true(wait_rx(&b, 4, 3000));
+    assert_memory_equal(b.rx.data, "ping", 4);
+    assert_int_equal(a.inflight_in_echo, 0);
+    assert_int_equal(nwarn, 0);
+    node_t *ns[] = {&a, &b, NULL};
+    free_nodes(ns);
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
@@ -929,6 +975,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_simultaneous_dial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_caps_and_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dns_dial, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_pipelining, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
