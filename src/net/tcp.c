@@ -35,12 +35,14 @@ struct dial_req {
  * well below a mux stream window (1 MiB by default), so the receiver opens
  * one piece while this side seals the next; big enough that a busy
  * connection costs one syscall per 256 KiB. */
-#define WBLOCK_CAP (256u * 1024u)
+#define WBLOCK_CAP (256u * 1024u + 2048u) /* 4 whole maximal frames, 8 of the mux's */
 /* Writes made while a read is processed are held, to go out together (the
  * mux's credit frames, echoes), at the latest after this much input. */
 #define RX_FLUSH_BYTES (128u * 1024u)
-/* Partly filled blocks handed to libuv before earlier writes completed. */
-#define WBLOCK_EARLY_MAX 2
+/* Small tails (credit frames, RPC, echoes) are handed to libuv before
+ * earlier writes completed, at most this many writes in flight then. */
+#define WBLOCK_EARLY_MAX   2
+#define WBLOCK_EARLY_BYTES (16u * 1024u)
 
 struct wblock {
     uv_write_t req;
@@ -340,12 +342,12 @@ static void conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...)
  * The write queue is a FIFO of blocks of up to WBLOCK_CAP bytes of whole
  * frames. Full blocks are handed to libuv at once (several may be in
  * flight), so sealing the next block overlaps with the kernel sending the
- * previous one. The last, partly filled block goes out at once while the
- * socket keeps up: when nothing is in flight, or when libuv holds no unsent
- * bytes and fewer than WBLOCK_EARLY_MAX writes await their callback (a
- * write that went straight into the kernel still waits a loop turn for its
- * callback; small writes must not wait for it). Otherwise it waits for a
- * batch (the socket is full: batching under load). While a read is
+ * previous one. The last, partly filled block goes out at once when nothing
+ * is in flight; a small one (WBLOCK_EARLY_BYTES) also when libuv holds no
+ * unsent bytes and fewer than WBLOCK_EARLY_MAX writes await their callback
+ * (a write that went straight into the kernel still waits a loop turn for
+ * its callback; a credit frame must not wait for it). Otherwise it waits for
+ * a batch (bulk data, or the socket is full). While a read is
  * processed it waits for the end of the read (or RX_FLUSH_BYTES of it), so
  * what the layer above answers to one read goes out in one write. A few
  * spare blocks are kept per busy connection to avoid page faults of fresh
@@ -426,7 +428,8 @@ static void flush(ap_tcp_conn_t *c)
         wblock_t *b = c->wq_unsub;
         if (!b->next) { /* the open tail: see above */
             if (c->in_read) break;
-            if (c->inflight > 0 && (c->h.write_queue_size > 0 || c->inflight >= WBLOCK_EARLY_MAX))
+            if (c->inflight > 0 && (b->len > WBLOCK_EARLY_BYTES || c->h.write_queue_size > 0 ||
+                                    c->inflight >= WBLOCK_EARLY_MAX))
                 break;
         }
         uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
