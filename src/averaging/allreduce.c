@@ -20,6 +20,7 @@
 #include "averaging/balance.h"
 #include "base/arena.h"
 #include "base/buf.h"
+#include "compress/kernels.h"
 
 #include "averaging.pb-c.h"
 
@@ -151,6 +152,7 @@ struct ap_allreduce {
     double weight;
     ap_allreduce_opts_t o;
     const ap__avg_codec_t *codec;
+    const ap__kernels_t *k; /* vectorised weighted sums */
     uint64_t *off, *cnt;
     double t_lp_s;
     /* reducer */
@@ -271,7 +273,7 @@ static void finalise_chunks(ap_allreduce_t *ar)
         double w = ar->wsum[c];
         if (w > 0) {
             if (ar->touched[c])
-                for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+                ar->k->wsum_mean(ar->result + s, ar->acc + s, len, w);
             else /* nobody else delivered: the same arithmetic on the own term alone */
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
@@ -338,23 +340,13 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     bool first = !ar->touched[f.index];
     ar->touched[f.index] = 1;
     /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
-     * as initialising acc with the own term, then adding) */
-    if (ar->codec->check_raw) {
-        if (!first)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ap__avg_raw_get(f.payload, e);
-        else if (own)
-            for (uint32_t e = 0; e < f.elems; e++)
-                acc[e] = ow * own[e] + w * ap__avg_raw_get(f.payload, e);
-        else
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ap__avg_raw_get(f.payload, e);
-    } else {
-        if (!first)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
-        else if (own)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = ow * own[e] + w * ar->scratch[e];
-        else
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ar->scratch[e];
-    }
+     * as initialising acc with the own term, then adding); one vectorised
+     * pass straight from the message for raw float32 */
+    const void *x = ar->codec->check_raw ? (const void *)f.payload : (const void *)ar->scratch;
+    if (!first)
+        ar->k->wsum_add(acc, x, f.elems, w);
+    else
+        ar->k->wsum_init(acc, own, ow, x, f.elems, w);
     ar->wsum[f.index] += w;
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
@@ -369,6 +361,25 @@ after:
     (void)s;
 }
 
+/* Sends chunk c (len elements at x) as a frame of the given type. Raw
+ * float32 (the payload is the tensor's bytes) goes header + tensor straight
+ * into the stream's send buffer: one copy; other codecs encode into the
+ * frame buffer first. 0, AP_EAGAIN or an error, as ap_stream_send. */
+static int send_chunk(ap_allreduce_t *ar, ap_stream_t *s, uint8_t type, uint32_t c, uint32_t len,
+                      const float *x)
+{
+    size_t pl = ar->codec->size(len);
+    if (ar->codec->check_raw) {
+        uint8_t hdr[AP__AVG_FRAME_HDR];
+        ap__avg_frame_header(hdr, type, ar->codec->id, c, len);
+        const ap_iovec_t iov[2] = {{hdr, sizeof hdr}, {x, pl}};
+        return ap_stream_sendv(s, iov, 2);
+    }
+    ap__avg_frame_header(ar->frame, type, ar->codec->id, c, len);
+    int rc = ar->codec->encode(x, len, ar->frame + AP__AVG_FRAME_HDR);
+    return rc ? rc : ap_stream_send(s, ar->frame, AP__AVG_FRAME_HDR + pl);
+}
+
 static void send_results_to(ap_allreduce_t *ar, int j)
 {
     in_slot_t *sl = &ar->in[j];
@@ -380,14 +391,12 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
         const uint8_t *fr = ar->res_enc ? ar->res_enc + (size_t)c * ar->res_fsz : NULL;
-        int rc = 0;
-        if (!fr || fr[0] != AP__AVG_FRAME_RESULT) {
-            ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-            rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
-                                   ar->frame + AP__AVG_FRAME_HDR);
-            fr = ar->frame;
-        }
-        if (rc == 0) rc = ap_stream_send(s, fr, fl);
+        int rc;
+        if (fr && fr[0] == AP__AVG_FRAME_RESULT)
+            rc = ap_stream_send(s, fr, fl);
+        else
+            rc = send_chunk(ar, s, AP__AVG_FRAME_RESULT, c, len,
+                            ar->result + (uint64_t)c * ar->o.chunk_elems);
         if (rc == AP_EAGAIN) return;
         if (rc) {
             drop_sender(ar, j, AP_ERESET, "cannot send results");
@@ -547,11 +556,9 @@ static int send_one(ap_allreduce_t *ar, int k)
     if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
-        ap__avg_frame_header(ar->frame, AP__AVG_FRAME_DATA, ar->codec->id, c, len);
-        int rc = ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
-                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
+        int rc = send_chunk(ar, s, AP__AVG_FRAME_DATA, c, len,
+                            ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems);
         if (rc == AP_EAGAIN) return 0;
         if (rc) {
             fail_part(ar, k, AP_ERESET, "cannot send data");
@@ -1051,15 +1058,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.max_lead_chunks) o.max_lead_chunks = UINT32_MAX;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
-    if (sends) { /* branch-free so that it vectorises: it reads the whole vector */
-        uint32_t bad = 0;
-        for (uint64_t i = 0; i < n_elems; i++) {
-            uint32_t v;
-            memcpy(&v, &data[i], 4);
-            bad |= (v & 0x7f800000u) + 0x00800000u; /* bit 31 set iff Inf or NaN */
-        }
-        if (bad & 0x80000000u) return AP_ENONFINITE;
-    }
+    /* vectorised: it reads the whole vector */
+    if (sends && !ap__kernels()->all_finite(data, n_elems)) return AP_ENONFINITE;
 
     ap_allreduce_t *ar = calloc(1, sizeof *ar);
     if (!ar) return AP_ENOMEM;
@@ -1074,6 +1074,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     ar->weight = sends ? weight : 0;
     ar->o = o;
     ar->codec = codec;
+    ar->k = ap__kernels();
     ar->done = done;
     ar->done_arg = arg;
     ar->start_us = ap_rt_now_us(rt);
