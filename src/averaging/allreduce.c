@@ -158,11 +158,17 @@ struct ap_allreduce {
     /* reducer */
     uint32_t my_chunks, reduced;
     double *acc, *wsum; /* acc: acc_bytes from the service's cache */
-    /* touched[c]: acc of chunk c holds a sum. The accumulator is filled
-     * lazily, by the first chunk c that arrives (own term + its term in one
-     * pass), so a round starts sending at once instead of first writing the
-     * whole accumulator. */
+    /* touched[c]: chunk c has a sum in its accumulator slot slot[c]. A slot
+     * is chunk_elems doubles of acc, taken by the first chunk c that arrives
+     * (own term + its term in one pass: a round starts sending at once
+     * instead of first writing the whole accumulator) and given back when c
+     * is final. Free slots are reused last-in first-out, so the few chunks
+     * in flight keep summing into memory that is still in the cache instead
+     * of a fresh stretch of a big array (room for my_chunks slots stays
+     * reserved: a sender may run any distance ahead of the others). */
     uint8_t *touched;
+    uint32_t *slot, *free_slots;
+    uint32_t nfree, fresh_slot;
     /* lossy codecs: each result chunk's frame, encoded once when the chunk is
      * final; the reducer keeps its decoding and every receiver gets these very
      * bytes (re-encoding decoded values is not the identity for every codec,
@@ -264,6 +270,11 @@ static bool chunk_ready(const ap_allreduce_t *ar, uint32_t c)
     return true;
 }
 
+static double *acc_of(const ap_allreduce_t *ar, uint32_t c)
+{
+    return ar->acc + (size_t)ar->slot[c] * ar->o.chunk_elems;
+}
+
 static void finalise_chunks(ap_allreduce_t *ar)
 {
     while (ar->reduced < ar->my_chunks && chunk_ready(ar, ar->reduced)) {
@@ -273,7 +284,7 @@ static void finalise_chunks(ap_allreduce_t *ar)
         double w = ar->wsum[c];
         if (w > 0) {
             if (ar->touched[c])
-                ar->k->wsum_mean(ar->result + s, ar->acc + s, len, w);
+                ar->k->wsum_mean(ar->result + s, acc_of(ar, c), len, w);
             else /* nobody else delivered: the same arithmetic on the own term alone */
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
@@ -295,6 +306,7 @@ static void finalise_chunks(ap_allreduce_t *ar)
             memset(ar->result + s, 0, (size_t)len * sizeof(float));
             if (ar->res_enc) ar->res_enc[(size_t)c * ar->res_fsz] = 0;
         }
+        if (ar->touched[c]) ar->free_slots[ar->nfree++] = ar->slot[c];
         ar->reduced++;
     }
 }
@@ -333,12 +345,14 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
                     rc == AP_ENONFINITE ? "NaN or Inf in chunk" : "chunk payload size mismatch");
         goto after;
     }
-    double *acc = ar->acc + (uint64_t)f.index * ar->o.chunk_elems;
     double w = sl->weight;
     const float *own = ar->sends ? ar->result + (uint64_t)f.index * ar->o.chunk_elems : NULL;
     double ow = ar->weight;
     bool first = !ar->touched[f.index];
+    if (first) /* at most my_chunks slots are ever in use */
+        ar->slot[f.index] = ar->nfree ? ar->free_slots[--ar->nfree] : ar->fresh_slot++;
     ar->touched[f.index] = 1;
+    double *acc = acc_of(ar, f.index);
     /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
      * as initialising acc with the own term, then adding); one vectorised
      * pass straight from the message for raw float32 */
@@ -879,6 +893,8 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
     free(ar->touched);
+    free(ar->slot);
+    free(ar->free_slots);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
@@ -977,11 +993,15 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     if (ar->cnt[ar->self] > 0) {
         uint64_t c = ar->cnt[ar->self];
         ar->my_chunks = nchunks(ar, c);
-        ar->acc = cache_take(ar->svc, 0, c * sizeof *ar->acc, &ar->acc_bytes);
+        ar->acc =
+            cache_take(ar->svc, 0, (size_t)ar->my_chunks * ce * sizeof *ar->acc, &ar->acc_bytes);
         ar->wsum = calloc(ar->my_chunks, sizeof *ar->wsum);
         ar->touched = calloc(ar->my_chunks, 1);
+        ar->slot = malloc(ar->my_chunks * sizeof *ar->slot);
+        ar->free_slots = malloc(ar->my_chunks * sizeof *ar->free_slots);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
-        if (!ar->acc || !ar->wsum || !ar->touched || !ar->in) goto nomem;
+        if (!ar->acc || !ar->wsum || !ar->touched || !ar->slot || !ar->free_slots || !ar->in)
+            goto nomem;
         if (ar->codec->id != AP_AVG_CODEC_F32) {
             ar->res_fsz = AP__AVG_FRAME_HDR + ar->codec->size((uint32_t)ce);
             ar->res_enc =
