@@ -7,7 +7,8 @@ PKGS=(
   build-essential cmake pkg-config git
   clang llvm libclang-rt-14-dev clang-format
   libuv1-dev            # event loop, TCP, timers, thread wake-ups
-  libsodium-dev         # Ed25519, X25519, ChaCha20-Poly1305, BLAKE2b, SHA-256
+  libsodium-dev         # Ed25519, X25519, BLAKE2b, SHA-256, ChaCha20-Poly1305 (fallback)
+  libssl-dev            # ChaCha20-Poly1305 for bulk traffic (libcrypto: ~3x libsodium's here)
   libprotobuf-c-dev protobuf-c-compiler  # wire messages
   liblpsolve55-dev      # linear program for bandwidth-aware load balancing
   libopenblas-dev       # sgemm for the model kit

@@ -2,13 +2,14 @@
  * Section numbers below refer to https://noiseprotocol.org/noise.html rev 34. */
 #include "net/noise.h"
 #include "apiary/error.h"
+#include "net/aead.h"
 
 #include <sodium.h>
 #include <string.h>
 
 _Static_assert(crypto_scalarmult_BYTES == AP_NOISE_DHLEN, "X25519 size");
-_Static_assert(crypto_aead_chacha20poly1305_ietf_ABYTES == AP_NOISE_TAGLEN, "tag size");
-_Static_assert(crypto_aead_chacha20poly1305_ietf_NPUBBYTES == 12, "nonce size");
+_Static_assert(AP_AEAD_TAGLEN == AP_NOISE_TAGLEN, "tag size");
+_Static_assert(AP_AEAD_NONCELEN == 12, "nonce size");
 
 /* ---- hash, HMAC, HKDF (section 4.3) ---------------------------------------- */
 
@@ -129,8 +130,8 @@ int ap__noise_cs_encrypt(ap_noise_cs_t *cs, const uint8_t *ad, size_t adlen, con
     if (cs->n == UINT64_MAX) return AP_ELIMIT; /* reserved: never used as a nonce */
     uint8_t nonce[12];
     nonce12(nonce, cs->n);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + len, NULL, plain, len, ad, adlen,
-                                                       NULL, nonce, cs->k);
+    int rc = ap__aead_seal(cs->k, nonce, ad, adlen, plain, len, out);
+    if (rc) return rc;
     cs->n++;
     return 0;
 }
@@ -147,9 +148,8 @@ int ap__noise_cs_decrypt(ap_noise_cs_t *cs, const uint8_t *ad, size_t adlen, con
     uint8_t nonce[12];
     nonce12(nonce, cs->n);
     size_t plen = len - AP_NOISE_TAGLEN;
-    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(out, NULL, cipher, plen, cipher + plen,
-                                                           ad, adlen, nonce, cs->k) != 0)
-        return AP_EAUTH;
+    int rc = ap__aead_open(cs->k, nonce, ad, adlen, cipher, plen, cipher + plen, out);
+    if (rc) return rc;
     cs->n++;
     return 0;
 }

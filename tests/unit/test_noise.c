@@ -1,9 +1,10 @@
 /* Noise XX: every published vector in shared/testvectors/noise-xx*.json,
  * byte for byte, both hashes; the HMAC/HKDF building blocks against RFC
  * vectors; and the failure behaviour (altered, replayed, reordered, truncated
- * messages, nonce exhaustion). */
+ * messages, nonce exhaustion) — each over both AEAD implementations. */
 #include "aptest.h"
 
+#include "net/aead.h"
 #include "net/noise.h"
 #include "net/secure.h"
 
@@ -594,5 +595,10 @@ int main(void)
         cmocka_unit_test(test_transport_failures), cmocka_unit_test(test_handshake_failures),
         cmocka_unit_test(test_secure_handshake),   cmocka_unit_test(test_secure_payload_checks),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* Everything twice: over OpenSSL's AEAD (the default) and libsodium's. */
+    int failed = cmocka_run_group_tests_name("noise/openssl", tests, NULL, NULL);
+    if (!ap__aead_use_openssl(false)) return 1;
+    vectors_run = 0;
+    failed += cmocka_run_group_tests_name("noise/libsodium", tests, NULL, NULL);
+    return failed;
 }
