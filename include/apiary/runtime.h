@@ -234,6 +234,29 @@ AP_EXPORT int ap_rt_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const cha
 
 AP_EXPORT void ap_stream_set_cbs(ap_stream_t *s, const ap_stream_cbs_t *cbs, void *arg);
 AP_EXPORT int ap_stream_send(ap_stream_t *s, const uint8_t *data, size_t len);
+
+/* One piece of a gathered message (ap_stream_sendv). base may be NULL when
+ * len is 0. */
+typedef struct ap_iovec {
+    const void *base;
+    size_t len;
+} ap_iovec_t;
+
+/* Most pieces one ap_stream_sendv call takes. */
+#define AP_STREAM_IOV_MAX 64
+
+/* Gather send: sends ONE message whose bytes are iov[0], iov[1], ...,
+ * iov[iovcnt-1] concatenated, copied straight from the pieces into the
+ * stream's send buffer (one copy; the caller need not first assemble e.g. a
+ * frame header and a payload read in place from a tensor). Exactly
+ * ap_stream_send of the concatenation otherwise: the receiver gets one
+ * on_msg with all the bytes; the window check, AP_EAGAIN (nothing copied,
+ * on_writable follows) and the error codes apply to the total length.
+ * Pieces of length 0 are allowed; iovcnt 0 sends an empty message. The
+ * caller keeps ownership of iov and the pieces, which are only read during
+ * the call. AP_EINVAL if iovcnt < 0 or > AP_STREAM_IOV_MAX, or iov (or a
+ * piece's base with len > 0) is NULL; AP_EMSGSIZE if the total overflows. */
+AP_EXPORT int ap_stream_sendv(ap_stream_t *s, const ap_iovec_t *iov, int iovcnt);
 /* Bytes currently buffered for sending, and the window. */
 AP_EXPORT size_t ap_stream_buffered(const ap_stream_t *s);
 AP_EXPORT size_t ap_stream_window(const ap_stream_t *s);

@@ -20,6 +20,7 @@
 #include "averaging/balance.h"
 #include "base/arena.h"
 #include "base/buf.h"
+#include "compress/kernels.h"
 
 #include "averaging.pb-c.h"
 
@@ -151,16 +152,23 @@ struct ap_allreduce {
     double weight;
     ap_allreduce_opts_t o;
     const ap__avg_codec_t *codec;
+    const ap__kernels_t *k; /* vectorised weighted sums */
     uint64_t *off, *cnt;
     double t_lp_s;
     /* reducer */
     uint32_t my_chunks, reduced;
     double *acc, *wsum; /* acc: acc_bytes from the service's cache */
-    /* touched[c]: acc of chunk c holds a sum. The accumulator is filled
-     * lazily, by the first chunk c that arrives (own term + its term in one
-     * pass), so a round starts sending at once instead of first writing the
-     * whole accumulator. */
+    /* touched[c]: chunk c has a sum in its accumulator slot slot[c]. A slot
+     * is chunk_elems doubles of acc, taken by the first chunk c that arrives
+     * (own term + its term in one pass: a round starts sending at once
+     * instead of first writing the whole accumulator) and given back when c
+     * is final. Free slots are reused last-in first-out, so the few chunks
+     * in flight keep summing into memory that is still in the cache instead
+     * of a fresh stretch of a big array (room for my_chunks slots stays
+     * reserved: a sender may run any distance ahead of the others). */
     uint8_t *touched;
+    uint32_t *slot, *free_slots;
+    uint32_t nfree, fresh_slot;
     /* lossy codecs: each result chunk's frame, encoded once when the chunk is
      * final; the reducer keeps its decoding and every receiver gets these very
      * bytes (re-encoding decoded values is not the identity for every codec,
@@ -262,6 +270,11 @@ static bool chunk_ready(const ap_allreduce_t *ar, uint32_t c)
     return true;
 }
 
+static double *acc_of(const ap_allreduce_t *ar, uint32_t c)
+{
+    return ar->acc + (size_t)ar->slot[c] * ar->o.chunk_elems;
+}
+
 static void finalise_chunks(ap_allreduce_t *ar)
 {
     while (ar->reduced < ar->my_chunks && chunk_ready(ar, ar->reduced)) {
@@ -271,7 +284,7 @@ static void finalise_chunks(ap_allreduce_t *ar)
         double w = ar->wsum[c];
         if (w > 0) {
             if (ar->touched[c])
-                for (uint32_t e = 0; e < len; e++) ar->result[s + e] = (float)(ar->acc[s + e] / w);
+                ar->k->wsum_mean(ar->result + s, acc_of(ar, c), len, w);
             else /* nobody else delivered: the same arithmetic on the own term alone */
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
@@ -293,6 +306,7 @@ static void finalise_chunks(ap_allreduce_t *ar)
             memset(ar->result + s, 0, (size_t)len * sizeof(float));
             if (ar->res_enc) ar->res_enc[(size_t)c * ar->res_fsz] = 0;
         }
+        if (ar->touched[c]) ar->free_slots[ar->nfree++] = ar->slot[c];
         ar->reduced++;
     }
 }
@@ -331,30 +345,22 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
                     rc == AP_ENONFINITE ? "NaN or Inf in chunk" : "chunk payload size mismatch");
         goto after;
     }
-    double *acc = ar->acc + (uint64_t)f.index * ar->o.chunk_elems;
     double w = sl->weight;
     const float *own = ar->sends ? ar->result + (uint64_t)f.index * ar->o.chunk_elems : NULL;
     double ow = ar->weight;
     bool first = !ar->touched[f.index];
+    if (first) /* at most my_chunks slots are ever in use */
+        ar->slot[f.index] = ar->nfree ? ar->free_slots[--ar->nfree] : ar->fresh_slot++;
     ar->touched[f.index] = 1;
+    double *acc = acc_of(ar, f.index);
     /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
-     * as initialising acc with the own term, then adding) */
-    if (ar->codec->check_raw) {
-        if (!first)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ap__avg_raw_get(f.payload, e);
-        else if (own)
-            for (uint32_t e = 0; e < f.elems; e++)
-                acc[e] = ow * own[e] + w * ap__avg_raw_get(f.payload, e);
-        else
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ap__avg_raw_get(f.payload, e);
-    } else {
-        if (!first)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] += w * ar->scratch[e];
-        else if (own)
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = ow * own[e] + w * ar->scratch[e];
-        else
-            for (uint32_t e = 0; e < f.elems; e++) acc[e] = w * ar->scratch[e];
-    }
+     * as initialising acc with the own term, then adding); one vectorised
+     * pass straight from the message for raw float32 */
+    const void *x = ar->codec->check_raw ? (const void *)f.payload : (const void *)ar->scratch;
+    if (!first)
+        ar->k->wsum_add(acc, x, f.elems, w);
+    else
+        ar->k->wsum_init(acc, own, ow, x, f.elems, w);
     ar->wsum[f.index] += w;
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
@@ -369,6 +375,25 @@ after:
     (void)s;
 }
 
+/* Sends chunk c (len elements at x) as a frame of the given type. Raw
+ * float32 (the payload is the tensor's bytes) goes header + tensor straight
+ * into the stream's send buffer: one copy; other codecs encode into the
+ * frame buffer first. 0, AP_EAGAIN or an error, as ap_stream_send. */
+static int send_chunk(ap_allreduce_t *ar, ap_stream_t *s, uint8_t type, uint32_t c, uint32_t len,
+                      const float *x)
+{
+    size_t pl = ar->codec->size(len);
+    if (ar->codec->check_raw) {
+        uint8_t hdr[AP__AVG_FRAME_HDR];
+        ap__avg_frame_header(hdr, type, ar->codec->id, c, len);
+        const ap_iovec_t iov[2] = {{hdr, sizeof hdr}, {x, pl}};
+        return ap_stream_sendv(s, iov, 2);
+    }
+    ap__avg_frame_header(ar->frame, type, ar->codec->id, c, len);
+    int rc = ar->codec->encode(x, len, ar->frame + AP__AVG_FRAME_HDR);
+    return rc ? rc : ap_stream_send(s, ar->frame, AP__AVG_FRAME_HDR + pl);
+}
+
 static void send_results_to(ap_allreduce_t *ar, int j)
 {
     in_slot_t *sl = &ar->in[j];
@@ -380,14 +405,12 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         uint32_t len = chunk_len(ar, ar->cnt[ar->self], c);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
         const uint8_t *fr = ar->res_enc ? ar->res_enc + (size_t)c * ar->res_fsz : NULL;
-        int rc = 0;
-        if (!fr || fr[0] != AP__AVG_FRAME_RESULT) {
-            ap__avg_frame_header(ar->frame, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-            rc = ar->codec->encode(ar->result + (uint64_t)c * ar->o.chunk_elems, len,
-                                   ar->frame + AP__AVG_FRAME_HDR);
-            fr = ar->frame;
-        }
-        if (rc == 0) rc = ap_stream_send(s, fr, fl);
+        int rc;
+        if (fr && fr[0] == AP__AVG_FRAME_RESULT)
+            rc = ap_stream_send(s, fr, fl);
+        else
+            rc = send_chunk(ar, s, AP__AVG_FRAME_RESULT, c, len,
+                            ar->result + (uint64_t)c * ar->o.chunk_elems);
         if (rc == AP_EAGAIN) return;
         if (rc) {
             drop_sender(ar, j, AP_ERESET, "cannot send results");
@@ -547,11 +570,9 @@ static int send_one(ap_allreduce_t *ar, int k)
     if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
-        ap__avg_frame_header(ar->frame, AP__AVG_FRAME_DATA, ar->codec->id, c, len);
-        int rc = ar->codec->encode(ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems, len,
-                                   ar->frame + AP__AVG_FRAME_HDR);
         size_t fl = AP__AVG_FRAME_HDR + ar->codec->size(len);
-        if (rc == 0) rc = ap_stream_send(s, ar->frame, fl);
+        int rc = send_chunk(ar, s, AP__AVG_FRAME_DATA, c, len,
+                            ar->data + ar->off[k] + (uint64_t)c * ar->o.chunk_elems);
         if (rc == AP_EAGAIN) return 0;
         if (rc) {
             fail_part(ar, k, AP_ERESET, "cannot send data");
@@ -872,6 +893,8 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
     free(ar->touched);
+    free(ar->slot);
+    free(ar->free_slots);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
@@ -970,11 +993,15 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     if (ar->cnt[ar->self] > 0) {
         uint64_t c = ar->cnt[ar->self];
         ar->my_chunks = nchunks(ar, c);
-        ar->acc = cache_take(ar->svc, 0, c * sizeof *ar->acc, &ar->acc_bytes);
+        ar->acc =
+            cache_take(ar->svc, 0, (size_t)ar->my_chunks * ce * sizeof *ar->acc, &ar->acc_bytes);
         ar->wsum = calloc(ar->my_chunks, sizeof *ar->wsum);
         ar->touched = calloc(ar->my_chunks, 1);
+        ar->slot = malloc(ar->my_chunks * sizeof *ar->slot);
+        ar->free_slots = malloc(ar->my_chunks * sizeof *ar->free_slots);
         ar->in = calloc((size_t)g->n, sizeof *ar->in);
-        if (!ar->acc || !ar->wsum || !ar->touched || !ar->in) goto nomem;
+        if (!ar->acc || !ar->wsum || !ar->touched || !ar->slot || !ar->free_slots || !ar->in)
+            goto nomem;
         if (ar->codec->id != AP_AVG_CODEC_F32) {
             ar->res_fsz = AP__AVG_FRAME_HDR + ar->codec->size((uint32_t)ce);
             ar->res_enc =
@@ -1051,15 +1078,8 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.max_lead_chunks) o.max_lead_chunks = UINT32_MAX;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
-    if (sends) { /* branch-free so that it vectorises: it reads the whole vector */
-        uint32_t bad = 0;
-        for (uint64_t i = 0; i < n_elems; i++) {
-            uint32_t v;
-            memcpy(&v, &data[i], 4);
-            bad |= (v & 0x7f800000u) + 0x00800000u; /* bit 31 set iff Inf or NaN */
-        }
-        if (bad & 0x80000000u) return AP_ENONFINITE;
-    }
+    /* vectorised: it reads the whole vector */
+    if (sends && !ap__kernels()->all_finite(data, n_elems)) return AP_ENONFINITE;
 
     ap_allreduce_t *ar = calloc(1, sizeof *ar);
     if (!ar) return AP_ENOMEM;
@@ -1074,6 +1094,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     ar->weight = sends ? weight : 0;
     ar->o = o;
     ar->codec = codec;
+    ar->k = ap__kernels();
     ar->done = done;
     ar->done_arg = arg;
     ar->start_us = ap_rt_now_us(rt);

@@ -4,6 +4,7 @@
 
 #include "apiary/compress.h"
 #include "apiary/error.h"
+#include "compress/kernels.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -31,18 +32,12 @@ static int f32_encode(const float *x, uint32_t n, uint8_t *out)
     return 0;
 }
 
-/* Whether any of the n floats at p has an all-ones exponent (Inf or NaN):
- * (v & exp) + one exponent step carries into bit 31 exactly then. Branch-free
- * so that the compiler vectorises it (it runs over every byte of a round). */
+/* Whether any of the n floats at p (any alignment) is Inf or NaN: the
+ * vectorised check of the compress kernels (it runs over every byte of a
+ * round). */
 static bool any_nonfinite(const uint8_t *p, size_t n)
 {
-    uint32_t acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v;
-        memcpy(&v, p + 4 * i, 4);
-        acc |= (v & 0x7f800000u) + 0x00800000u;
-    }
-    return (acc & 0x80000000u) != 0;
+    return !ap__kernels()->all_finite(p, n);
 }
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__

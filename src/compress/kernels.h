@@ -70,6 +70,19 @@ typedef struct ap__kernels {
     bool (*absmax)(const float *src, size_t n, float *amax);
     /* blockwise codes for one block given amax (see compress.c) */
     void (*bw_codes)(const float *src, size_t n, float amax, uint8_t *codes);
+    /* ---- the all-reduce's weighted sums (averaging/allreduce.c) ----
+     * x points at n little-endian float32 values at any alignment (a chunk
+     * in a received message). Each element is computed in double exactly as
+     * the C expression in the comment (every product rounded, then the sum:
+     * no fused multiply-add), so both kernel sets give the same bits. */
+    /* true iff none of the n floats at x is NaN or Inf */
+    bool (*all_finite)(const void *x, size_t n);
+    /* acc[i] += w * x[i] */
+    void (*wsum_add)(double *acc, const void *x, size_t n, double w);
+    /* acc[i] = ow * own[i] + w * x[i]; acc[i] = w * x[i] if own is NULL */
+    void (*wsum_init)(double *acc, const float *own, double ow, const void *x, size_t n, double w);
+    /* dst[i] = (float)(acc[i] / w) */
+    void (*wsum_mean)(float *dst, const double *acc, size_t n, double w);
 } ap__kernels_t;
 
 extern const ap__kernels_t ap__kernels_scalar;

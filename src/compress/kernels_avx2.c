@@ -289,6 +289,86 @@ AVX static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
     ap__kernels_scalar.bw_codes(src + i, n - i, amax, codes + i);
 }
 
+/* 8 floats at x + i (any alignment), widened to two vectors of 4 doubles:
+ * exact. */
+AVX static inline void ld8d(const void *x, size_t i, __m256d *lo, __m256d *hi)
+{
+    __m256 v = _mm256_loadu_ps((const float *)(const void *)((const uint8_t *)x + 4 * i));
+    *lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    *hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+}
+
+AVX static bool all_finite(const void *x, size_t n)
+{
+    const __m256i em = _mm256_set1_epi32(0x7f800000);
+    __m256i bad = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const uint8_t *p = (const uint8_t *)x + 4 * i;
+        for (int k = 0; k < 4; k++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * k));
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, em), em));
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)((const uint8_t *)x + 4 * i));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, em), em));
+    }
+    if (!_mm256_testz_si256(bad, bad)) return false;
+    return ap__kernels_scalar.all_finite((const uint8_t *)x + 4 * i, n - i);
+}
+
+/* The products and sums below are the scalar kernels' operations lane by
+ * lane (MULPD then ADDPD, each rounded; this target has no FMA to contract
+ * into), so the results are the same bits. */
+AVX static void wsum_add(double *acc, const void *x, size_t n, double w)
+{
+    const __m256d vw = _mm256_set1_pd(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d lo, hi;
+        ld8d(x, i, &lo, &hi);
+        _mm256_storeu_pd(acc + i, _mm256_add_pd(_mm256_loadu_pd(acc + i), _mm256_mul_pd(vw, lo)));
+        _mm256_storeu_pd(acc + i + 4,
+                         _mm256_add_pd(_mm256_loadu_pd(acc + i + 4), _mm256_mul_pd(vw, hi)));
+    }
+    ap__kernels_scalar.wsum_add(acc + i, (const uint8_t *)x + 4 * i, n - i, w);
+}
+
+AVX static void wsum_init(double *acc, const float *own, double ow, const void *x, size_t n,
+                          double w)
+{
+    const __m256d vw = _mm256_set1_pd(w), vo = _mm256_set1_pd(ow);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d lo, hi;
+        ld8d(x, i, &lo, &hi);
+        lo = _mm256_mul_pd(vw, lo);
+        hi = _mm256_mul_pd(vw, hi);
+        if (own) {
+            __m256 o = _mm256_loadu_ps(own + i);
+            lo = _mm256_add_pd(_mm256_mul_pd(vo, _mm256_cvtps_pd(_mm256_castps256_ps128(o))), lo);
+            hi = _mm256_add_pd(_mm256_mul_pd(vo, _mm256_cvtps_pd(_mm256_extractf128_ps(o, 1))), hi);
+        }
+        _mm256_storeu_pd(acc + i, lo);
+        _mm256_storeu_pd(acc + i + 4, hi);
+    }
+    ap__kernels_scalar.wsum_init(acc + i, own ? own + i : NULL, ow, (const uint8_t *)x + 4 * i,
+                                 n - i, w);
+}
+
+AVX static void wsum_mean(float *dst, const double *acc, size_t n, double w)
+{
+    const __m256d vw = _mm256_set1_pd(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(acc + i), vw));
+        __m128 hi = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_loadu_pd(acc + i + 4), vw));
+        _mm256_storeu_ps(dst + i, _mm256_set_m128(hi, lo));
+    }
+    ap__kernels_scalar.wsum_mean(dst + i, acc + i, n - i, w);
+}
+
 static const ap__kernels_t avx2_kernels = {
     .name = "avx2",
     .f16_enc = f16_enc,
@@ -304,6 +384,10 @@ static const ap__kernels_t avx2_kernels = {
     .q8_codes = q8_codes,
     .absmax = absmax,
     .bw_codes = bw_codes,
+    .all_finite = all_finite,
+    .wsum_add = wsum_add,
+    .wsum_init = wsum_init,
+    .wsum_mean = wsum_mean,
 };
 
 static const ap__kernels_t *avx2_or_null;

@@ -212,6 +212,44 @@ static void bw_codes(const float *src, size_t n, float amax, uint8_t *codes)
     for (size_t i = 0; i < n; i++) codes[i] = ap__bw_code_ref(src[i], inv, amax, use_div);
 }
 
+static inline float ldf(const void *x, size_t i)
+{
+    float v;
+    memcpy(&v, (const uint8_t *)x + 4 * i, 4);
+    return v;
+}
+
+/* (v & exponent) + one exponent step carries into bit 31 exactly when the
+ * exponent is all ones (Inf or NaN); branch-free. */
+static bool all_finite(const void *x, size_t n)
+{
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, (const uint8_t *)x + 4 * i, 4);
+        acc |= (v & 0x7f800000u) + 0x00800000u;
+    }
+    return (acc & 0x80000000u) == 0;
+}
+
+static void wsum_add(double *acc, const void *x, size_t n, double w)
+{
+    for (size_t i = 0; i < n; i++) acc[i] += w * ldf(x, i);
+}
+
+static void wsum_init(double *acc, const float *own, double ow, const void *x, size_t n, double w)
+{
+    if (own)
+        for (size_t i = 0; i < n; i++) acc[i] = ow * own[i] + w * ldf(x, i);
+    else
+        for (size_t i = 0; i < n; i++) acc[i] = w * ldf(x, i);
+}
+
+static void wsum_mean(float *dst, const double *acc, size_t n, double w)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = (float)(acc[i] / w);
+}
+
 const ap__kernels_t ap__kernels_scalar = {
     .name = "scalar",
     .f16_enc = f16_enc,
@@ -227,4 +265,8 @@ const ap__kernels_t ap__kernels_scalar = {
     .q8_codes = q8_codes,
     .absmax = absmax,
     .bw_codes = bw_codes,
+    .all_finite = all_finite,
+    .wsum_add = wsum_add,
+    .wsum_init = wsum_init,
+    .wsum_mean = wsum_mean,
 };

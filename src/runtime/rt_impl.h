@@ -40,6 +40,10 @@ typedef struct ap_rt_ops {
                        const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
                        const ap_stream_cbs_t *cbs, void *arg, ap_stream_t **out);
     int (*stream_send)(ap_stream_t *s, const uint8_t *data, size_t len);
+    /* Gather send; runtime.c has checked iov (see ap_stream_sendv) and
+     * computed total = the sum of the lengths. NULL: runtime.c assembles the
+     * message in a temporary buffer and calls stream_send. */
+    int (*stream_sendv)(ap_stream_t *s, const ap_iovec_t *iov, int iovcnt, size_t total);
     size_t (*stream_buffered)(const ap_stream_t *s);
     void (*stream_pause)(ap_stream_t *s, bool paused);
     int (*stream_close)(ap_stream_t *s);
@@ -119,5 +123,9 @@ void ap__rng_seed(uint64_t s[4], uint64_t seed);
 uint64_t ap__rng_next(uint64_t s[4]);
 /* Uniform in [0, n) without modulo bias (0 when n <= 1). */
 uint64_t ap__rng_below(uint64_t s[4], uint64_t n);
+
+/* Copies the pieces of a checked gather (ap_stream_sendv) to dst, which has
+ * room for their total. */
+void ap__iov_gather(uint8_t *dst, const ap_iovec_t *iov, int iovcnt);
 
 #endif

@@ -397,6 +397,34 @@ int ap_stream_send(ap_stream_t *s, const uint8_t *data, size_t len)
     return s->rt->ops->stream_send(s, data, len);
 }
 
+void ap__iov_gather(uint8_t *dst, const ap_iovec_t *iov, int iovcnt)
+{
+    for (int i = 0; i < iovcnt; i++) {
+        if (!iov[i].len) continue;
+        memcpy(dst, iov[i].base, iov[i].len);
+        dst += iov[i].len;
+    }
+}
+
+int ap_stream_sendv(ap_stream_t *s, const ap_iovec_t *iov, int iovcnt)
+{
+    if (iovcnt < 0 || iovcnt > AP_STREAM_IOV_MAX || (iovcnt > 0 && !iov)) return AP_EINVAL;
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++) {
+        if (iov[i].len && !iov[i].base) return AP_EINVAL;
+        if (iov[i].len > SIZE_MAX - total) return AP_EMSGSIZE;
+        total += iov[i].len;
+    }
+    if (s->rt->ops->stream_sendv) return s->rt->ops->stream_sendv(s, iov, iovcnt, total);
+    /* a driver without a gather path: one temporary copy */
+    uint8_t *tmp = malloc(total ? total : 1);
+    if (!tmp) return AP_ENOMEM;
+    ap__iov_gather(tmp, iov, iovcnt);
+    int rc = s->rt->ops->stream_send(s, tmp, total);
+    free(tmp);
+    return rc;
+}
+
 size_t ap_stream_buffered(const ap_stream_t *s)
 {
     return s->rt->ops->stream_buffered(s);

@@ -2,6 +2,7 @@
 #include "aptest.h"
 #include "conformance.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -642,6 +643,249 @@ static void test_stream_peer_crash(void **state)
     assert_int_equal(cli.close_status, AP_ECLOSED);
 }
 
+/* ---- gather send (ap_stream_sendv) ---------------------------------------- */
+
+/* Message k of a sendv test: gv_len(k) bytes, byte i = gv_byte(k, i). Some
+ * are empty, some span several transport frames. */
+static size_t gv_len(uint32_t k)
+{
+    if (k % 17 == 5) return 0;
+    if (k % 23 == 0) return 70000 + k;
+    return 1 + (k * 53) % 5000;
+}
+
+static uint8_t gv_byte(uint32_t k, size_t i)
+{
+    return (uint8_t)(k * 31 + i * 7 + (i >> 8));
+}
+
+typedef struct {
+    ap_stream_t *s;
+    uint32_t base; /* index of the first message */
+    uint32_t received;
+    bool ok, ended, closed, paused;
+    int close_status;
+    int writable;
+} gv_ctx_t;
+
+static void gv_on_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
+{
+    (void)s;
+    gv_ctx_t *c = arg;
+    uint32_t k = c->base + c->received++;
+    if (n != gv_len(k)) {
+        c->ok = false;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (d[i] != gv_byte(k, i)) {
+            c->ok = false;
+            return;
+        }
+}
+
+static void gv_on_writable(ap_stream_t *s, void *arg)
+{
+    (void)s;
+    ((gv_ctx_t *)arg)->writable++;
+}
+
+static void gv_on_end(ap_stream_t *s, void *arg)
+{
+    gv_ctx_t *c = arg;
+    c->ended = true;
+    ap_stream_close(s);
+}
+
+static void gv_on_close(ap_stream_t *s, void *arg, int status)
+{
+    (void)s;
+    gv_ctx_t *c = arg;
+    if (c->closed) c->ok = false;
+    c->closed = true;
+    c->close_status = status;
+    c->s = NULL;
+}
+
+static const ap_stream_cbs_t gv_cbs = {.on_msg = gv_on_msg,
+                                       .on_writable = gv_on_writable,
+                                       .on_end = gv_on_end,
+                                       .on_close = gv_on_close};
+
+static int gv_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
+                     const uint8_t *hello, size_t len)
+{
+    (void)rt, (void)peer, (void)hello, (void)len;
+    gv_ctx_t *c = arg;
+    c->s = s;
+    ap_stream_set_cbs(s, &gv_cbs, c);
+    if (c->paused) ap_stream_pause(s, true);
+    return 0;
+}
+
+static bool gv_closed_both(void *arg)
+{
+    gv_ctx_t **p = arg;
+    return p[0]->closed && p[1]->closed;
+}
+
+/* Sends message k cut into pieces that depend on k: 0 to 6 pieces, some of
+ * length 0 (with and without a base), cuts anywhere (also inside what the
+ * receiver reads first). buf holds at least gv_len(k) bytes. */
+static int gv_send(ap_stream_t *s, uint32_t k, uint8_t *buf)
+{
+    size_t n = gv_len(k);
+    for (size_t i = 0; i < n; i++) buf[i] = gv_byte(k, i);
+    ap_iovec_t iov[8];
+    int cnt = 0;
+    if (n == 0 && k % 2) return ap_stream_sendv(s, NULL, 0); /* no pieces at all */
+    int pieces = 1 + (int)(k % 6);
+    size_t at = 0;
+    for (int p = 0; p < pieces; p++) {
+        size_t left = n - at;
+        size_t take = p == pieces - 1 ? left : (left * (size_t)(p + 1 + k % 3)) / 7;
+        if ((k + (uint32_t)p) % 5 == 0) take = 0; /* an empty piece in the middle */
+        if (p == pieces - 1) take = left;
+        iov[cnt].base = take || (k + (uint32_t)p) % 2 ? buf + at : NULL;
+        iov[cnt].len = take;
+        cnt++;
+        at += take;
+    }
+    return ap_stream_sendv(s, iov, cnt);
+}
+
+/* Messages sent with ap_stream_sendv arrive whole, in order, interleaved
+ * with ap_stream_send; empty pieces and empty messages are fine. */
+static void test_stream_sendv_order(void **state)
+{
+    fixture_t *f = *state;
+    ap_rt_t *a = T->node(f->tb, 0), *b = T->node(f->tb, 1);
+    gv_ctx_t srv = {.ok = true}, cli = {.ok = true};
+    assert_ok(ap_rt_stream_listen(b, "/test/sendv/1", NULL, gv_accept, &srv));
+    ap_stream_opts_t o = {.window = 256 * 1024};
+    assert_ok(
+        ap_rt_stream_open(a, ap_rt_self(b), "/test/sendv/1", NULL, 0, &o, &gv_cbs, &cli, &cli.s));
+    uint8_t *buf = malloc(80000);
+    assert_non_null(buf);
+    const uint32_t total = 300;
+    uint32_t sent = 0;
+    while (sent < total) {
+        int rc;
+        if (sent % 7 == 3) { /* plain send in between */
+            size_t n = gv_len(sent);
+            for (size_t i = 0; i < n; i++) buf[i] = gv_byte(sent, i);
+            rc = ap_stream_send(cli.s, buf, n);
+        } else {
+            rc = gv_send(cli.s, sent, buf);
+        }
+        if (rc == AP_EAGAIN) {
+            assert_true(ap_stream_buffered(cli.s) <= ap_stream_window(cli.s));
+            T->run_until(f->tb, NULL, NULL, 2 * MS);
+            continue;
+        }
+        assert_ok(rc);
+        sent++;
+    }
+    free(buf);
+    assert_ok(ap_stream_close(cli.s));
+    gv_ctx_t *both[2] = {&srv, &cli};
+    assert_true(T->run_until(f->tb, gv_closed_both, both, LONG_WAIT));
+    assert_true(srv.ok);
+    assert_int_equal(srv.received, total);
+    assert_true(srv.ended);
+    assert_int_equal(srv.close_status, 0);
+    assert_int_equal(cli.close_status, 0);
+    assert_true(cli.ok);
+}
+
+/* The window applies to a gather's total exactly as to ap_stream_send: a
+ * refused sendv copies nothing and on_writable follows; bad arguments are
+ * refused before anything is queued. */
+static void test_stream_sendv_window(void **state)
+{
+    fixture_t *f = *state;
+    ap_rt_t *a = T->node(f->tb, 0), *b = T->node(f->tb, 1);
+    gv_ctx_t srv = {.ok = true, .paused = true, .base = 24}, cli = {.ok = true};
+    assert_ok(ap_rt_stream_listen(b, "/test/sendvw/1", NULL, gv_accept, &srv));
+    const size_t W = 64 * 1024;
+    ap_stream_opts_t o = {.window = W};
+    assert_ok(
+        ap_rt_stream_open(a, ap_rt_self(b), "/test/sendvw/1", NULL, 0, &o, &gv_cbs, &cli, &cli.s));
+    uint8_t *buf = malloc(80000);
+    assert_non_null(buf);
+
+    /* bad arguments: refused, nothing queued */
+    uint8_t one = 1;
+    ap_iovec_t bad_base[2] = {{&one, 1}, {NULL, 3}};
+    ap_iovec_t huge[2] = {{&one, SIZE_MAX / 2 + 1}, {&one, SIZE_MAX / 2 + 1}};
+    ap_iovec_t many[AP_STREAM_IOV_MAX + 1];
+    for (int i = 0; i <= AP_STREAM_IOV_MAX; i++) many[i] = (ap_iovec_t){&one, 0};
+    assert_int_equal(ap_stream_sendv(cli.s, bad_base, -1), AP_EINVAL);
+    assert_int_equal(ap_stream_sendv(cli.s, NULL, 1), AP_EINVAL);
+    assert_int_equal(ap_stream_sendv(cli.s, bad_base, 2), AP_EINVAL);
+    assert_int_equal(ap_stream_sendv(cli.s, many, AP_STREAM_IOV_MAX + 1), AP_EINVAL);
+    assert_int_equal(ap_stream_sendv(cli.s, huge, 2), AP_EMSGSIZE);
+    assert_int_equal(ap_stream_buffered(cli.s), 0);
+
+    /* the receiver is paused: sendv hits AP_EAGAIN with a bounded buffer */
+    uint32_t k = srv.base, sent = 0;
+    int eagain = 0;
+    for (int round = 0; round < 400 && eagain < 5; round++) {
+        size_t before = ap_stream_buffered(cli.s);
+        int rc = gv_send(cli.s, k, buf);
+        if (rc == AP_EAGAIN) {
+            eagain++;
+            assert_int_equal(ap_stream_buffered(cli.s), before); /* nothing copied */
+            assert_true(before > 0 && before + gv_len(k) > W);
+            T->run_until(f->tb, NULL, NULL, 10 * MS);
+            continue;
+        }
+        assert_ok(rc);
+        assert_true(ap_stream_buffered(cli.s) <= W);
+        k++, sent++;
+    }
+    assert_true(eagain >= 5);
+    assert_true(sent > 3 && sent < 400);
+    assert_int_equal(srv.received, 0);
+    /* resume: everything arrives whole and in order, on_writable fires */
+    int writable_before = cli.writable;
+    ap_stream_pause(srv.s, false);
+    for (int i = 0; i < 2000 && srv.received < sent; i++) T->run_until(f->tb, NULL, NULL, 5 * MS);
+    assert_int_equal(srv.received, sent);
+    assert_true(srv.ok);
+    for (int i = 0; i < 200 && cli.writable == writable_before; i++)
+        T->run_until(f->tb, NULL, NULL, 5 * MS);
+    assert_true(cli.writable > writable_before);
+    /* an empty buffer takes one message bigger than the window, as send
+     * does: send the messages before the next big one, drain, then it */
+    while (gv_len(k) <= W) {
+        int rc = gv_send(cli.s, k, buf);
+        if (rc == AP_EAGAIN) {
+            T->run_until(f->tb, NULL, NULL, 5 * MS);
+            continue;
+        }
+        assert_ok(rc);
+        k++, sent++;
+    }
+    for (int i = 0; i < 2000 && ap_stream_buffered(cli.s) > 0; i++)
+        T->run_until(f->tb, NULL, NULL, 5 * MS);
+    assert_int_equal(ap_stream_buffered(cli.s), 0);
+    assert_ok(gv_send(cli.s, k, buf));
+    k++, sent++;
+    assert_ok(ap_stream_close(cli.s));
+    /* after close: the same error as ap_stream_send */
+    int rc_send = ap_stream_send(cli.s, buf, 1);
+    ap_iovec_t v1 = {buf, 1};
+    assert_true(rc_send < 0);
+    assert_int_equal(ap_stream_sendv(cli.s, &v1, 1), rc_send);
+    free(buf);
+    gv_ctx_t *both[2] = {&srv, &cli};
+    assert_true(T->run_until(f->tb, gv_closed_both, both, LONG_WAIT));
+    assert_int_equal(srv.received, sent);
+    assert_true(srv.ok);
+    assert_int_equal(cli.close_status, 0);
+}
+
 /* A third node is unaffected by a crash between the other two. */
 static void test_crash_isolated(void **state)
 {
@@ -694,6 +938,8 @@ int ap_conformance_run(const ap_testbed_ops_t *ops)
         cmocka_unit_test_setup_teardown(test_stream_flow_control, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_stream_refuse_and_reset, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_stream_peer_crash, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_sendv_order, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_sendv_window, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_crash_isolated, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_stats, setup2, teardown),
     };

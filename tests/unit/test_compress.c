@@ -347,6 +347,74 @@ static void test_nonfinite(void **state)
     assert_int_equal(ap_compress_encode(&c, nan8, 8, 0, out, sizeof out, &len), AP_ENONFINITE);
 }
 
+/* The all-reduce's weighted-sum kernels: the scalar ones are the reference
+ * C expressions (checked against them here), and AVX2 gives the same bits
+ * for every length (tails) and alignment of the input. */
+static void test_wsum_kernels(void **state)
+{
+    (void)state;
+    rs = ap_test_seed(11);
+    const ap__kernels_t *ks[2] = {&ap__kernels_scalar, ap__kernels_avx2()};
+    enum { NMAX = 1000 };
+    uint8_t *raw = malloc(4 * NMAX + 8);
+    float *own = malloc(sizeof(float) * NMAX), *m1 = malloc(sizeof(float) * NMAX);
+    double *acc = malloc(sizeof(double) * NMAX), *ref = malloc(sizeof(double) * NMAX);
+    assert_true(raw && own && m1 && acc && ref);
+    for (int it = 0; it < 40; it++) {
+        size_t n = it < 20 ? (size_t)it : 1 + rnd() % NMAX;
+        size_t mis = rnd() % 4; /* the payload's alignment in a message */
+        float x[NMAX];
+        for (size_t i = 0; i < n; i++) {
+            x[i] = (float)((unif() - 0.5) * exp((unif() - 0.5) * 40));
+            own[i] = (float)((unif() - 0.5) * 3);
+        }
+        memcpy(raw + mis, x, 4 * n);
+        double w = unif() * 3 + 0.01, ow = unif() + 0.5, wt = w + ow + unif();
+        for (int k = 0; k < 2; k++) {
+            if (!ks[k]) continue;
+            const ap__kernels_t *K = ks[k];
+            assert_true(K->all_finite(raw + mis, n));
+            K->wsum_init(acc, own, ow, raw + mis, n, w);
+            for (size_t i = 0; i < n; i++) ref[i] = ow * own[i] + w * x[i];
+            assert_memory_equal(acc, ref, n * sizeof(double));
+            K->wsum_add(acc, raw + mis, n, w * 0.75);
+            for (size_t i = 0; i < n; i++) ref[i] += w * 0.75 * x[i];
+            assert_memory_equal(acc, ref, n * sizeof(double));
+            K->wsum_init(acc, NULL, ow, raw + mis, n, w);
+            for (size_t i = 0; i < n; i++) ref[i] = w * x[i];
+            assert_memory_equal(acc, ref, n * sizeof(double));
+            K->wsum_add(acc, own, n, ow);
+            for (size_t i = 0; i < n; i++) ref[i] += ow * own[i];
+            K->wsum_mean(m1, acc, n, wt);
+            for (size_t i = 0; i < n; i++) {
+                float r = (float)(ref[i] / wt);
+                assert_memory_equal(&m1[i], &r, 4);
+            }
+            /* one non-finite value anywhere (also in a tail) is found */
+            if (n) {
+                size_t at = rnd() % n;
+                float bad[3] = {NAN, INFINITY, -INFINITY};
+                for (int b = 0; b < 3; b++) {
+                    memcpy(raw + mis + 4 * at, &bad[b], 4);
+                    assert_false(K->all_finite(raw + mis, n));
+                }
+                memcpy(raw + mis + 4 * at, &x[at], 4);
+                float big = FLT_MAX, tiny = FLT_TRUE_MIN;
+                memcpy(raw + mis + 4 * at, &big, 4);
+                assert_true(K->all_finite(raw + mis, n));
+                memcpy(raw + mis + 4 * at, &tiny, 4);
+                assert_true(K->all_finite(raw + mis, n));
+                memcpy(raw + mis + 4 * at, &x[at], 4);
+            }
+        }
+    }
+    free(raw);
+    free(own);
+    free(m1);
+    free(acc);
+    free(ref);
+}
+
 static void test_randk_unbiased(void **state)
 {
     (void)state;
@@ -661,7 +729,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite),     cmocka_unit_test(test_randk_unbiased),
         cmocka_unit_test(test_topk_exact),    cmocka_unit_test(test_error_feedback),
         cmocka_unit_test(test_bad_input),     cmocka_unit_test(test_tensor_chunks),
-        cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_policy),        cmocka_unit_test(test_wsum_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -442,13 +442,16 @@ static bool stream_conn_live(ap_sim_t *sim, const sim_stream_t *s)
     return s->conn != SIM_NONE && slab_live(&sim->conns, s->conn, s->conn_gen);
 }
 
+/* A control or data message of len bytes: the iovcnt pieces of iov (M_DATA;
+ * else iov is NULL and nothing is copied). */
 static int stream_send_ctl(ap_sim_t *sim, sim_stream_t *s, uint8_t kind, int status,
-                           const void *data, size_t len)
+                           const ap_iovec_t *iov, int iovcnt, size_t len)
 {
     if (!stream_conn_live(sim, s)) return AP_ECLOSED;
     uint32_t mi;
-    sim_msg_t *m = ap__msg_new(sim, kind, NULL, 0, data, len, &mi);
+    sim_msg_t *m = ap__msg_new(sim, kind, NULL, 0, NULL, len, &mi);
     if (!m) return AP_ENOMEM;
+    if (iov) ap__iov_gather(m->buf, iov, iovcnt);
     m->dst = s->peer_slot;
     m->dst_gen = s->peer_gen;
     m->src = s->self;
@@ -465,7 +468,7 @@ static int stream_send_ctl(ap_sim_t *sim, sim_stream_t *s, uint8_t kind, int sta
 
 void ap__stream_send_reset(ap_sim_t *sim, sim_stream_t *s, int status)
 {
-    stream_send_ctl(sim, s, M_RESET, status, NULL, 0);
+    stream_send_ctl(sim, s, M_RESET, status, NULL, 0, 0);
 }
 
 static void schedule_close(ap_sim_t *sim, sim_stream_t *s, int status)
@@ -579,7 +582,7 @@ void ap__sim_on_open(ap_sim_t *sim, sim_node_t *n, uint32_t ci, uint32_t mi)
         err = AP_EMSGSIZE;
     if (err) {
         ap_debug("sim", "node %u: refusing stream %s: %s", n->idx, proto, ap_err_name(err));
-        stream_send_ctl(sim, b, M_REFUSE, err, NULL, 0);
+        stream_send_ctl(sim, b, M_REFUSE, err, NULL, 0, 0);
         stream_release_silent(sim, bi);
         return;
     }
@@ -592,7 +595,7 @@ void ap__sim_on_open(ap_sim_t *sim, sim_node_t *n, uint32_t ci, uint32_t mi)
     n->st.streams_accepted++;
     /* ACCEPT goes first so that anything sent from inside accept follows it;
      * a refusal then travels as a reset (the opener sees AP_ERESET). */
-    stream_send_ctl(sim, b, M_ACCEPT, 0, NULL, 0);
+    stream_send_ctl(sim, b, M_ACCEPT, 0, NULL, 0, 0);
     ap_stream_accept_fn fn = l->fn;
     void *larg = l->arg;
     uint32_t bgen = slab_gen(&sim->streams, bi);
@@ -601,7 +604,7 @@ void ap__sim_on_open(ap_sim_t *sim, sim_node_t *n, uint32_t ci, uint32_t mi)
         b = slab_at(&sim->streams, bi);
         if (!b->closed) {
             n->st.streams_accepted--;
-            stream_send_ctl(sim, b, M_RESET, AP_ERESET, NULL, 0);
+            stream_send_ctl(sim, b, M_RESET, AP_ERESET, NULL, 0, 0);
             stream_release_silent(sim, bi);
         }
     }
@@ -629,7 +632,7 @@ static void deliver_now(ap_sim_t *sim, uint32_t si, uint32_t mi)
     if (s->s.cbs.on_msg) s->s.cbs.on_msg(&s->s, s->s.arg, m->buf + m->aux_len, (size_t)len);
     ap__msg_release(sim, mi);
     if (slab_live(&sim->streams, si, gen))
-        stream_send_ctl(sim, slab_at(&sim->streams, si), M_CREDIT, 0, NULL, (size_t)len);
+        stream_send_ctl(sim, slab_at(&sim->streams, si), M_CREDIT, 0, NULL, 0, (size_t)len);
 }
 
 void ap__stream_on_data(ap_sim_t *sim, uint32_t si, uint32_t mi)
@@ -677,7 +680,7 @@ void ap__stream_drain(ap_sim_t *sim, uint32_t si, uint32_t gen)
     }
 }
 
-static int op_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
+static int op_stream_sendv(ap_stream_t *ps, const ap_iovec_t *iov, int iovcnt, size_t len)
 {
     sim_stream_t *s = st_of(ps);
     ap_sim_t *sim = N(ps->rt)->sim;
@@ -688,9 +691,15 @@ static int op_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
         return AP_EAGAIN;
     }
     if (s->conn == SIM_NONE) return AP_ECLOSED;
-    int rc = stream_send_ctl(sim, s, M_DATA, 0, data, len);
+    int rc = stream_send_ctl(sim, s, M_DATA, 0, iov, iovcnt, len);
     if (rc == 0) s->buffered += len;
     return rc;
+}
+
+static int op_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
+{
+    ap_iovec_t one = {data, len};
+    return op_stream_sendv(ps, &one, 1, len);
 }
 
 static size_t op_stream_buffered(const ap_stream_t *ps)
@@ -716,7 +725,7 @@ static int op_stream_close(ap_stream_t *ps)
     if (s->local_closed) return 0;
     s->local_closed = true;
     s->want_writable = false;
-    stream_send_ctl(sim, s, M_END, 0, NULL, 0);
+    stream_send_ctl(sim, s, M_END, 0, NULL, 0, 0);
     if (s->remote_ended) schedule_close(sim, s, 0);
     return 0;
 }
@@ -753,6 +762,7 @@ const ap_rt_ops_t ap__sim_ops = {
     .rpc_respond = op_rpc_respond,
     .stream_open = op_stream_open,
     .stream_send = op_stream_send,
+    .stream_sendv = op_stream_sendv,
     .stream_buffered = op_stream_buffered,
     .stream_pause = op_stream_pause,
     .stream_close = op_stream_close,

@@ -1524,6 +1524,12 @@ int ap__mux_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto
 
 int ap__mux_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
 {
+    ap_iovec_t one = {data, len};
+    return ap__mux_stream_sendv(ps, &one, 1, len);
+}
+
+int ap__mux_stream_sendv(ap_stream_t *ps, const ap_iovec_t *iov, int iovcnt, size_t len)
+{
     ap_mstream_t *s = MS(ps);
     if (s->finished) return AP_ECLOSED;
     if (s->lclose) return AP_ESTATE;
@@ -1533,8 +1539,9 @@ int ap__mux_stream_send(ap_stream_t *ps, const uint8_t *data, size_t len)
         s->want_writable = true;
         return AP_EAGAIN;
     }
-    ap_msg_t *m = msg_new(s->node, data, len);
+    ap_msg_t *m = msg_alloc(s->node, len);
     if (!m) return AP_ENOMEM;
+    ap__iov_gather(m->data, iov, iovcnt);
     if (s->sq_tail)
         s->sq_tail->next = m;
     else

@@ -224,6 +224,7 @@ static const ap_rt_ops_t uv_ops = {
     .rpc_respond = ap__mux_rpc_respond,
     .stream_open = ap__mux_stream_open,
     .stream_send = ap__mux_stream_send,
+    .stream_sendv = ap__mux_stream_sendv,
     .stream_buffered = ap__mux_stream_buffered,
     .stream_pause = ap__mux_stream_pause,
     .stream_close = ap__mux_stream_close,

@@ -298,6 +298,7 @@ int ap__mux_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto
                         const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
                         const ap_stream_cbs_t *cbs, void *arg, ap_stream_t **out);
 int ap__mux_stream_send(ap_stream_t *s, const uint8_t *data, size_t len);
+int ap__mux_stream_sendv(ap_stream_t *s, const ap_iovec_t *iov, int iovcnt, size_t total);
 size_t ap__mux_stream_buffered(const ap_stream_t *s);
 void ap__mux_stream_pause(ap_stream_t *s, bool paused);
 int ap__mux_stream_close(ap_stream_t *s);
