@@ -7,6 +7,7 @@
  * written bytes the test parses, and the loop never runs between feeding
  * the peer's bytes and looking at what was written. */
 #include "aptest.h"
+#include "fake_conn.h"
 
 #include "apiary/node.h"
 #include "runtime/uv/frame.h"
@@ -16,29 +17,7 @@
 
 #define WINDOW (64u * 1024u)
 
-typedef struct fake {
-    ap_conn_t conn;
-    uint8_t out[65536];
-    size_t len;
-    bool closed;
-} fake_t;
-
-static int fake_write(ap_conn_t *c, const uint8_t *p, size_t n)
-{
-    fake_t *f = (fake_t *)c;
-    if (f->len + n <= sizeof f->out) {
-        memcpy(f->out + f->len, p, n);
-        f->len += n;
-    }
-    return 0;
-}
-
-static void fake_close(ap_conn_t *c)
-{
-    ((fake_t *)c)->closed = true;
-}
-
-static const ap_conn_vt_t fake_vt = {.write = fake_write, .close = fake_close};
+typedef ap_test_fake_conn_t fake_t;
 
 static size_t got_bytes;
 
@@ -101,8 +80,8 @@ static void test_credit_within_the_read(void **state)
     assert_ok(ap_rt_stream_listen(rt, "/s", &so, on_accept, NULL));
 
     /* an accepted connection from a peer: the peer opens odd stream ids */
-    fake_t fk = {0};
-    fk.conn.vt = &fake_vt;
+    fake_t fk;
+    ap_test_fake_conn_init(&fk);
     fk.conn.dialer = false;
     static const uint8_t pk[32] = {9};
     ap_peer_id_from_ed25519(&fk.conn.remote, pk);

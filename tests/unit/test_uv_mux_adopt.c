@@ -6,6 +6,7 @@
  * there. Deterministic: the surviving connection is a fake transport whose
  * written bytes the test parses and whose peer bytes the test writes. */
 #include "aptest.h"
+#include "fake_conn.h"
 
 #include "apiary/node.h"
 #include "runtime/uv/frame.h"
@@ -13,29 +14,7 @@
 
 #include <string.h>
 
-typedef struct fake {
-    ap_conn_t conn;
-    uint8_t out[65536];
-    size_t len;
-    bool closed;
-} fake_t;
-
-static int fake_write(ap_conn_t *c, const uint8_t *p, size_t n)
-{
-    fake_t *f = (fake_t *)c;
-    if (f->len + n <= sizeof f->out) {
-        memcpy(f->out + f->len, p, n);
-        f->len += n;
-    }
-    return 0;
-}
-
-static void fake_close(ap_conn_t *c)
-{
-    ((fake_t *)c)->closed = true;
-}
-
-static const ap_conn_vt_t fake_vt = {.write = fake_write, .close = fake_close};
+typedef ap_test_fake_conn_t fake_t;
 
 typedef struct res {
     bool done;
@@ -82,8 +61,8 @@ static void test_dial_adopts_existing_connection(void **state)
     assert_int_equal(dialing->nstreams, 1);
 
     /* meanwhile the peer's own connection arrives and is up */
-    fake_t fk = {0};
-    fk.conn.vt = &fake_vt;
+    fake_t fk;
+    ap_test_fake_conn_init(&fk);
     fk.conn.dialer = false; /* we accepted it: our stream ids are even */
     fk.conn.remote = *pid;
     ap__node_accept_conn(n, &fk.conn);
