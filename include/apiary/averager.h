@@ -147,6 +147,9 @@ typedef struct ap_allreduce_opts {
     uint32_t max_lead_chunks;
 } ap_allreduce_opts_t;
 
+/* ap_allreduce_opts_t.max_lead_chunks: no pacing (up to the stream window). */
+#define AP_AVG_LEAD_OFF UINT32_MAX
+
 typedef struct ap_allreduce_result {
     int status;               /* 0, AP_ECANCELED, or the error that stopped the round */
     uint64_t elems;           /* vector length */

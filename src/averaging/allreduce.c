@@ -33,6 +33,12 @@
 #ifndef AVG_WINDOW
 #define AVG_WINDOW (4u << 20)
 #endif
+/* automatic pacing: the lead before the first result of a part, its floor,
+ * its ceiling (chunks), and the gain on the measured rate × round trip */
+#define LEAD_INIT 4u
+#define LEAD_MIN  2u
+#define LEAD_CAP  1024u
+#define LEAD_GAIN 2.0
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -136,6 +142,18 @@ typedef struct out_slot {
     link_t *link;
     uint32_t next_send, next_recv;
     bool sent_all;
+    /* automatic pacing (max_lead_chunks = 0; docs/averaging.md, "Pacing"):
+     * for the chunks in flight, ring[c % ring_len] holds when chunk c was
+     * sent and how many results had arrived by then; from these, the
+     * smallest round trip (send → result) and the largest result rate seen
+     * in this round give the lead */
+    struct lead_sample {
+        uint64_t sent_us;
+        uint32_t recv_at;
+    } * ring;
+    uint32_t ring_len, lead;
+    uint64_t min_rtt_us;
+    double max_rate; /* result chunks per µs */
 } out_slot_t;
 
 struct ap_allreduce {
@@ -174,6 +192,7 @@ struct ap_allreduce {
     in_slot_t *in;
     /* sender */
     out_slot_t *out;
+    struct lead_sample *lead_rings; /* the out slots' rings, one block */
     /* scratch */
     float *scratch;
     uint8_t *frame;
@@ -395,6 +414,9 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         }
         ar->res.bytes_sent += fl;
         sl->next_out++;
+        /* a paced sender waits for these results: its stall clock starts
+         * when they leave, not at its last chunk */
+        sl->stall_from_us = ap_rt_now_us(ar->rt);
     }
     if (sl->next_out == ar->my_chunks) {
         sl->closed_out = true;
@@ -498,6 +520,28 @@ static void fail_part(ap_allreduce_t *ar, int k, int err, const char *why)
     if (l && l->s) ap_stream_reset(l->s, err);
 }
 
+/* Automatic pacing: the result of chunk c of a part arrived (before
+ * next_recv counts it). Its round trip and the results that arrived during
+ * it give a rate sample; lead = gain × (largest rate) × (smallest round trip)
+ * + 1: the bandwidth-delay product of the part's path, including the wait
+ * for the reducer's slowest sender, with room for the rate to grow. While
+ * the lead is what limits the part, a sample is lead / round trip, so the
+ * lead doubles per round trip until the path is full; then round trips grow
+ * with the queue and it stops. */
+static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
+{
+    if (!os->ring || c >= os->next_send || os->next_send - c > os->ring_len) return;
+    const struct lead_sample *ls = &os->ring[c % os->ring_len];
+    uint64_t now = ap_rt_now_us(ar->rt);
+    uint64_t rtt = now > ls->sent_us ? now - ls->sent_us : 1;
+    double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
+    if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
+    if (rate > os->max_rate) os->max_rate = rate;
+    double lead = ceil(LEAD_GAIN * os->max_rate * (double)os->min_rtt_us) + 1;
+    if (lead < LEAD_MIN) lead = LEAD_MIN;
+    os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
+}
+
 static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len)
 {
     link_t *l = arg;
@@ -528,10 +572,19 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
                (size_t)f.elems * sizeof(float));
         ar->res.elems_averaged += f.elems;
         ar->res.bytes_received += len;
+        lead_sample(ar, os, f.index);
         if (++os->next_recv == nc) os->state = SLOT_DONE;
         pump_send_all(ar);
     }
     check_done(ar);
+}
+
+/* How many data chunks of part k may be in flight (sent, result not yet
+ * back): docs/averaging.md, "Pacing". */
+static uint32_t lead_limit(const ap_allreduce_t *ar, int k)
+{
+    if (ar->o.max_lead_chunks) return ar->o.max_lead_chunks; /* fixed, or AP_AVG_LEAD_OFF */
+    return ar->out[k].lead;
 }
 
 /* Sends the next data chunk of part k: 1 if sent, 0 if blocked or finished. */
@@ -543,7 +596,7 @@ static int send_one(ap_allreduce_t *ar, int k)
     uint32_t nc = nchunks(ar, ar->cnt[k]);
     /* pacing: at most max_lead_chunks data chunks ahead of the results
      * this reducer has sent back (docs/averaging.md, "Pacing") */
-    if (os->next_send < nc && os->next_send - os->next_recv >= ar->o.max_lead_chunks) return 0;
+    if (os->next_send < nc && os->next_send - os->next_recv >= lead_limit(ar, k)) return 0;
     if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
@@ -558,6 +611,11 @@ static int send_one(ap_allreduce_t *ar, int k)
             return 0;
         }
         ar->res.bytes_sent += fl;
+        if (os->ring) {
+            struct lead_sample *ls = &os->ring[c % os->ring_len];
+            ls->sent_us = ap_rt_now_us(ar->rt);
+            ls->recv_at = os->next_recv;
+        }
         os->next_send++;
     }
     if (os->next_send == nc) {
@@ -876,6 +934,7 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
     free(ar->out);
+    free(ar->lead_rings);
     free(ar->scratch);
     free(ar->frame);
     free(ar);
@@ -939,6 +998,32 @@ static int open_part(ap_allreduce_t *ar, int k)
     return 0;
 }
 
+/* Automatic pacing: one ring per part, as long as the most chunks that may
+ * be in flight (the stream window, LEAD_CAP, the part's chunk count). */
+static int setup_pacing(ap_allreduce_t *ar)
+{
+    size_t fmax = AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
+    size_t win = fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW;
+    uint32_t cap = (uint32_t)(win / fmax < LEAD_CAP ? win / fmax : LEAD_CAP);
+    size_t total = 0;
+    for (int k = 0; k < ar->n; k++) {
+        if (k == ar->self || !ar->cnt[k]) continue;
+        uint32_t nc = nchunks(ar, ar->cnt[k]);
+        ar->out[k].ring_len = nc < cap ? nc : cap;
+        ar->out[k].lead = LEAD_INIT < ar->out[k].ring_len ? LEAD_INIT : ar->out[k].ring_len;
+        total += ar->out[k].ring_len;
+    }
+    ar->lead_rings = calloc(total ? total : 1, sizeof *ar->lead_rings);
+    if (!ar->lead_rings) return AP_ENOMEM;
+    size_t at = 0;
+    for (int k = 0; k < ar->n; k++) {
+        if (!ar->out[k].ring_len) continue;
+        ar->out[k].ring = ar->lead_rings + at;
+        at += ar->out[k].ring_len;
+    }
+    return 0;
+}
+
 static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
 {
     ar->m = malloc((size_t)g->n * sizeof *ar->m);
@@ -993,6 +1078,7 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     if (ar->sends) {
         ar->out = calloc((size_t)g->n, sizeof *ar->out);
         if (!ar->out) goto nomem;
+        if (!ar->o.max_lead_chunks && setup_pacing(ar)) goto nomem;
     }
     rc = 0;
     goto out;
@@ -1048,7 +1134,6 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.stall_min_us) o.stall_min_us = 1000000;
     if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
-    if (!o.max_lead_chunks) o.max_lead_chunks = UINT32_MAX;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
     if (sends) { /* branch-free so that it vectorises: it reads the whole vector */
@@ -1263,6 +1348,9 @@ void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p)
         p->data_chunks_total += nchunks(ar, ar->cnt[k]);
         p->results_recv += ar->out[k].next_recv;
         p->results_total += nchunks(ar, ar->cnt[k]);
+        uint32_t lead = ar->out[k].lead;
+        if (lead && (!p->lead_min || lead < p->lead_min)) p->lead_min = lead;
+        if (lead > p->lead_max) p->lead_max = lead;
     }
 }
 
