@@ -38,7 +38,7 @@
 #define LEAD_INIT 4u
 #define LEAD_MIN  2u
 #define LEAD_CAP  1024u
-#define LEAD_GAIN 2.0
+#define LEAD_GAIN 1.25
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -153,7 +153,7 @@ typedef struct out_slot {
     } * ring;
     uint32_t ring_len, lead;
     uint64_t min_rtt_us;
-    double max_rate; /* result chunks per µs */
+    double rate; /* result chunks per µs: moving average (1/8) of the samples */
 } out_slot_t;
 
 struct ap_allreduce {
@@ -536,8 +536,8 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     uint64_t rtt = now > ls->sent_us ? now - ls->sent_us : 1;
     double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
-    if (rate > os->max_rate) os->max_rate = rate;
-    double lead = ceil(LEAD_GAIN * os->max_rate * (double)os->min_rtt_us) + 1;
+    os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
+    double lead = ceil(LEAD_GAIN * os->rate * (double)os->min_rtt_us) + LEAD_MIN;
     if (lead < LEAD_MIN) lead = LEAD_MIN;
     os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
 }
