@@ -39,6 +39,7 @@
 #define LEAD_MIN  2u
 #define LEAD_CAP  1024u
 #define LEAD_GAIN 1.25
+#define LEAD_GROW 2.0
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -537,7 +538,13 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
-    double lead = ceil(LEAD_GAIN * os->rate * (double)os->min_rtt_us) + LEAD_MIN;
+    /* no queue on the path (the round trip is near its smallest): the lead
+     * is what limits the part, so grow it fast from this sample; else hold
+     * it near the smoothed rate's bandwidth-delay product */
+    bool queued = (double)rtt > 1.5 * (double)os->min_rtt_us;
+    double lead = queued ? ceil(LEAD_GAIN * os->rate * (double)os->min_rtt_us) + LEAD_MIN
+                         : ceil(LEAD_GROW * rate * (double)os->min_rtt_us) + LEAD_MIN;
+    if (!queued && lead < os->lead) lead = os->lead; /* growing: never shrink here */
     if (lead < LEAD_MIN) lead = LEAD_MIN;
     os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
 }
