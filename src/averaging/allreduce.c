@@ -34,12 +34,13 @@
 #define AVG_WINDOW (4u << 20)
 #endif
 /* automatic pacing: the lead before the first result of a part, its floor,
- * its ceiling (chunks), and the gain on the measured rate × round trip */
+ * its ceiling (chunks), the growth factor while nothing queues, and how
+ * close to the smallest round trip counts as "nothing queues" */
 #define LEAD_INIT 4u
 #define LEAD_MIN  2u
 #define LEAD_CAP  1024u
-#define LEAD_GAIN 1.25
 #define LEAD_GROW 2.0
+#define LEAD_FLAT 1.5
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -154,7 +155,8 @@ typedef struct out_slot {
     } * ring;
     uint32_t ring_len, lead;
     uint64_t min_rtt_us;
-    double rate; /* result chunks per µs: moving average (1/8) of the samples */
+    double rate;    /* result chunks per µs: moving average (1/8) of the samples */
+    double srtt_us; /* moving average (1/8) of the round trips */
 } out_slot_t;
 
 struct ap_allreduce {
@@ -522,13 +524,15 @@ static void fail_part(ap_allreduce_t *ar, int k, int err, const char *why)
 }
 
 /* Automatic pacing: the result of chunk c of a part arrived (before
- * next_recv counts it). Its round trip and the results that arrived during
- * it give a rate sample; lead = gain × (largest rate) × (smallest round trip)
- * + 1: the bandwidth-delay product of the part's path, including the wait
- * for the reducer's slowest sender, with room for the rate to grow. While
- * the lead is what limits the part, a sample is lead / round trip, so the
- * lead doubles per round trip until the path is full; then round trips grow
- * with the queue and it stops. */
+ * next_recv counts it). Its round trip (send → result, which includes the
+ * reducer's wait for its slowest sender) and the results that arrived during
+ * it give a rate sample; the part's lead is its bandwidth-delay product,
+ * smoothed rate × smallest round trip, + 1 chunk. While nothing queues on
+ * the path (the smoothed round trip within LEAD_FLAT of the smallest) the lead is
+ * what limits the part: then it grows to LEAD_GROW × that product, so it
+ * doubles per round trip until the path is full (a long-RTT path); once the
+ * round trips grow with a queue it falls back to the product itself, so
+ * little data waits in front of results (docs/averaging.md, "Pacing"). */
 static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
 {
     if (!os->ring || c >= os->next_send || os->next_send - c > os->ring_len) return;
@@ -538,13 +542,13 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
-    /* no queue on the path (the round trip is near its smallest): the lead
-     * is what limits the part, so grow it fast from this sample; else hold
-     * it near the smoothed rate's bandwidth-delay product */
-    bool queued = (double)rtt > 1.5 * (double)os->min_rtt_us;
-    double lead = queued ? ceil(LEAD_GAIN * os->rate * (double)os->min_rtt_us) + LEAD_MIN
-                         : ceil(LEAD_GROW * rate * (double)os->min_rtt_us) + LEAD_MIN;
-    if (!queued && lead < os->lead) lead = os->lead; /* growing: never shrink here */
+    os->srtt_us = os->srtt_us > 0 ? os->srtt_us + ((double)rtt - os->srtt_us) / 8 : (double)rtt;
+    double bdp = os->rate * (double)os->min_rtt_us;
+    double lead = ceil(bdp) + 1;
+    if (os->srtt_us <= LEAD_FLAT * (double)os->min_rtt_us) {
+        double grown = ceil(LEAD_GROW * bdp) + 1;
+        lead = grown > os->lead ? grown : os->lead; /* growing: never shrink here */
+    }
     if (lead < LEAD_MIN) lead = LEAD_MIN;
     os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
 }
