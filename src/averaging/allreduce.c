@@ -544,7 +544,7 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
     os->srtt_us = os->srtt_us > 0 ? os->srtt_us + ((double)rtt - os->srtt_us) / 8 : (double)rtt;
     double bdp = os->rate * (double)os->min_rtt_us;
-    double lead = ceil(bdp) + 1;
+    double lead = ceil(bdp);
     if (os->srtt_us <= LEAD_FLAT * (double)os->min_rtt_us) {
         double grown = ceil(LEAD_GROW * bdp) + 1;
         lead = grown > os->lead ? grown : os->lead; /* growing: never shrink here */
