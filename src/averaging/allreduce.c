@@ -34,13 +34,11 @@
 #define AVG_WINDOW (4u << 20)
 #endif
 /* automatic pacing: the lead before the first result of a part, its floor,
- * its ceiling (chunks), the growth factor while nothing queues, and how
- * close to the smallest round trip counts as "nothing queues" */
-#define LEAD_INIT 4u
-#define LEAD_MIN  2u
+ * its ceiling (chunks), the start-up growth factor */
+#define LEAD_INIT 3u
+#define LEAD_MIN  3u
 #define LEAD_CAP  1024u
 #define LEAD_GROW 2.0
-#define LEAD_FLAT 1.5
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -155,8 +153,13 @@ typedef struct out_slot {
     } * ring;
     uint32_t ring_len, lead;
     uint64_t min_rtt_us;
-    double rate;    /* result chunks per µs: moving average (1/8) of the samples */
-    double srtt_us; /* moving average (1/8) of the round trips */
+    double rate;                   /* result chunks per µs: moving average (1/8) of the samples */
+    double full_rate;              /* start-up: the rate at the last ≥ 25 % growth */
+    uint32_t trip_end, flat_trips; /* start-up: round trip boundary, trips without growth */
+    uint32_t full_lead;            /* start-up: the lead at the last ≥ 25 % growth */
+    uint32_t trip_recv;            /* start-up: results when the round trip began */
+    uint64_t trip_us;              /* start-up: when it began */
+    bool full;                     /* start-up is over */
 } out_slot_t;
 
 struct ap_allreduce {
@@ -526,13 +529,13 @@ static void fail_part(ap_allreduce_t *ar, int k, int err, const char *why)
 /* Automatic pacing: the result of chunk c of a part arrived (before
  * next_recv counts it). Its round trip (send → result, which includes the
  * reducer's wait for its slowest sender) and the results that arrived during
- * it give a rate sample; the part's lead is its bandwidth-delay product,
- * smoothed rate × smallest round trip, + 1 chunk. While nothing queues on
- * the path (the smoothed round trip within LEAD_FLAT of the smallest) the lead is
- * what limits the part: then it grows to LEAD_GROW × that product, so it
- * doubles per round trip until the path is full (a long-RTT path); once the
- * round trips grow with a queue it falls back to the product itself, so
- * little data waits in front of results (docs/averaging.md, "Pacing"). */
+ * it give a rate sample. Like TCP BBR's start-up: while the part's result
+ * rate still grows by ≥ 25 % per round trip, the lead doubles per round trip
+ * (LEAD_GROW × bandwidth-delay product); after two round trips without such
+ * growth the path is full and the lead is its bandwidth-delay product —
+ * smoothed rate × smallest round trip, rounded — but no more than the lead
+ * at the last growth (a larger one did not raise the rate), so little data
+ * waits in front of results (docs/averaging.md, "Pacing"). */
 static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
 {
     if (!os->ring || c >= os->next_send || os->next_send - c > os->ring_len) return;
@@ -542,13 +545,28 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
-    os->srtt_us = os->srtt_us > 0 ? os->srtt_us + ((double)rtt - os->srtt_us) / 8 : (double)rtt;
-    double bdp = os->rate * (double)os->min_rtt_us;
-    double lead = ceil(bdp);
-    if (os->srtt_us <= LEAD_FLAT * (double)os->min_rtt_us) {
-        double grown = ceil(LEAD_GROW * bdp) + 1;
-        lead = grown > os->lead ? grown : os->lead; /* growing: never shrink here */
+    if (!os->full && c >= os->trip_end) { /* one round trip since the last check */
+        /* the results' rate over that round trip */
+        double trip_rate =
+            now > os->trip_us ? (double)(c + 1 - os->trip_recv) / (double)(now - os->trip_us) : 0;
+        os->trip_end = os->next_send;
+        os->trip_us = now;
+        os->trip_recv = c + 1;
+        if (trip_rate >= 1.25 * os->full_rate) {
+            os->full_rate = trip_rate;
+            os->full_lead = os->lead;
+            os->flat_trips = 0;
+        } else if (++os->flat_trips >= 2) {
+            os->full = true;
+        }
     }
+    double bdp = os->rate * (double)os->min_rtt_us;
+    double lead = ceil(LEAD_GROW * bdp) + 1;
+    if (os->full) { /* no more than the lead that last raised the rate */
+        lead = round(bdp);
+        if (lead > os->full_lead) lead = os->full_lead;
+    }
+    if (!os->full && lead < os->lead) lead = os->lead; /* start-up: never shrink */
     if (lead < LEAD_MIN) lead = LEAD_MIN;
     os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
 }
