@@ -16,6 +16,13 @@
  * (over_nominal), the CPU seconds of all workers per round, payload MB per
  * CPU second and the load average.
  *
+ * --lead auto|off|N: pacing of the measured runs (default auto, the
+ * library's); --vs L: the same cases with lead L back to back, in the same
+ * line (vs_round_s, vs_over_bound). --codec a,b,...: every case per codec;
+ * the bound of a codec is the LP bound at its bytes per element on the wire
+ * instead of 4, and shaped_codec_speedup = the first codec's round / this
+ * codec's round (bytes_ratio: the proportional speed-up).
+ *
  * Needs root and network namespaces; otherwise it prints why and reports
  * nothing (exit 0). */
 #include "allreduce_netns.h"
