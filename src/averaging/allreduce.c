@@ -145,8 +145,8 @@ typedef struct out_slot {
     /* automatic pacing (max_lead_chunks = 0; docs/averaging.md, "Pacing"):
      * for the chunks in flight, ring[c % ring_len] holds when chunk c was
      * sent and how many results had arrived by then; from these, the
-     * smallest round trip (send → result) and the largest result rate seen
-     * in this round give the lead */
+     * smallest round trip (send → result) and the smoothed result rate of
+     * this round give the lead (lead_sample) */
     struct lead_sample {
         uint64_t sent_us;
         uint32_t recv_at;
@@ -1040,6 +1040,7 @@ static int setup_pacing(ap_allreduce_t *ar)
         uint32_t nc = nchunks(ar, ar->cnt[k]);
         ar->out[k].ring_len = nc < cap ? nc : cap;
         ar->out[k].lead = LEAD_INIT < ar->out[k].ring_len ? LEAD_INIT : ar->out[k].ring_len;
+        ar->out[k].trip_us = ar->start_us; /* the first round trip starts with the round */
         total += ar->out[k].ring_len;
     }
     ar->lead_rings = calloc(total ? total : 1, sizeof *ar->lead_rings);
