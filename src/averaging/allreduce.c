@@ -159,6 +159,7 @@ typedef struct out_slot {
     uint32_t full_lead;            /* start-up: the lead at the last ≥ 25 % growth */
     uint32_t trip_recv;            /* start-up: results when the round trip began */
     uint64_t trip_us;              /* start-up: when it began */
+    uint64_t trip_min_us;          /* start-up: its smallest round trip so far */
     bool full;                     /* start-up is over */
 } out_slot_t;
 
@@ -532,7 +533,9 @@ static void fail_part(ap_allreduce_t *ar, int k, int err, const char *why)
  * it give a rate sample. Like TCP BBR's start-up: while the part's result
  * rate still grows by ≥ 25 % per round trip, the lead doubles per round trip
  * (LEAD_GROW × bandwidth-delay product); after two round trips without such
- * growth the path is full and the lead is its bandwidth-delay product —
+ * growth, or once a queue forms (a whole round trip's fastest sample 25 %
+ * over the smallest, like HyStart), the path is full and the lead is its
+ * bandwidth-delay product —
  * smoothed rate × smallest round trip, rounded — but no more than the lead
  * at the last growth (a larger one did not raise the rate), so little data
  * waits in front of results (docs/averaging.md, "Pacing"). */
@@ -544,15 +547,22 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     uint64_t rtt = now > ls->sent_us ? now - ls->sent_us : 1;
     double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
+    if (!os->trip_min_us || rtt < os->trip_min_us) os->trip_min_us = rtt;
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
     if (!os->full && c >= os->trip_end) { /* one round trip since the last check */
         /* the results' rate over that round trip */
         double trip_rate =
             now > os->trip_us ? (double)(c + 1 - os->trip_recv) / (double)(now - os->trip_us) : 0;
+        /* a queue formed: even this trip's fastest round trip is 25 % over
+         * the smallest */
+        bool queue = (double)os->trip_min_us > 1.25 * (double)os->min_rtt_us;
         os->trip_end = os->next_send;
         os->trip_us = now;
         os->trip_recv = c + 1;
-        if (trip_rate >= 1.25 * os->full_rate) {
+        os->trip_min_us = 0;
+        if (queue && os->full_lead) {
+            os->full = true;
+        } else if (trip_rate >= 1.25 * os->full_rate) {
             os->full_rate = trip_rate;
             os->full_lead = os->lead;
             os->flat_trips = 0;
