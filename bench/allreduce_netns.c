@@ -4,10 +4,10 @@
 #include "apiary/error.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
+#include "averaging/allreduce.h"
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,14 +92,9 @@ static void check_exact(const float *x, uint64_t elems, const ap_arns_peer_t *pe
     rep->exact = 1;
 }
 
-/* ---- optional link trace (APIARY_ARNS_TRACE=DIR): eth0 byte counters every
- * 20 ms, one file per member and round, for finding idle links ---- */
-
-typedef struct tracer {
-    pthread_t th;
-    volatile bool stop;
-    FILE *f;
-} tracer_t;
+/* ---- optional trace (APIARY_ARNS_TRACE=DIR): eth0 byte counters and the
+ * round's progress every 10 ms, one file per member and round, for finding
+ * idle links ---- */
 
 static bool eth0_bytes(uint64_t *rx, uint64_t *tx)
 {
@@ -148,44 +143,39 @@ static long long net_counter(const char *file, const char *sect, const char *fie
     return out;
 }
 
-static void *trace_main(void *arg)
+/* With APIARY_ARNS_TRACE: runs the round like ap_host_run_until and writes
+ * DIR/p<pid>-m<member>-r<round>.txt, one line per ~10 ms from the loop thread:
+ * seconds since the start, eth0 rx and tx bytes, data chunks sent, results
+ * received, chunks reduced, smallest and largest automatic lead
+ * (ap__allreduce_progress). */
+static bool progress_trace(ap_host_t *h, ap_allreduce_t *ar, round_state_t *st, size_t member,
+                           uint32_t round, uint64_t timeout_us)
 {
-    tracer_t *t = arg;
+    char path[512];
+    snprintf(path, sizeof path, "%s/p%d-m%zu-r%u.txt", getenv("APIARY_ARNS_TRACE"), (int)getpid(),
+             member, round);
+    FILE *f = fopen(path, "w");
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    while (!t->stop) {
-        uint64_t rx, tx;
+    double last = -1;
+    for (;;) {
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if (eth0_bytes(&rx, &tx))
-            fprintf(t->f, "%.3f %llu %llu\n",
-                    (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9,
-                    (unsigned long long)rx, (unsigned long long)tx);
-        usleep(20000);
+        double t = (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (st->done || t * 1e6 > (double)timeout_us) break;
+        if (f && t - last >= 0.01) {
+            uint64_t rx = 0, tx = 0;
+            ap__avg_progress_t p;
+            eth0_bytes(&rx, &tx);
+            ap__allreduce_progress(ar, &p);
+            fprintf(f, "%.4f %llu %llu %u %u %u %u %u\n", t, (unsigned long long)rx,
+                    (unsigned long long)tx, p.data_chunks_sent, p.results_recv, p.reduced,
+                    p.lead_min, p.lead_max);
+            last = t;
+        }
+        ap_host_run_once(h, 1000);
     }
-    return NULL;
-}
-
-static bool trace_start(tracer_t *t, size_t member, uint32_t round)
-{
-    const char *dir = getenv("APIARY_ARNS_TRACE");
-    if (!dir) return false;
-    char path[512];
-    snprintf(path, sizeof path, "%s/m%zu-r%u.txt", dir, member, round);
-    t->f = fopen(path, "w");
-    t->stop = false;
-    if (!t->f) return false;
-    if (pthread_create(&t->th, NULL, trace_main, t)) {
-        fclose(t->f);
-        return false;
-    }
-    return true;
-}
-
-static void trace_stop(tracer_t *t)
-{
-    t->stop = true;
-    pthread_join(t->th, NULL);
-    fclose(t->f);
+    if (f) fclose(f);
+    return st->done;
 }
 
 /* Runs h's loop until from_parent is readable (a command or EOF). */
@@ -254,8 +244,7 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
         memcpy(g.id, &r, sizeof r);
         round_state_t st = {0};
         wreport_t rep = {0};
-        tracer_t tr;
-        bool tracing = trace_start(&tr, i, r);
+        bool tracing = getenv("APIARY_ARNS_TRACE") != NULL;
         long long rt0 = net_counter("snmp", "Tcp", "RetransSegs"),
                   to0 = net_counter("netstat", "TcpExt", "TCPTimeouts");
         double c0 = cpu_now();
@@ -265,7 +254,9 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
             rep.status = rc;
             snprintf(rep.why, sizeof rep.why, "member %zu: start: %s", i, ap_strerror(rc));
         } else {
-            if (!ap_host_run_until(h, is_done, &st, timeout_us)) {
+            bool finished = tracing ? progress_trace(h, ar, &st, i, r, timeout_us)
+                                    : ap_host_run_until(h, is_done, &st, timeout_us);
+            if (!finished) {
                 ap_allreduce_cancel(ar);
                 ap_host_run_until(h, is_done, &st, 10000000);
             }
@@ -284,7 +275,6 @@ static int worker(ap_netns_t *ns, size_t i, const ap_arns_peer_t *peers, size_t 
                 check_exact(x, o->elems, peers, n, &rep);
         }
         rep.cpu_s = cpu_now() - c0;
-        if (tracing) trace_stop(&tr);
         rep.retrans = net_counter("snmp", "Tcp", "RetransSegs") - rt0;
         rep.timeouts = net_counter("netstat", "TcpExt", "TCPTimeouts") - to0;
         if (!ap_netns_write_full(to_parent, &rep, sizeof rep)) break;

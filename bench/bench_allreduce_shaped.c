@@ -16,6 +16,13 @@
  * (over_nominal), the CPU seconds of all workers per round, payload MB per
  * CPU second and the load average.
  *
+ * --lead auto|off|N: pacing of the measured runs (default auto, the
+ * library's); --vs L: the same cases with lead L back to back, in the same
+ * line (vs_round_s, vs_over_bound). --codec a,b,...: every case per codec;
+ * the bound of a codec is the LP bound at its bytes per element on the wire
+ * instead of 4, and shaped_codec_speedup = the first codec's round / this
+ * codec's round (bytes_ratio: the proportional speed-up).
+ *
  * Needs root and network namespaces; otherwise it prints why and reports
  * nothing (exit 0). */
 #include "allreduce_netns.h"
@@ -24,6 +31,7 @@
 
 #include "apiary/averager.h"
 #include "apiary/log.h"
+#include "averaging/avg_codec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -36,11 +44,10 @@
 #define TCP_PL 1448.0 /* its payload (with timestamps) */
 
 /* Wire bytes per payload byte above TCP: the chunk header (12 B) and the mux
- * START length (4 B) per chunk, a mux frame header (8 B) per 32 KiB, the
- * Noise tag + length prefix (18 B) per 65,519 B. */
-static double framing_overhead(uint32_t chunk_elems)
+ * START length (4 B) per chunk of cb payload bytes, a mux frame header (8 B)
+ * per 32 KiB, the Noise tag + length prefix (18 B) per 65,519 B. */
+static double framing_overhead(double cb)
 {
-    double cb = 4.0 * chunk_elems;
     return (1 + 16 / cb) * (1 + 8 / 32768.0) * (1 + 18 / 65519.0);
 }
 
@@ -80,15 +87,81 @@ typedef struct series {
 /* warmup + rounds rounds; the median of the measured ones. -1 on failure
  * (message printed). */
 static uint32_t g_chunk = 16384; /* --chunk */
-static uint32_t g_lead = 4;      /* --lead: pacing of the measured runs (0 = unpaced) */
+static uint32_t g_lead = 0;      /* --lead: pacing of the measured runs (0 = auto) */
+static uint32_t g_vs_lead = 0;   /* --vs: pacing of a comparison series */
+static bool g_vs = false;        /* whether to run it */
+#define MAX_CODECS 8
+static uint8_t g_codecs[MAX_CODECS] = {AP_AVG_CODEC_F32}; /* --codec */
+static size_t g_ncodecs = 1;
+
+/* "auto" / "off" / the number */
+static const char *lead_name(uint32_t lead, char buf[16])
+{
+    if (lead == 0) return "auto";
+    if (lead == AP_AVG_LEAD_OFF) return "off";
+    snprintf(buf, 16, "%u", lead);
+    return buf;
+}
+
+static bool parse_lead(const char *s, uint32_t *out)
+{
+    char *end;
+    if (!strcmp(s, "auto")) return *out = 0, true;
+    if (!strcmp(s, "off")) return *out = AP_AVG_LEAD_OFF, true;
+    unsigned long v = strtoul(s, &end, 10);
+    if (*end || v == 0 || v >= AP_AVG_LEAD_OFF) return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static const struct {
+    const char *name;
+    uint8_t id;
+} codec_names[] = {{"none", AP_AVG_CODEC_F32},
+                   {"fp16", AP_AVG_CODEC_FP16},
+                   {"bf16", AP_AVG_CODEC_BF16},
+                   {"uniform8", AP_AVG_CODEC_UNIFORM8},
+                   {"blockwise8", AP_AVG_CODEC_BLOCKWISE8}};
+
+static const char *codec_name(uint8_t id)
+{
+    for (size_t k = 0; k < sizeof codec_names / sizeof codec_names[0]; k++)
+        if (codec_names[k].id == id) return codec_names[k].name;
+    return "?";
+}
+
+/* A comma-separated list of codec names into g_codecs. */
+static bool parse_codecs(const char *arg)
+{
+    char buf[200];
+    snprintf(buf, sizeof buf, "%s", arg);
+    g_ncodecs = 0;
+    char *save;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        size_t k = 0;
+        while (k < sizeof codec_names / sizeof codec_names[0] && strcmp(codec_names[k].name, t))
+            k++;
+        if (k == sizeof codec_names / sizeof codec_names[0] || g_ncodecs == MAX_CODECS)
+            return false;
+        g_codecs[g_ncodecs++] = codec_names[k].id;
+    }
+    return g_ncodecs > 0;
+}
+
+/* Payload bytes per element on the wire with codec id (chunk of g_chunk). */
+static double codec_bpe(uint8_t id)
+{
+    const ap__avg_codec_t *c = ap__avg_codec_get(id);
+    return c ? (double)c->size(g_chunk) / g_chunk : 4;
+}
 
 static int run_series(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, uint64_t elems,
-                      int warmup, int rounds, uint32_t lead, series_t *out)
+                      int warmup, int rounds, uint32_t lead, uint8_t codec, series_t *out)
 {
     ap_arns_opts_t o = {.elems = elems,
                         .max_lead_chunks = lead,
                         .chunk_elems = g_chunk,
-                        .codec = AP_AVG_CODEC_F32,
+                        .codec = codec,
                         /* equal-parts runs declare bandwidths the links do not
                          * have: a long deadline lets them finish */
                         .deadline_factor = 50,
@@ -186,51 +259,76 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
         return -1;
     }
     int ret = -1;
+    double f32_s = 0;
     links_meas_t m;
     if (measure_links(ns, links, n, measure_s, &m)) goto out;
 
-    double ovh = framing_overhead(g_chunk);
-    double mu[MAXP], md[MAXP], nu[MAXP], nd[MAXP];
-    for (size_t i = 0; i < n; i++) {
-        mu[i] = m.up[i] / ovh;
-        md[i] = m.down[i] / ovh;
-        nu[i] = links[i].up_bps / 8;
-        nd[i] = links[i].down_bps / 8;
-    }
-    double bound = lp_bound(n, s->role, mu, md, s->elems);
-    double bound_nom = lp_bound(n, s->role, nu, nd, s->elems);
-    if (bound <= 0 || bound_nom <= 0) goto out;
-
     ap_arns_peer_t peers[MAXP];
-    for (size_t i = 0; i < n; i++) peers[i] = (ap_arns_peer_t){s->role[i], nu[i], nd[i]};
-    series_t bal, unp = {0};
-    if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &bal)) goto out;
-    if (g_lead && run_series(ns, peers, n, s->elems, warmup, rounds, 0, &unp)) goto out;
-    char f[800];
-    snprintf(f, sizeof f,
-             "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"chunk_elems\":%u,"
-             "\"max_lead_chunks\":%u,\"rounds\":%d,\"round_s\":%.4f,"
-             "\"bound_s\":%.4f,\"bound_nominal_s\":%.4f,\"over_nominal\":%.4f,"
-             "\"unpaced_round_s\":%.4f,\"unpaced_over_bound\":%.4f,"
-             "\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,\"cpu_s_per_round\":%.3f,"
-             "\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
-             s->links, n, (unsigned long long)s->elems, g_chunk, g_lead, bal.rounds, bal.median_s,
-             bound, bound_nom, bal.median_s / bound_nom, g_lead ? unp.median_s : bal.median_s,
-             (g_lead ? unp.median_s : bal.median_s) / bound, m.worst_ratio, ovh, bal.cpu_s,
-             bal.mb_per_cpu_s, ap_bench_load1());
-    ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
+    for (size_t i = 0; i < n; i++)
+        peers[i] = (ap_arns_peer_t){s->role[i], links[i].up_bps / 8, links[i].down_bps / 8};
+    for (size_t ci = 0; ci < g_ncodecs; ci++) {
+        uint8_t codec = g_codecs[ci];
+        /* the bound for a codec: the LP bound at its bytes per element */
+        double bpe = codec_bpe(codec);
+        double ovh = framing_overhead(bpe * g_chunk);
+        double mu[MAXP], md[MAXP], nu[MAXP], nd[MAXP];
+        for (size_t i = 0; i < n; i++) {
+            mu[i] = m.up[i] / ovh * 4 / bpe;
+            md[i] = m.down[i] / ovh * 4 / bpe;
+            nu[i] = links[i].up_bps / 8 * 4 / bpe;
+            nd[i] = links[i].down_bps / 8 * 4 / bpe;
+        }
+        double bound = lp_bound(n, s->role, mu, md, s->elems);
+        double bound_nom = lp_bound(n, s->role, nu, nd, s->elems);
+        if (bound <= 0 || bound_nom <= 0) goto out;
 
-    if (s->equal_parts_too) {
-        for (size_t i = 0; i < n; i++) peers[i].decl_up = peers[i].decl_down = 12.5e6;
-        series_t eq;
-        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, &eq)) goto out;
+        series_t bal, vs = {0};
+        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, codec, &bal)) goto out;
+        if (g_vs && run_series(ns, peers, n, s->elems, warmup, rounds, g_vs_lead, codec, &vs))
+            goto out;
+        char f[900], lb[16], vb[16], vsf[200] = "";
+        if (g_vs)
+            snprintf(vsf, sizeof vsf,
+                     ",\"vs_lead\":\"%s\",\"vs_round_s\":%.4f,\"vs_over_bound\":%.4f",
+                     lead_name(g_vs_lead, vb), vs.median_s, vs.median_s / bound);
         snprintf(f, sizeof f,
-                 "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"rounds\":%d,"
-                 "\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,\"equal_parts_cpu_s\":%.3f,"
-                 "\"load1\":%.2f",
-                 s->links, n, (unsigned long long)s->elems, eq.rounds, eq.median_s, bal.median_s,
-                 eq.cpu_s, ap_bench_load1());
-        ap_bench_report(c, "shaped_balanced_speedup", eq.median_s / bal.median_s, "x", f);
+                 "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"codec\":\"%s\","
+                 "\"bytes_per_elem\":%.4f,\"chunk_elems\":%u,\"lead\":\"%s\",\"rounds\":%d,"
+                 "\"round_s\":%.4f,\"bound_s\":%.4f,\"bound_nominal_s\":%.4f,"
+                 "\"over_nominal\":%.4f%s,\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,"
+                 "\"cpu_s_per_round\":%.3f,\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
+                 s->links, n, (unsigned long long)s->elems, codec_name(codec), bpe, g_chunk,
+                 lead_name(g_lead, lb), bal.rounds, bal.median_s, bound, bound_nom,
+                 bal.median_s / bound_nom, vsf, m.worst_ratio, ovh, bal.cpu_s, bal.mb_per_cpu_s,
+                 ap_bench_load1());
+        ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
+        if (g_ncodecs > 1) {
+            if (ci == 0)
+                f32_s = bal.median_s;
+            else if (f32_s > 0) {
+                snprintf(f, sizeof f,
+                         "\"links\":\"%s\",\"peers\":%zu,\"codec\":\"%s\",\"vs_codec\":\"%s\","
+                         "\"round_s\":%.4f,\"vs_round_s\":%.4f,\"bytes_ratio\":%.3f,"
+                         "\"load1\":%.2f",
+                         s->links, n, codec_name(codec), codec_name(g_codecs[0]), bal.median_s,
+                         f32_s, codec_bpe(g_codecs[0]) / bpe, ap_bench_load1());
+                ap_bench_report(c, "shaped_codec_speedup", f32_s / bal.median_s, "x", f);
+            }
+        }
+
+        if (s->equal_parts_too && ci == 0) {
+            ap_arns_peer_t eqp[MAXP];
+            for (size_t i = 0; i < n; i++) eqp[i] = (ap_arns_peer_t){s->role[i], 12.5e6, 12.5e6};
+            series_t eq;
+            if (run_series(ns, eqp, n, s->elems, warmup, rounds, g_lead, codec, &eq)) goto out;
+            snprintf(f, sizeof f,
+                     "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"codec\":\"%s\","
+                     "\"rounds\":%d,\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,"
+                     "\"equal_parts_cpu_s\":%.3f,\"load1\":%.2f",
+                     s->links, n, (unsigned long long)s->elems, codec_name(codec), eq.rounds,
+                     eq.median_s, bal.median_s, eq.cpu_s, ap_bench_load1());
+            ap_bench_report(c, "shaped_balanced_speedup", eq.median_s / bal.median_s, "x", f);
+        }
     }
     ret = 0;
 out:
@@ -241,7 +339,8 @@ out:
 static void usage(void)
 {
     fprintf(stderr, "usage: apiary bench allreduce-shaped [--part equal|equal8|hetero|all] "
-                    "[--rounds R] [--elems N] [--chunk ELEMS] [--lead CHUNKS]\n");
+                    "[--rounds R] [--elems N] [--chunk ELEMS] [--lead auto|off|CHUNKS] "
+                    "[--vs auto|off|CHUNKS] [--codec none,fp16,bf16,uniform8,blockwise8]\n");
 }
 
 static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
@@ -254,8 +353,12 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             part = argv[++k];
         else if (!strcmp(argv[k], "--rounds") && k + 1 < argc)
             rounds = atoi(argv[++k]);
-        else if (!strcmp(argv[k], "--lead") && k + 1 < argc)
-            g_lead = (uint32_t)strtoul(argv[++k], NULL, 10);
+        else if (!strcmp(argv[k], "--lead") && k + 1 < argc && parse_lead(argv[k + 1], &g_lead))
+            k++;
+        else if (!strcmp(argv[k], "--vs") && k + 1 < argc && parse_lead(argv[k + 1], &g_vs_lead))
+            k++, g_vs = true;
+        else if (!strcmp(argv[k], "--codec") && k + 1 < argc && parse_codecs(argv[k + 1]))
+            k++;
         else if (!strcmp(argv[k], "--chunk") && k + 1 < argc)
             g_chunk = (uint32_t)strtoul(argv[++k], NULL, 10);
         else if (!strcmp(argv[k], "--elems") && k + 1 < argc)

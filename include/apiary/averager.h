@@ -139,13 +139,20 @@ typedef struct ap_allreduce_opts {
     /* Absolute cap on the round deadline in ap_rt_now_us() time (0 = none). */
     uint64_t deadline_at_us;
     /* Pacing (local; members may differ): a sender sends data chunk c of a
-     * part only while c < (result chunks received for that part) + this, so
+     * part only while c < (result chunks received for that part) + lead, so
      * it never runs far ahead of a reducer that waits for slower senders
-     * and spends its upload on parts and results that can progress
-     * (0 = unpaced: up to the stream window). 4 measured best on 100 Mbit/s
-     * shaped links (docs/averaging.md, "Pacing"); on loopback it costs. */
+     * and spends its upload on parts and results that can progress.
+     * 0 = automatic (default): the lead of each part follows its measured
+     * result rate × smallest send-to-result round trip, so it fits loopback,
+     * shaped and long-RTT paths alike (docs/averaging.md, "Pacing");
+     * N = a fixed lead of N chunks; AP_AVG_LEAD_OFF = no pacing (up to the
+     * stream window). */
     uint32_t max_lead_chunks;
 } ap_allreduce_opts_t;
+
+/* ap_allreduce_opts_t.max_lead_chunks: no pacing (data runs ahead of the
+ * results up to the stream window). */
+#define AP_AVG_LEAD_OFF UINT32_MAX
 
 typedef struct ap_allreduce_result {
     int status;               /* 0, AP_ECANCELED, or the error that stopped the round */

@@ -34,6 +34,12 @@
 #ifndef AVG_WINDOW
 #define AVG_WINDOW (4u << 20)
 #endif
+/* automatic pacing: the lead before the first result of a part, its floor,
+ * its ceiling (chunks), the start-up growth factor */
+#define LEAD_INIT 3u
+#define LEAD_MIN  3u
+#define LEAD_CAP  1024u
+#define LEAD_GROW 2.0
 
 /* ---- wire helpers ----------------------------------------------------------- */
 
@@ -137,6 +143,25 @@ typedef struct out_slot {
     link_t *link;
     uint32_t next_send, next_recv;
     bool sent_all;
+    /* automatic pacing (max_lead_chunks = 0; docs/averaging.md, "Pacing"):
+     * for the chunks in flight, ring[c % ring_len] holds when chunk c was
+     * sent and how many results had arrived by then; from these, the
+     * smallest round trip (send → result) and the smoothed result rate of
+     * this round give the lead (lead_sample) */
+    struct lead_sample {
+        uint64_t sent_us;
+        uint32_t recv_at;
+    } * ring;
+    uint32_t ring_len, lead;
+    uint64_t min_rtt_us;
+    double rate;                   /* result chunks per µs: moving average (1/8) of the samples */
+    double full_rate;              /* start-up: the rate at the last ≥ 25 % growth */
+    uint32_t trip_end, flat_trips; /* start-up: round trip boundary, trips without growth */
+    uint32_t full_lead;            /* start-up: the lead at the last ≥ 25 % growth */
+    uint32_t trip_recv;            /* start-up: results when the round trip began */
+    uint64_t trip_us;              /* start-up: when it began */
+    uint64_t trip_min_us;          /* start-up: its smallest round trip so far */
+    bool full;                     /* start-up is over */
 } out_slot_t;
 
 struct ap_allreduce {
@@ -182,6 +207,7 @@ struct ap_allreduce {
     in_slot_t *in;
     /* sender */
     out_slot_t *out;
+    struct lead_sample *lead_rings; /* the out slots' rings, one block */
     /* scratch */
     float *scratch;
     uint8_t *frame;
@@ -418,6 +444,9 @@ static void send_results_to(ap_allreduce_t *ar, int j)
         }
         ar->res.bytes_sent += fl;
         sl->next_out++;
+        /* a paced sender waits for these results: its stall clock starts
+         * when they leave, not at its last chunk */
+        sl->stall_from_us = ap_rt_now_us(ar->rt);
     }
     if (sl->next_out == ar->my_chunks) {
         sl->closed_out = true;
@@ -521,6 +550,60 @@ static void fail_part(ap_allreduce_t *ar, int k, int err, const char *why)
     if (l && l->s) ap_stream_reset(l->s, err);
 }
 
+/* Automatic pacing: the result of chunk c of a part arrived (before
+ * next_recv counts it). Its round trip (send → result, which includes the
+ * reducer's wait for its slowest sender) and the results that arrived during
+ * it give a rate sample. Like TCP BBR's start-up: while the part's result
+ * rate still grows by ≥ 25 % per round trip, the lead doubles per round trip
+ * (LEAD_GROW × bandwidth-delay product); after two round trips without such
+ * growth, or once a queue forms (a whole round trip's fastest sample 25 %
+ * over the smallest, like HyStart), the path is full and the lead is its
+ * bandwidth-delay product —
+ * smoothed rate × smallest round trip, rounded — but no more than the lead
+ * at the last growth (a larger one did not raise the rate), so little data
+ * waits in front of results (docs/averaging.md, "Pacing"). */
+static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
+{
+    if (!os->ring || c >= os->next_send || os->next_send - c > os->ring_len) return;
+    const struct lead_sample *ls = &os->ring[c % os->ring_len];
+    uint64_t now = ap_rt_now_us(ar->rt);
+    uint64_t rtt = now > ls->sent_us ? now - ls->sent_us : 1;
+    double rate = (double)(c + 1 - ls->recv_at) / (double)rtt;
+    if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
+    if (!os->trip_min_us || rtt < os->trip_min_us) os->trip_min_us = rtt;
+    os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
+    if (!os->full && c >= os->trip_end) { /* one round trip since the last check */
+        /* the results' rate over that round trip */
+        double trip_rate =
+            now > os->trip_us ? (double)(c + 1 - os->trip_recv) / (double)(now - os->trip_us) : 0;
+        /* a queue formed: even this trip's fastest round trip is 25 % over
+         * the smallest */
+        bool queue = (double)os->trip_min_us > 1.25 * (double)os->min_rtt_us;
+        os->trip_end = os->next_send;
+        os->trip_us = now;
+        os->trip_recv = c + 1;
+        os->trip_min_us = 0;
+        if (queue && os->full_lead) {
+            os->full = true;
+        } else if (trip_rate >= 1.25 * os->full_rate) {
+            os->full_rate = trip_rate;
+            os->full_lead = os->lead;
+            os->flat_trips = 0;
+        } else if (++os->flat_trips >= 2) {
+            os->full = true;
+        }
+    }
+    double bdp = os->rate * (double)os->min_rtt_us;
+    double lead = ceil(LEAD_GROW * bdp) + 1;
+    if (os->full) { /* no more than the lead that last raised the rate */
+        lead = round(bdp);
+        if (lead > os->full_lead) lead = os->full_lead;
+    }
+    if (!os->full && lead < os->lead) lead = os->lead; /* start-up: never shrink */
+    if (lead < LEAD_MIN) lead = LEAD_MIN;
+    os->lead = lead > (double)os->ring_len ? os->ring_len : (uint32_t)lead;
+}
+
 static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len)
 {
     link_t *l = arg;
@@ -551,10 +634,19 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
                (size_t)f.elems * sizeof(float));
         ar->res.elems_averaged += f.elems;
         ar->res.bytes_received += len;
+        lead_sample(ar, os, f.index);
         if (++os->next_recv == nc) os->state = SLOT_DONE;
         pump_send_all(ar);
     }
     check_done(ar);
+}
+
+/* How many data chunks of part k may be in flight (sent, result not yet
+ * back): docs/averaging.md, "Pacing". */
+static uint32_t lead_limit(const ap_allreduce_t *ar, int k)
+{
+    if (ar->o.max_lead_chunks) return ar->o.max_lead_chunks; /* fixed, or AP_AVG_LEAD_OFF */
+    return ar->out[k].lead;
 }
 
 /* Sends the next data chunk of part k: 1 if sent, 0 if blocked or finished. */
@@ -566,7 +658,7 @@ static int send_one(ap_allreduce_t *ar, int k)
     uint32_t nc = nchunks(ar, ar->cnt[k]);
     /* pacing: at most max_lead_chunks data chunks ahead of the results
      * this reducer has sent back (docs/averaging.md, "Pacing") */
-    if (os->next_send < nc && os->next_send - os->next_recv >= ar->o.max_lead_chunks) return 0;
+    if (os->next_send < nc && os->next_send - os->next_recv >= lead_limit(ar, k)) return 0;
     if (os->next_send < nc) {
         uint32_t c = os->next_send;
         uint32_t len = chunk_len(ar, ar->cnt[k], c);
@@ -579,6 +671,11 @@ static int send_one(ap_allreduce_t *ar, int k)
             return 0;
         }
         ar->res.bytes_sent += fl;
+        if (os->ring) {
+            struct lead_sample *ls = &os->ring[c % os->ring_len];
+            ls->sent_us = ap_rt_now_us(ar->rt);
+            ls->recv_at = os->next_recv;
+        }
         os->next_send++;
     }
     if (os->next_send == nc) {
@@ -899,6 +996,7 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
     free(ar->out);
+    free(ar->lead_rings);
     free(ar->scratch);
     free(ar->frame);
     free(ar);
@@ -962,6 +1060,33 @@ static int open_part(ap_allreduce_t *ar, int k)
     return 0;
 }
 
+/* Automatic pacing: one ring per part, as long as the most chunks that may
+ * be in flight (the stream window, LEAD_CAP, the part's chunk count). */
+static int setup_pacing(ap_allreduce_t *ar)
+{
+    size_t fmax = AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
+    size_t win = fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW;
+    uint32_t cap = (uint32_t)(win / fmax < LEAD_CAP ? win / fmax : LEAD_CAP);
+    size_t total = 0;
+    for (int k = 0; k < ar->n; k++) {
+        if (k == ar->self || !ar->cnt[k]) continue;
+        uint32_t nc = nchunks(ar, ar->cnt[k]);
+        ar->out[k].ring_len = nc < cap ? nc : cap;
+        ar->out[k].lead = LEAD_INIT < ar->out[k].ring_len ? LEAD_INIT : ar->out[k].ring_len;
+        ar->out[k].trip_us = ar->start_us; /* the first round trip starts with the round */
+        total += ar->out[k].ring_len;
+    }
+    ar->lead_rings = calloc(total ? total : 1, sizeof *ar->lead_rings);
+    if (!ar->lead_rings) return AP_ENOMEM;
+    size_t at = 0;
+    for (int k = 0; k < ar->n; k++) {
+        if (!ar->out[k].ring_len) continue;
+        ar->out[k].ring = ar->lead_rings + at;
+        at += ar->out[k].ring_len;
+    }
+    return 0;
+}
+
 static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
 {
     ar->m = malloc((size_t)g->n * sizeof *ar->m);
@@ -1020,6 +1145,7 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
     if (ar->sends) {
         ar->out = calloc((size_t)g->n, sizeof *ar->out);
         if (!ar->out) goto nomem;
+        if (!ar->o.max_lead_chunks && setup_pacing(ar)) goto nomem;
     }
     rc = 0;
     goto out;
@@ -1075,7 +1201,6 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.stall_min_us) o.stall_min_us = 1000000;
     if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
-    if (!o.max_lead_chunks) o.max_lead_chunks = UINT32_MAX;
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
     /* vectorised: it reads the whole vector */
@@ -1284,6 +1409,9 @@ void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p)
         p->data_chunks_total += nchunks(ar, ar->cnt[k]);
         p->results_recv += ar->out[k].next_recv;
         p->results_total += nchunks(ar, ar->cnt[k]);
+        uint32_t lead = ar->out[k].lead;
+        if (lead && (!p->lead_min || lead < p->lead_min)) p->lead_min = lead;
+        if (lead > p->lead_max) p->lead_max = lead;
     }
 }
 

@@ -47,6 +47,7 @@ typedef struct ap__avg_progress {
     uint32_t data_chunks_sent, data_chunks_total; /* as sender, over all parts */
     uint32_t results_recv, results_total;         /* as receiver */
     uint32_t reduced, my_chunks;                  /* as reducer */
+    uint32_t lead_min, lead_max; /* automatic pacing: current leads over the parts (0: none) */
 } ap__avg_progress_t;
 void ap__allreduce_progress(const ap_allreduce_t *ar, ap__avg_progress_t *p);
 /* Data chunks this node (as reducer) has received from group member j, and
