@@ -72,6 +72,26 @@ const char *ap_arp_codec_name(uint8_t codec)
     return "?";
 }
 
+bool ap_arp_lead_parse(const char *s, uint32_t *out)
+{
+    if (!strcmp(s, "auto")) return *out = 0, true;
+    if (!strcmp(s, "off")) return *out = AP_AVG_LEAD_OFF, true;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v == 0 || v >= AP_AVG_LEAD_OFF) return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+const char *ap_arp_lead_name(uint32_t lead, char buf[16])
+{
+    if (lead == 0) return "auto";
+    if (lead == AP_AVG_LEAD_OFF) return "off";
+    snprintf(buf, 16, "%u", lead);
+    return buf;
+}
+
 void ap_arp_group_id(uint64_t round, uint8_t out[AP_AVG_GROUP_ID_LEN])
 {
     memset(out, 0, AP_AVG_GROUP_ID_LEN);

@@ -86,6 +86,11 @@ int ap_arp_role_parse(const char *s, ap_avg_role_t *out);
 /* "none"|"f32"|"float32" -> F32, "fp16", "bf16", "uniform8", "blockwise8". */
 int ap_arp_codec_parse(const char *s, uint8_t *out);
 const char *ap_arp_codec_name(uint8_t codec);
+/* Pacing lead (ap_allreduce_opts_t.max_lead_chunks): "auto" -> 0, "off" ->
+ * AP_AVG_LEAD_OFF, or a chunk count >= 1. False on anything else. */
+bool ap_arp_lead_parse(const char *s, uint32_t *out);
+/* The inverse, into buf (16 bytes) for numbers. */
+const char *ap_arp_lead_name(uint32_t lead, char buf[16]);
 
 /* Element k of member i's vector for data seed `seed`: in [-50 + i, 50 + i),
  * a multiple of 1/20, a pure function (the checker recomputes it). */

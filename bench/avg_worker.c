@@ -38,6 +38,7 @@ static void usage(FILE *f)
            "  --warmup W           warm-up rounds before them (default 1)\n"
            "  --seed S             data seed (default 1)\n"
            "  --chunk-elems N      elements per chunk (default: the library's)\n"
+           "  --lead auto|off|N    pacing lead in chunks (default auto)\n"
            "  --stall-s S          stall rule minimum (default 5)\n"
            "  --connect-grace-s S  connect grace (default 10)\n"
            "  --deadline-s S       extra slack on each round's deadline (default 300)\n"
@@ -201,7 +202,7 @@ static int worker_main(int argc, char **argv)
     uint64_t elems = 0;
     uint8_t codec = AP_AVG_CODEC_F32;
     int rounds = 3, warmup = 1;
-    uint32_t seed = 1, chunk = 0;
+    uint32_t seed = 1, chunk = 0, lead = 0;
     double stall_s = 5, grace_s = 10, deadline_s = 300;
     bool sync = true;
     static const struct option opts[] = {{"group", required_argument, NULL, 'g'},
@@ -213,6 +214,7 @@ static int worker_main(int argc, char **argv)
                                          {"warmup", required_argument, NULL, 'w'},
                                          {"seed", required_argument, NULL, 's'},
                                          {"chunk-elems", required_argument, NULL, 'C'},
+                                         {"lead", required_argument, NULL, 'A'},
                                          {"stall-s", required_argument, NULL, 'S'},
                                          {"connect-grace-s", required_argument, NULL, 'G'},
                                          {"deadline-s", required_argument, NULL, 'D'},
@@ -268,6 +270,12 @@ static int worker_main(int argc, char **argv)
                 return 2;
             }
             chunk = (uint32_t)v;
+            break;
+        case 'A':
+            if (!ap_arp_lead_parse(optarg, &lead)) {
+                fprintf(stderr, "avg-worker: --lead needs auto, off or a chunk count\n");
+                return 2;
+            }
             break;
         case 'S':
             if (!ap_cli_num("--stall-s", optarg, 0, 1e6, &stall_s)) return 2;
@@ -370,6 +378,7 @@ static int worker_main(int argc, char **argv)
     w.elems = elems;
     w.opts = (ap_allreduce_opts_t){.chunk_elems = chunk,
                                    .codec = codec,
+                                   .max_lead_chunks = lead,
                                    .stall_min_us = (uint64_t)(stall_s * 1e6),
                                    .connect_grace_us = (uint64_t)(grace_s * 1e6),
                                    .deadline_slack_us = (uint64_t)(deadline_s * 1e6)};

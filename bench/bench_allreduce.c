@@ -90,6 +90,7 @@ static void usage(FILE *f)
                "  --rounds R          measured rounds per case (default 3)\n"
                "  --warmup W          warm-up rounds per case (default 1)\n"
                "  --chunk-elems N     elements per chunk (default: the library's)\n"
+               "  --lead auto|off|N   pacing lead in chunks (default auto)\n"
                "  --no-gloo           skip the PyTorch gloo baseline\n"
                "  --keep              keep the temporary directory (keys, group, logs)\n"
                "  --dump-dir DIR      workers write their last vector to\n"
@@ -108,6 +109,7 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                             AP_AVG_CODEC_BLOCKWISE8};
     int rounds = 3, warmup = 1;
     uint64_t chunk = 0;
+    uint32_t lead = 0;
     bool gloo = true, keep = false;
     const char *dump_dir = NULL;
     double timeout = 600;
@@ -120,19 +122,14 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         nc = 2;
         rounds = 2;
     }
-    static const struct option opts[] = {{"peers", required_argument, NULL, 'p'},
-                                         {"elems", required_argument, NULL, 'e'},
-                                         {"codec", required_argument, NULL, 'c'},
-                                         {"rounds", required_argument, NULL, 'r'},
-                                         {"warmup", required_argument, NULL, 'w'},
-                                         {"chunk-elems", required_argument, NULL, 'C'},
-                                         {"no-gloo", no_argument, NULL, 'G'},
-                                         {"keep", no_argument, NULL, 'k'},
-                                         {"dump-dir", required_argument, NULL, 'd'},
-                                         {"timeout", required_argument, NULL, 't'},
-                                         {"roles", required_argument, NULL, 'R'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"peers", required_argument, NULL, 'p'},   {"elems", required_argument, NULL, 'e'},
+        {"codec", required_argument, NULL, 'c'},   {"rounds", required_argument, NULL, 'r'},
+        {"warmup", required_argument, NULL, 'w'},  {"chunk-elems", required_argument, NULL, 'C'},
+        {"lead", required_argument, NULL, 'A'},    {"no-gloo", no_argument, NULL, 'G'},
+        {"keep", no_argument, NULL, 'k'},          {"dump-dir", required_argument, NULL, 'd'},
+        {"timeout", required_argument, NULL, 't'}, {"roles", required_argument, NULL, 'R'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     int o;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -176,6 +173,12 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
         case 'C':
             if (ap_cli_count(optarg, &chunk) || !chunk || chunk > (1u << 20)) {
                 fprintf(stderr, "bench allreduce: --chunk-elems needs 1..2^20\n");
+                return 2;
+            }
+            break;
+        case 'A':
+            if (!ap_arp_lead_parse(optarg, &lead)) {
+                fprintf(stderr, "bench allreduce: --lead needs auto, off or a chunk count\n");
                 return 2;
             }
             break;
@@ -237,7 +240,10 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
      * machine at load ~10, 8 processes can leave one stream without a message
      * for more than the workers' default 5 s, and the stall rule would then
      * drop a live peer (seen at P = 8). */
-    static const char *const lenient[] = {"--stall-s", "60", "--connect-grace-s", "60", NULL};
+    char lead_s[16];
+    const char *const lenient[] = {"--stall-s", "60",     "--connect-grace-s",
+                                   "60",        "--lead", ap_arp_lead_name(lead, lead_s),
+                                   NULL};
     char dir[] = "/tmp/apiary-bench-allreduce-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     int failed = 0;
@@ -301,10 +307,10 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                 snprintf(f, sizeof f,
                          "\"peers\":%d,\"elems\":%llu,\"codec\":\"%s\",\"encrypted\":true,"
                          "\"verified\":%s,\"cpu_s\":%.3f,\"worker_round_s\":%.4f,"
-                         "\"wire_bytes\":%llu,\"max_err\":%.3g,\"load1\":%.2f",
+                         "\"wire_bytes\":%llu,\"max_err\":%.3g,\"lead\":\"%s\",\"load1\":%.2f",
                          P, (unsigned long long)E, ap_arp_codec_name(codecs[ic]),
                          res.verified ? "true" : "false", res.median_cpu_s, res.median_worker_s,
-                         (unsigned long long)bytes, res.nrounds ? res.r[0].max_err : 0, l1);
+                         (unsigned long long)bytes, res.nrounds ? res.r[0].max_err : 0, lead_s, l1);
                 double rs = res.median_wall_s;
                 ap_bench_report(c, "round_s", rs, "s", f);
                 double bus = rs > 0 ? bus_bytes / rs / 1e6 : 0;

@@ -26,6 +26,7 @@
  * Needs root and network namespaces; otherwise it prints why and reports
  * nothing (exit 0). */
 #include "allreduce_netns.h"
+#include "allreduce_procs.h"
 #include "bench.h"
 #include "netns.h"
 
@@ -93,26 +94,6 @@ static bool g_vs = false;        /* whether to run it */
 #define MAX_CODECS 8
 static uint8_t g_codecs[MAX_CODECS] = {AP_AVG_CODEC_F32}; /* --codec */
 static size_t g_ncodecs = 1;
-
-/* "auto" / "off" / the number */
-static const char *lead_name(uint32_t lead, char buf[16])
-{
-    if (lead == 0) return "auto";
-    if (lead == AP_AVG_LEAD_OFF) return "off";
-    snprintf(buf, 16, "%u", lead);
-    return buf;
-}
-
-static bool parse_lead(const char *s, uint32_t *out)
-{
-    char *end;
-    if (!strcmp(s, "auto")) return *out = 0, true;
-    if (!strcmp(s, "off")) return *out = AP_AVG_LEAD_OFF, true;
-    unsigned long v = strtoul(s, &end, 10);
-    if (*end || v == 0 || v >= AP_AVG_LEAD_OFF) return false;
-    *out = (uint32_t)v;
-    return true;
-}
 
 static const struct {
     const char *name;
@@ -290,7 +271,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
         if (g_vs)
             snprintf(vsf, sizeof vsf,
                      ",\"vs_lead\":\"%s\",\"vs_round_s\":%.4f,\"vs_over_bound\":%.4f",
-                     lead_name(g_vs_lead, vb), vs.median_s, vs.median_s / bound);
+                     ap_arp_lead_name(g_vs_lead, vb), vs.median_s, vs.median_s / bound);
         snprintf(f, sizeof f,
                  "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"codec\":\"%s\","
                  "\"bytes_per_elem\":%.4f,\"chunk_elems\":%u,\"lead\":\"%s\",\"rounds\":%d,"
@@ -298,7 +279,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
                  "\"over_nominal\":%.4f%s,\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,"
                  "\"cpu_s_per_round\":%.3f,\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
                  s->links, n, (unsigned long long)s->elems, codec_name(codec), bpe, g_chunk,
-                 lead_name(g_lead, lb), bal.rounds, bal.median_s, bound, bound_nom,
+                 ap_arp_lead_name(g_lead, lb), bal.rounds, bal.median_s, bound, bound_nom,
                  bal.median_s / bound_nom, vsf, m.worst_ratio, ovh, bal.cpu_s, bal.mb_per_cpu_s,
                  ap_bench_load1());
         ap_bench_report(c, "shaped_round_over_bound", bal.median_s / bound, "x", f);
@@ -353,9 +334,11 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             part = argv[++k];
         else if (!strcmp(argv[k], "--rounds") && k + 1 < argc)
             rounds = atoi(argv[++k]);
-        else if (!strcmp(argv[k], "--lead") && k + 1 < argc && parse_lead(argv[k + 1], &g_lead))
+        else if (!strcmp(argv[k], "--lead") && k + 1 < argc &&
+                 ap_arp_lead_parse(argv[k + 1], &g_lead))
             k++;
-        else if (!strcmp(argv[k], "--vs") && k + 1 < argc && parse_lead(argv[k + 1], &g_vs_lead))
+        else if (!strcmp(argv[k], "--vs") && k + 1 < argc &&
+                 ap_arp_lead_parse(argv[k + 1], &g_vs_lead))
             k++, g_vs = true;
         else if (!strcmp(argv[k], "--codec") && k + 1 < argc && parse_codecs(argv[k + 1]))
             k++;
