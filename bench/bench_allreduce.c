@@ -303,14 +303,22 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                     if (rc) continue;
                 }
                 uint64_t bytes = res.nrounds ? res.r[0].bytes_sent : 0;
-                char f[400];
+                char each[400];
+                size_t el = 0;
+                each[0] = 0;
+                for (int k = 0; k < res.nrounds && el + 16 < sizeof each; k++)
+                    el += (size_t)snprintf(each + el, sizeof each - el, "%s%.3f", k ? "," : "",
+                                           res.r[k].wall_s);
+                char f[900];
                 snprintf(f, sizeof f,
                          "\"peers\":%d,\"elems\":%llu,\"codec\":\"%s\",\"encrypted\":true,"
                          "\"verified\":%s,\"cpu_s\":%.3f,\"worker_round_s\":%.4f,"
-                         "\"wire_bytes\":%llu,\"max_err\":%.3g,\"lead\":\"%s\",\"load1\":%.2f",
+                         "\"wire_bytes\":%llu,\"max_err\":%.3g,\"lead\":\"%s\",\"rounds_s\":[%s],"
+                         "\"load1\":%.2f",
                          P, (unsigned long long)E, ap_arp_codec_name(codecs[ic]),
                          res.verified ? "true" : "false", res.median_cpu_s, res.median_worker_s,
-                         (unsigned long long)bytes, res.nrounds ? res.r[0].max_err : 0, lead_s, l1);
+                         (unsigned long long)bytes, res.nrounds ? res.r[0].max_err : 0, lead_s,
+                         each, l1);
                 double rs = res.median_wall_s;
                 ap_bench_report(c, "round_s", rs, "s", f);
                 double bus = rs > 0 ? bus_bytes / rs / 1e6 : 0;
