@@ -32,6 +32,7 @@
 
 #include "apiary/averager.h"
 #include "apiary/log.h"
+#include "averaging/allreduce.h"
 #include "averaging/avg_codec.h"
 
 #include <math.h>
@@ -87,10 +88,10 @@ typedef struct series {
 
 /* warmup + rounds rounds; the median of the measured ones. -1 on failure
  * (message printed). */
-static uint32_t g_chunk = 16384; /* --chunk */
-static uint32_t g_lead = 0;      /* --lead: pacing of the measured runs (0 = auto) */
-static uint32_t g_vs_lead = 0;   /* --vs: pacing of a comparison series */
-static bool g_vs = false;        /* whether to run it */
+static uint32_t g_chunk;       /* --chunk; 0 = the library's rule for the real links */
+static uint32_t g_lead = 0;    /* --lead: pacing of the measured runs (0 = auto) */
+static uint32_t g_vs_lead = 0; /* --vs: pacing of a comparison series */
+static bool g_vs = false;      /* whether to run it */
 #define MAX_CODECS 8
 static uint8_t g_codecs[MAX_CODECS] = {AP_AVG_CODEC_F32}; /* --codec */
 static size_t g_ncodecs = 1;
@@ -129,19 +130,20 @@ static bool parse_codecs(const char *arg)
     return g_ncodecs > 0;
 }
 
-/* Payload bytes per element on the wire with codec id (chunk of g_chunk). */
-static double codec_bpe(uint8_t id)
+/* Payload bytes per element on the wire with codec id (chunks of chunk). */
+static double codec_bpe(uint8_t id, uint32_t chunk)
 {
     const ap__avg_codec_t *c = ap__avg_codec_get(id);
-    return c ? (double)c->size(g_chunk) / g_chunk : 4;
+    return c ? (double)c->size(chunk) / chunk : 4;
 }
 
 static int run_series(ap_netns_t *ns, const ap_arns_peer_t *peers, size_t n, uint64_t elems,
-                      int warmup, int rounds, uint32_t lead, uint8_t codec, series_t *out)
+                      int warmup, int rounds, uint32_t lead, uint8_t codec, uint32_t chunk,
+                      series_t *out)
 {
     ap_arns_opts_t o = {.elems = elems,
                         .max_lead_chunks = lead,
-                        .chunk_elems = g_chunk,
+                        .chunk_elems = chunk,
                         .codec = codec,
                         /* equal-parts runs declare bandwidths the links do not
                          * have: a long deadline lets them finish */
@@ -247,11 +249,23 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
     ap_arns_peer_t peers[MAXP];
     for (size_t i = 0; i < n; i++)
         peers[i] = (ap_arns_peer_t){s->role[i], links[i].up_bps / 8, links[i].down_bps / 8};
+    /* One chunk size for every series of the scenario (the equal-parts runs
+     * declare other bandwidths): --chunk, or what the library picks for the
+     * real links (ap_allreduce_opts_t.chunk_elems = 0). */
+    uint32_t chunk = g_chunk;
+    if (!chunk) {
+        ap_avg_member_t mem[MAXP];
+        memset(mem, 0, sizeof mem);
+        for (size_t i = 0; i < n; i++)
+            mem[i].up = peers[i].decl_up, mem[i].down = peers[i].decl_down;
+        ap_avg_group_t g = {.members = mem, .n = n};
+        chunk = ap__avg_auto_chunk(&g);
+    }
     for (size_t ci = 0; ci < g_ncodecs; ci++) {
         uint8_t codec = g_codecs[ci];
         /* the bound for a codec: the LP bound at its bytes per element */
-        double bpe = codec_bpe(codec);
-        double ovh = framing_overhead(bpe * g_chunk);
+        double bpe = codec_bpe(codec, chunk);
+        double ovh = framing_overhead(bpe * chunk);
         double mu[MAXP], md[MAXP], nu[MAXP], nd[MAXP];
         for (size_t i = 0; i < n; i++) {
             mu[i] = m.up[i] / ovh * 4 / bpe;
@@ -264,8 +278,10 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
         if (bound <= 0 || bound_nom <= 0) goto out;
 
         series_t bal, vs = {0};
-        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, codec, &bal)) goto out;
-        if (g_vs && run_series(ns, peers, n, s->elems, warmup, rounds, g_vs_lead, codec, &vs))
+        if (run_series(ns, peers, n, s->elems, warmup, rounds, g_lead, codec, chunk, &bal))
+            goto out;
+        if (g_vs &&
+            run_series(ns, peers, n, s->elems, warmup, rounds, g_vs_lead, codec, chunk, &vs))
             goto out;
         char f[900], lb[16], vb[16], vsf[200] = "";
         if (g_vs)
@@ -278,7 +294,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
                  "\"round_s\":%.4f,\"bound_s\":%.4f,\"bound_nominal_s\":%.4f,"
                  "\"over_nominal\":%.4f%s,\"tcp_goodput_min\":%.3f,\"framing_overhead\":%.5f,"
                  "\"cpu_s_per_round\":%.3f,\"payload_MB_per_cpu_s\":%.1f,\"load1\":%.2f",
-                 s->links, n, (unsigned long long)s->elems, codec_name(codec), bpe, g_chunk,
+                 s->links, n, (unsigned long long)s->elems, codec_name(codec), bpe, chunk,
                  ap_arp_lead_name(g_lead, lb), bal.rounds, bal.median_s, bound, bound_nom,
                  bal.median_s / bound_nom, vsf, m.worst_ratio, ovh, bal.cpu_s, bal.mb_per_cpu_s,
                  ap_bench_load1());
@@ -292,7 +308,7 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
                          "\"round_s\":%.4f,\"vs_round_s\":%.4f,\"bytes_ratio\":%.3f,"
                          "\"load1\":%.2f",
                          s->links, n, codec_name(codec), codec_name(g_codecs[0]), bal.median_s,
-                         f32_s, codec_bpe(g_codecs[0]) / bpe, ap_bench_load1());
+                         f32_s, codec_bpe(g_codecs[0], chunk) / bpe, ap_bench_load1());
                 ap_bench_report(c, "shaped_codec_speedup", f32_s / bal.median_s, "x", f);
             }
         }
@@ -301,7 +317,8 @@ static int run_scenario(ap_bench_ctx_t *c, const scenario_t *s, int warmup, int 
             ap_arns_peer_t eqp[MAXP];
             for (size_t i = 0; i < n; i++) eqp[i] = (ap_arns_peer_t){s->role[i], 12.5e6, 12.5e6};
             series_t eq;
-            if (run_series(ns, eqp, n, s->elems, warmup, rounds, g_lead, codec, &eq)) goto out;
+            if (run_series(ns, eqp, n, s->elems, warmup, rounds, g_lead, codec, chunk, &eq))
+                goto out;
             snprintf(f, sizeof f,
                      "\"links\":\"%s\",\"peers\":%zu,\"elems\":%llu,\"codec\":\"%s\","
                      "\"rounds\":%d,\"equal_parts_s\":%.4f,\"balanced_s\":%.4f,"
@@ -351,7 +368,7 @@ static int bench_allreduce_shaped(ap_bench_ctx_t *c, int argc, char **argv)
             return 2;
         }
     }
-    if (rounds < 1 || rounds > 32 || g_chunk < 256 || g_chunk > (1u << 20)) {
+    if (rounds < 1 || rounds > 32 || (g_chunk && g_chunk < 256) || g_chunk > (1u << 20)) {
         usage();
         return 2;
     }

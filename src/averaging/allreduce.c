@@ -405,6 +405,22 @@ after:
  * float32 (the payload is the tensor's bytes) goes header + tensor straight
  * into the stream's send buffer: one copy; other codecs encode into the
  * frame buffer first. 0, AP_EAGAIN or an error, as ap_stream_send. */
+/* The default chunk size for group g (averager.h, chunk_elems): what the
+ * slowest declared link moves in 5 ms, rounded down to a power of two, within
+ * [4096, 16384] elements. Declared bandwidths are validated finite and > 0. */
+uint32_t ap__avg_auto_chunk(const ap_avg_group_t *g)
+{
+    double slow = INFINITY;
+    for (size_t i = 0; i < g->n; i++) {
+        double b = fmin(g->members[i].up, g->members[i].down);
+        if (b > 0 && b < slow) slow = b;
+    }
+    double elems = slow * 0.005 / sizeof(float);
+    uint32_t c = 4096;
+    while (c < 16384 && (double)(c * 2) <= elems) c *= 2;
+    return c;
+}
+
 static int send_chunk(ap_allreduce_t *ar, ap_stream_t *s, uint8_t type, uint32_t c, uint32_t len,
                       const float *x)
 {
@@ -1194,7 +1210,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     bool sends = g->members[self].role != AP_AVG_AUX;
     if (sends && (!data || !isfinite(weight) || !(weight > 0))) return AP_EINVAL;
     ap_allreduce_opts_t o = opts ? *opts : (ap_allreduce_opts_t){0};
-    if (!o.chunk_elems) o.chunk_elems = 16384;
+    if (!o.chunk_elems) o.chunk_elems = ap__avg_auto_chunk(g);
     if (o.chunk_elems > AP__AVG_CHUNK_MAX) return AP_EINVAL;
     if (!(o.deadline_factor > 0)) o.deadline_factor = 4;
     if (!o.deadline_slack_us) o.deadline_slack_us = 2000000;

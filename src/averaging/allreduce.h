@@ -32,6 +32,9 @@ typedef struct ap__avg_frame {
     size_t payload_len;
 } ap__avg_frame_t;
 
+/* The default chunk size for a group (ap_allreduce_opts_t.chunk_elems = 0). */
+uint32_t ap__avg_auto_chunk(const ap_avg_group_t *g);
+
 void ap__avg_frame_header(uint8_t *out, uint8_t type, uint8_t codec, uint32_t index,
                           uint32_t elems);
 /* AP_ECORRUPT if shorter than the header, a bad type or nonzero reserved bits. */

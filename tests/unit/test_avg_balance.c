@@ -1,8 +1,10 @@
 /* DeDLOC load balancing: LP vs closed form, optimality against an independent
- * bisection on the issue's formulas, canonical tie-break, min share, rounding. */
+ * bisection on the issue's formulas, canonical tie-break, min share, rounding;
+ * and the default chunk size a group's links imply. */
 #include "aptest.h"
 
 #include "apiary/averager.h"
+#include "averaging/allreduce.h"
 #include "base/arena.h"
 
 #include <math.h>
@@ -314,6 +316,38 @@ static void test_moshpit_key(void **state)
     assert_int_equal(ap_avg_moshpit_advance(a, 9, 0, 0), AP_EINVAL);
 }
 
+/* chunk_elems = 0: the slowest declared link's 5 ms, a power of two in
+ * [4096, 16384]; every member computes it from the same group. */
+static uint32_t chunk_for(const double *mbit_up, const double *mbit_down, size_t n)
+{
+    ap_avg_member_t m[8];
+    memset(m, 0, sizeof m);
+    for (size_t i = 0; i < n; i++) {
+        m[i].id.b[0] = (uint8_t)i;
+        m[i].up = mbit_up[i] * 125000.0;
+        m[i].down = mbit_down[i] * 125000.0;
+    }
+    ap_avg_group_t g = {.members = m, .n = n};
+    return ap__avg_auto_chunk(&g);
+}
+
+static void test_auto_chunk(void **state)
+{
+    (void)state;
+    double gbit[4] = {8000, 8000, 8000, 8000}, m100[4] = {100, 100, 100, 100};
+    double m200[2] = {200, 200}, m50[2] = {50, 50}, m20[1] = {20};
+    assert_int_equal(chunk_for(gbit, gbit, 4), 16384);
+    assert_int_equal(chunk_for(m200, m200, 2), 16384);
+    assert_int_equal(chunk_for(m100, m100, 4), 8192);
+    assert_int_equal(chunk_for(m50, m50, 2), 4096);
+    assert_int_equal(chunk_for(m20, m20, 1), 4096);
+    /* the slowest direction of the slowest member decides */
+    double up[4] = {1000, 100, 100, 20}, down[4] = {1000, 1000, 1000, 1000};
+    assert_int_equal(chunk_for(up, down, 4), 4096);
+    double up2[2] = {8000, 8000}, down2[2] = {8000, 100};
+    assert_int_equal(chunk_for(up2, down2, 2), 8192);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -324,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_round_counts),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_moshpit_key),
+        cmocka_unit_test(test_auto_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
