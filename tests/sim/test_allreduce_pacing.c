@@ -17,6 +17,16 @@ typedef struct outcome {
     uint32_t dropped, failed;
 } outcome_t;
 
+/* Members 0..n-1, all declaring and having b bytes/s each way. */
+static void equal_links(avg_env_t *e, int n, double b, int *idx, double *bw)
+{
+    for (int i = 0; i < n; i++) {
+        idx[i] = i;
+        bw[i] = b;
+        avg_set_bw(e, i, b, b);
+    }
+}
+
 static outcome_t run(uint32_t lead, uint64_t elems, uint32_t chunk, uint64_t seed)
 {
     const int n = 4;
@@ -27,11 +37,7 @@ static outcome_t run(uint32_t lead, uint64_t elems, uint32_t chunk, uint64_t see
     ap_sim_set_default_link(e.sim, &link);
     int idx[4];
     double bw[4];
-    for (int i = 0; i < n; i++) {
-        idx[i] = i;
-        bw[i] = b;
-        avg_set_bw(&e, i, b, b);
-    }
+    equal_links(&e, n, b, idx, bw);
     uint8_t gid[32] = {7, 7, 7};
     ap_allreduce_opts_t o = {.chunk_elems = chunk, .max_lead_chunks = lead};
     avg_start(&e, idx, n, gid, bw, bw, &o);
@@ -101,11 +107,7 @@ static void test_short_rtt(void **state)
         avg_env_init(&e, n, elems, ap_test_seed(302));
         int idx[4];
         double bw[4];
-        for (int i = 0; i < n; i++) {
-            idx[i] = i;
-            bw[i] = b;
-            avg_set_bw(&e, i, b, b);
-        }
+        equal_links(&e, n, b, idx, bw);
         uint8_t gid[32] = {8, 8, 8};
         ap_allreduce_opts_t o = {.chunk_elems = 16384,
                                  .max_lead_chunks = pass ? AP_AVG_LEAD_OFF : 0};
