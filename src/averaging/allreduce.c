@@ -421,6 +421,19 @@ uint32_t ap__avg_auto_chunk(const ap_avg_group_t *g)
     return c;
 }
 
+/* The largest chunk frame of this round, and the send window of a data
+ * stream: AVG_WINDOW, or four frames if that is more. The pacing rings are
+ * as long as that window holds frames. */
+static size_t frame_max(const ap_allreduce_t *ar)
+{
+    return AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
+}
+
+static size_t data_window(size_t fmax)
+{
+    return fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW;
+}
+
 static int send_chunk(ap_allreduce_t *ar, ap_stream_t *s, uint8_t type, uint32_t c, uint32_t len,
                       const float *x)
 {
@@ -1062,8 +1075,8 @@ static int open_part(ap_allreduce_t *ar, int k)
     l->outgoing = true;
     l->next = ar->links;
     ar->links = l;
-    size_t fmax = AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
-    ap_stream_opts_t so = {.window = fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW,
+    size_t fmax = frame_max(ar);
+    ap_stream_opts_t so = {.window = data_window(fmax),
                            .max_msg = fmax,
                            .open_timeout_us = ar->deadline_us - ar->start_us};
     ap_stream_t *s = NULL;
@@ -1080,8 +1093,8 @@ static int open_part(ap_allreduce_t *ar, int k)
  * be in flight (the stream window, LEAD_CAP, the part's chunk count). */
 static int setup_pacing(ap_allreduce_t *ar)
 {
-    size_t fmax = AP__AVG_FRAME_HDR + ar->codec->size(ar->o.chunk_elems);
-    size_t win = fmax * 4 > AVG_WINDOW ? fmax * 4 : AVG_WINDOW;
+    size_t fmax = frame_max(ar);
+    size_t win = data_window(fmax);
     uint32_t cap = (uint32_t)(win / fmax < LEAD_CAP ? win / fmax : LEAD_CAP);
     size_t total = 0;
     for (int k = 0; k < ar->n; k++) {
