@@ -1,5 +1,9 @@
 /* Apiary — Byzantine-tolerant aggregation (BTARD building blocks).
  *
+ * Two pieces: CenteredClip (a robust average) and MPRNG (shared randomness
+ * no participant can bias). Both are sans-I/O: they compute on their inputs
+ * and hand messages back to the caller, who carries them.
+ *
  * CenteredClip: a robust weighted average of n vectors. Starting from the
  * coordinate-wise weighted median v_0, it iterates
  *
@@ -25,6 +29,7 @@
 
 #include "apiary/common.h"
 #include "apiary/error.h"
+#include "apiary/peer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +87,120 @@ AP_EXPORT AP_NODISCARD int ap_btard_clip_residual(const float *const *x, const d
 AP_EXPORT void ap_btard_force_scalar(bool scalar);
 /* Name of the kernels in use: "scalar" or "avx2". */
 AP_EXPORT const char *ap_btard_kernels_name(void);
+
+/* ---- MPRNG: shared randomness by commit and reveal --------------------------
+ *
+ * n peers in an agreed order derive a 256-bit seed that none of them can
+ * bias or predict while at least one is honest:
+ *   1. each participant picks a random 256-bit value r_i and broadcasts a
+ *      signed commitment h_i = BLAKE2b-256("apiary/btard/mprng/commit" || ctx
+ *      || attempt || PeerID_i || r_i);
+ *   2. once it holds every participant's commitment it broadcasts r_i, signed;
+ *   3. seed = BLAKE2b-256("apiary/btard/mprng/seed" || ctx || attempt ||
+ *      (index_i || r_i) for every participant in peer order).
+ * A participant that sends no commitment or no reveal before the phase's
+ * deadline, reveals a value that does not match its commitment, or signs two
+ * different commitments for one attempt is excluded for the rest of the round
+ * (its fault is recorded), and the round restarts as attempt + 1 without it,
+ * every participant with a fresh value. The last two faults are provable: the
+ * two signed messages are evidence anyone can check
+ * (ap_btard_mprng_check_evidence).
+ *
+ * Driving it: ap_btard_mprng_start() with a fresh value whenever the state is
+ * NEED_VALUE; broadcast every message ap_btard_mprng_outbox() yields to every
+ * other peer; pass every received message to ap_btard_mprng_receive() and,
+ * when it returns 1, relay that message to every other peer (so a message one
+ * honest peer saw reaches all); call ap_btard_mprng_deadline() when the
+ * current phase's deadline passes. Values must come from a cryptographic RNG
+ * in deployment; the state machine takes them from the caller so runs replay.
+ *
+ * Messages are capped at AP_BTARD_MSG_MAX bytes; malformed ones, bad
+ * signatures and senders outside the group are refused with an error return
+ * and change nothing. */
+
+#define AP_BTARD_HASH_LEN        32
+#define AP_BTARD_MSG_MAX         512
+#define AP_BTARD_MPRNG_MAX_PEERS 1024
+
+/* Signs msg with the local peer's identity key (e.g. ap_rt_sign). */
+typedef void (*ap_btard_sign_fn)(void *arg, const uint8_t *msg, size_t len,
+                                 uint8_t sig[AP_ED25519_SIG_LEN]);
+
+typedef enum ap_btard_mprng_state {
+    AP_BTARD_MPRNG_NEED_VALUE = 1, /* waiting for ap_btard_mprng_start */
+    AP_BTARD_MPRNG_COMMITTING = 2, /* committed; waiting for the others' commitments */
+    AP_BTARD_MPRNG_REVEALING = 3,  /* revealed; waiting for the others' reveals */
+    AP_BTARD_MPRNG_DONE = 4,       /* the seed is known */
+} ap_btard_mprng_state_t;
+
+typedef enum ap_btard_fault {
+    AP_BTARD_FAULT_NONE = 0,
+    AP_BTARD_FAULT_NO_COMMIT = 1,    /* no commitment before the deadline */
+    AP_BTARD_FAULT_NO_REVEAL = 2,    /* no reveal before the deadline */
+    AP_BTARD_FAULT_BAD_REVEAL = 3,   /* reveal does not match the commitment (provable) */
+    AP_BTARD_FAULT_EQUIVOCATION = 4, /* two different commitments (provable) */
+} ap_btard_fault_t;
+
+/* Name of a fault ("no_commit", ...), "none" for NONE. Static string. */
+AP_EXPORT const char *ap_btard_fault_name(ap_btard_fault_t f);
+
+typedef struct ap_btard_mprng_cfg {
+    uint8_t ctx[AP_BTARD_HASH_LEN]; /* the round's context (e.g. a hash of run id and step) */
+    const ap_peer_id_t *peers;      /* the group in its agreed order; copied */
+    size_t n;                       /* 1..AP_BTARD_MPRNG_MAX_PEERS */
+    size_t self;                    /* this peer's index in peers */
+    ap_btard_sign_fn sign;          /* signs as peers[self] */
+    void *sign_arg;
+} ap_btard_mprng_cfg_t;
+
+typedef struct ap_btard_mprng ap_btard_mprng_t;
+
+/* NULL on bad configuration (n out of range, self >= n, no sign function,
+ * duplicate peers) or out of memory. The state starts at NEED_VALUE. */
+AP_EXPORT ap_btard_mprng_t *ap_btard_mprng_new(const ap_btard_mprng_cfg_t *cfg);
+AP_EXPORT void ap_btard_mprng_free(ap_btard_mprng_t *m);
+
+/* Commits to value for the current attempt (state must be NEED_VALUE, else
+ * AP_ESTATE) and queues the signed commitment in the outbox. */
+AP_EXPORT AP_NODISCARD int ap_btard_mprng_start(ap_btard_mprng_t *m,
+                                                const uint8_t value[AP_BTARD_HASH_LEN]);
+
+/* Takes a received message. Returns 1 if it was new and valid (relay it),
+ * 0 if it changes nothing (a duplicate, an old attempt, an excluded sender;
+ * a commitment for the next attempt is kept for then), or AP_EMSGSIZE,
+ * AP_ECORRUPT, AP_ENOTSUP, AP_EAUTH (bad signature), AP_EPROTO (another
+ * round's context), AP_EPERM (sender not in the group). msg is not kept. */
+AP_EXPORT AP_NODISCARD int ap_btard_mprng_receive(ap_btard_mprng_t *m, const uint8_t *msg,
+                                                  size_t len);
+
+/* The current phase's deadline passed: participants that have not sent the
+ * phase's message are excluded (NO_COMMIT / NO_REVEAL) and, if any was, the
+ * round restarts (state NEED_VALUE). Returns how many were excluded. */
+AP_EXPORT int ap_btard_mprng_deadline(ap_btard_mprng_t *m);
+
+/* Next message of this peer's to broadcast: true and (*msg, *len), valid until
+ * the next call on m; false when there is none. */
+AP_EXPORT bool ap_btard_mprng_outbox(ap_btard_mprng_t *m, const uint8_t **msg, size_t *len);
+
+AP_EXPORT ap_btard_mprng_state_t ap_btard_mprng_state(const ap_btard_mprng_t *m);
+AP_EXPORT uint32_t ap_btard_mprng_attempt(const ap_btard_mprng_t *m);
+/* The seed; AP_ESTATE unless the state is DONE. */
+AP_EXPORT AP_NODISCARD int ap_btard_mprng_seed(const ap_btard_mprng_t *m,
+                                               uint8_t seed[AP_BTARD_HASH_LEN]);
+/* Why peer i is excluded (NONE while it takes part). */
+AP_EXPORT ap_btard_fault_t ap_btard_mprng_fault(const ap_btard_mprng_t *m, size_t i);
+/* Evidence of a provable fault of peer i: the two signed messages, valid
+ * while m lives. AP_ENOTFOUND if there is none. */
+AP_EXPORT int ap_btard_mprng_evidence(const ap_btard_mprng_t *m, size_t i, const uint8_t **a,
+                                      size_t *alen, const uint8_t **b, size_t *blen);
+/* Checks evidence against accused for the round ctx: 0 and *fault set if the
+ * two messages prove BAD_REVEAL or EQUIVOCATION, AP_EINVAL if they prove
+ * nothing, or a decode error. Needs nothing but the messages. */
+AP_EXPORT AP_NODISCARD int ap_btard_mprng_check_evidence(const uint8_t ctx[AP_BTARD_HASH_LEN],
+                                                         const ap_peer_id_t *accused,
+                                                         const uint8_t *a, size_t alen,
+                                                         const uint8_t *b, size_t blen,
+                                                         ap_btard_fault_t *fault);
 
 #ifdef __cplusplus
 }
