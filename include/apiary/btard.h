@@ -35,6 +35,9 @@
 extern "C" {
 #endif
 
+/* Bytes of every hash, seed and MPRNG value. */
+#define AP_BTARD_HASH_LEN 32
+
 /* Hard caps on one CenteredClip call. */
 #define AP_BTARD_CLIP_MAX_INPUTS 4096
 #define AP_BTARD_CLIP_MAX_ITER   100000
@@ -83,6 +86,48 @@ AP_EXPORT AP_NODISCARD int ap_btard_clip_residual(const float *const *x, const d
                                                   size_t d, double tau, const float *v, double *r,
                                                   double *norm);
 
+/* ---- verification primitives --------------------------------------------------
+ *
+ * The pieces BTARD's checks are built from. All are deterministic functions
+ * of their inputs, so every peer (and anyone auditing an accusation) gets the
+ * same answer from the same public data. */
+
+/* BLAKE2b-256 of "apiary/btard/floats" || le64(n) || the n floats as
+ * little-endian bytes: the commitment to a part or an aggregate. */
+AP_EXPORT void ap_btard_hash_floats(const float *x, size_t n, uint8_t out[AP_BTARD_HASH_LEN]);
+
+/* A pseudo-random unit direction: z[k] = +-1/sqrt(n), the signs from a
+ * ChaCha20 stream keyed by BLAKE2b-256("apiary/btard/dir" || seed || le32(part)). */
+AP_EXPORT void ap_btard_direction(const uint8_t seed[AP_BTARD_HASH_LEN], uint32_t part, size_t n,
+                                  float *z);
+
+/* A peer's check values for one part it sent (x) and the aggregate it got
+ * (v): *dist = |x - v| and *proj = min(1, tau / |x - v|) <x - v, z>. At a
+ * CenteredClip fixed point the weighted sum of proj over the inputs is 0. */
+AP_EXPORT void ap_btard_clip_proj(const float *x, const float *v, const float *z, size_t n,
+                                  double tau, double *dist, double *proj);
+
+/* The aggregate check: |sum_i w_i proj_i / sum_i w_i| <= tol (w NULL = all 1). */
+AP_EXPORT bool ap_btard_proj_sum_ok(const double *proj, const double *w, size_t n, double tol);
+
+/* The minibatch of peer `peer` for a step: batch indices drawn uniformly
+ * (with replacement) from [0, n_examples), from a ChaCha20 stream keyed by
+ * BLAKE2b-256("apiary/btard/batch" || seed || le32(peer)). n_examples > 0. */
+AP_EXPORT void ap_btard_minibatch(const uint8_t seed[AP_BTARD_HASH_LEN], uint32_t peer,
+                                  uint64_t n_examples, size_t batch, uint64_t *idx);
+
+/* k distinct validators among n peers and a target for each (never itself),
+ * uniformly from the seed (stream key "apiary/btard/validators"). k <= n,
+ * n >= 2, else AP_EINVAL. */
+AP_EXPORT AP_NODISCARD int ap_btard_pick_validators(const uint8_t seed[AP_BTARD_HASH_LEN], size_t n,
+                                                    size_t k, uint32_t *validators,
+                                                    uint32_t *targets);
+
+/* Whether a recomputed gradient matches a committed one within floating-point
+ * slack: |a - b| <= atol + rtol |b| (L2), and both finite. */
+AP_EXPORT bool ap_btard_grad_match(const float *a, const float *b, size_t n, double rtol,
+                                   double atol);
+
 /* Tests and benches: force the scalar kernels (true) or the best (false). */
 AP_EXPORT void ap_btard_force_scalar(bool scalar);
 /* Name of the kernels in use: "scalar" or "avx2". */
@@ -118,7 +163,6 @@ AP_EXPORT const char *ap_btard_kernels_name(void);
  * signatures and senders outside the group are refused with an error return
  * and change nothing. */
 
-#define AP_BTARD_HASH_LEN        32
 #define AP_BTARD_MSG_MAX         512
 #define AP_BTARD_MPRNG_MAX_PEERS 1024
 
