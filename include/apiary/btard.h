@@ -30,6 +30,7 @@
 #include "apiary/common.h"
 #include "apiary/error.h"
 #include "apiary/peer.h"
+#include "apiary/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -209,9 +210,9 @@ AP_EXPORT void ap_btard_mprng_free(ap_btard_mprng_t *m);
 AP_EXPORT AP_NODISCARD int ap_btard_mprng_start(ap_btard_mprng_t *m,
                                                 const uint8_t value[AP_BTARD_HASH_LEN]);
 
-/* Takes a received message. Returns 1 if it was new and valid (relay it),
- * 0 if it changes nothing (a duplicate, an old attempt, an excluded sender;
- * a commitment for the next attempt is kept for then), or AP_EMSGSIZE,
+/* Takes a received message. Returns 1 if it was new and valid (relay it;
+ * a commitment for the next attempt counts, and is kept for then), 0 if it
+ * changes nothing (a duplicate, an old attempt, an excluded sender), or AP_EMSGSIZE,
  * AP_ECORRUPT, AP_ENOTSUP, AP_EAUTH (bad signature), AP_EPROTO (another
  * round's context), AP_EPERM (sender not in the group). msg is not kept. */
 AP_EXPORT AP_NODISCARD int ap_btard_mprng_receive(ap_btard_mprng_t *m, const uint8_t *msg,
@@ -245,6 +246,60 @@ AP_EXPORT AP_NODISCARD int ap_btard_mprng_check_evidence(const uint8_t ctx[AP_BT
                                                          const uint8_t *a, size_t alen,
                                                          const uint8_t *b, size_t blen,
                                                          ap_btard_fault_t *fault);
+
+/* ---- MPRNG over the runtime -----------------------------------------------
+ *
+ * Runs MPRNG rounds between nodes: every message goes to every other group
+ * member as a unary RPC on AP_BTARD_MPRNG_PROTO (empty response), every new
+ * valid message is relayed once, each phase has a deadline. One service per
+ * node carries any number of concurrent rounds, told apart by their context;
+ * messages of a round not started here yet are kept (at most
+ * AP_BTARD_PENDING_PER_PEER per sender, AP_BTARD_PENDING_MAX in all) and
+ * handed to it when it starts. A peer's value for an attempt is a hash of its
+ * signature on the round's context and attempt and of 32 bytes of the
+ * runtime's RNG (see docs/btard.md). Loop thread only. */
+
+#define AP_BTARD_MPRNG_PROTO      "/apiary/btard/mprng/1"
+#define AP_BTARD_PENDING_PER_PEER 8
+#define AP_BTARD_PENDING_MAX      1024
+
+typedef struct ap_btard_svc ap_btard_svc_t;
+typedef struct ap_btard_round ap_btard_round_t;
+
+/* Registers the protocol handler on rt. AP_EEXIST if one is registered. */
+AP_EXPORT AP_NODISCARD int ap_btard_svc_new(ap_rt_t *rt, ap_btard_svc_t **out);
+/* Cancels every round still running (their done callbacks run with
+ * AP_ECANCELED) and unregisters the handler. NULL is a no-op. */
+AP_EXPORT void ap_btard_svc_free(ap_btard_svc_t *svc);
+
+/* Misbehaviour for experiments and tests (off unless asked). */
+typedef enum ap_btard_mprng_attack {
+    AP_BTARD_MPRNG_HONEST = 0,
+    AP_BTARD_MPRNG_WITHHOLD_REVEAL = 1, /* commits, never reveals */
+} ap_btard_mprng_attack_t;
+
+/* Result of a round: status 0 and the seed, or AP_ETIMEDOUT (no seed after
+ * max_attempts attempts), AP_ECANCELED. m is the round's state machine (for
+ * ap_btard_mprng_fault and the evidence), valid during the callback only. */
+typedef void (*ap_btard_round_fn)(void *arg, int status, const uint8_t seed[AP_BTARD_HASH_LEN],
+                                  const ap_btard_mprng_t *m);
+
+typedef struct ap_btard_round_cfg {
+    uint8_t ctx[AP_BTARD_HASH_LEN];
+    const ap_peer_id_t *peers; /* the group in its agreed order, including this node; copied */
+    size_t n;
+    uint64_t phase_timeout_us; /* deadline of each phase; 0 = 5 s */
+    int max_attempts;          /* 0 = n */
+    ap_btard_mprng_attack_t attack;
+    ap_btard_round_fn done; /* called exactly once, never from inside ap_btard_round_start */
+    void *arg;
+} ap_btard_round_cfg_t;
+
+/* Starts a round. AP_EINVAL (bad configuration, this node not in peers),
+ * AP_EEXIST (a round with this context runs), AP_ENOMEM. The round frees
+ * itself after done returns. */
+AP_EXPORT AP_NODISCARD int ap_btard_round_start(ap_btard_svc_t *svc,
+                                                const ap_btard_round_cfg_t *cfg);
 
 #ifdef __cplusplus
 }

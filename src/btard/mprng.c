@@ -314,7 +314,7 @@ static int handle(ap_btard_mprng_t *m, const ap__btard_msg_t *msg, const uint8_t
         p->have_next = true; /* checked again when that attempt starts */
         p->next_attempt = msg->attempt;
         raw_set(&p->next, b, len);
-        return 0;
+        return 1;
     }
     if (msg->attempt != m->attempt || m->state == AP_BTARD_MPRNG_DONE) return 0;
     return msg->kind == AP__BTARD_MPRNG_COMMIT ? on_commit(m, i, msg, b, len)
