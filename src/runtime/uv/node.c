@@ -1,5 +1,5 @@
 /* libuv driver: nodes (ap_rt_t) on a host — identity, timers, post, work,
- * deferred callbacks, teardown. The mux (mux.c) moves the bytes. */
+ * deferred callbacks, teardown. The mux (mux_*.c) moves the bytes. */
 #include "runtime/uv/uv_impl.h"
 
 #include "apiary/log.h"

@@ -134,7 +134,7 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
     if (status == 0 && ap__tcp_conn_user(c)) {
         /* The dial crossed a connection the peer opened to us, which the
          * mux already owns: on_close(AP_EEXIST) with the peer's id lets the
-         * mux finish the dial on that connection (mux.c, conn_adopt). */
+         * mux finish the dial on that connection (mux_conn.c, conn_adopt). */
         w->conn.remote = *ap__tcp_conn_peer(c);
         status = AP_EEXIST;
     }
@@ -160,7 +160,7 @@ int ap__tcpc_start(ap_node_t *n, const char *listen)
     id.id = n->rt.self;
     ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
     /* duplicates after a simultaneous dial stay open: the mux retires the
-     * loser with GOAWAY once its streams are done (mux.c, conn_resolve_dup) */
+     * loser with GOAWAY once its streams are done (mux_conn.c, conn_resolve_dup) */
     ap_tcp_cfg_t cfg = {.keep_duplicates = true};
     int rc = ap__tcp_new(&n->host->loop, &id, &cfg, &cbs, tc, &tc->t);
     ap_identity_wipe(&id);

@@ -263,7 +263,7 @@ struct ap_node {
     ap_rt_stats_t stats;
     struct ap_uv_work *works;
     struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
-    ap_msg_t *msg_cache;    /* recycled message buffers (mux.c) */
+    ap_msg_t *msg_cache;    /* recycled message buffers (mux_stream.c) */
     size_t msg_cache_bytes;
     ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
     ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
@@ -279,7 +279,7 @@ bool ap__node_has_soon(const ap_node_t *n);
 void ap__node_accept_conn(ap_node_t *n, ap_conn_t *c);
 ap_node_t *ap__node_by_mem(unsigned no); /* registry lookup (caller's loop thread) */
 
-/* mux.c */
+/* mux_conn.c, mux_stream.c, mux_frame.c (internals: mux_impl.h) */
 extern const ap_rt_ops_t ap__uv_ops_mux; /* the mux part of the ops (merged in node.c) */
 ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
 void ap__mconn_flush(ap_mconn_t *c);
