@@ -326,6 +326,11 @@ typedef struct ap_avg_match {
     /* A follower waits for its leader's answer up to its own deadline plus
      * this (0 = 2 s): the leader expires first, so its answer is due by then. */
     uint64_t answer_grace_us;
+    /* Peers to keep out (e.g. banned ones, ap_btard_banlist_has): never
+     * joined as a leader, their joins rejected. NULL = nobody. Called on the
+     * loop thread; arg borrowed for the search's lifetime. */
+    bool (*exclude)(void *arg, const ap_peer_id_t *peer);
+    void *exclude_arg;
 } ap_avg_match_t;
 
 /* The matchmaker of one node: registers AP_AVG_MATCH_PROTO on the service's

@@ -28,6 +28,7 @@
 #define APIARY_BTARD_H
 
 #include "apiary/common.h"
+#include "apiary/dht.h"
 #include "apiary/error.h"
 #include "apiary/peer.h"
 #include "apiary/runtime.h"
@@ -300,6 +301,86 @@ typedef struct ap_btard_round_cfg {
  * itself after done returns. */
 AP_EXPORT AP_NODISCARD int ap_btard_round_start(ap_btard_svc_t *svc,
                                                 const ap_btard_round_cfg_t *cfg);
+
+/* ---- global bans ------------------------------------------------------------
+ *
+ * A peer proven to have cheated is banned for the whole run: the proof goes
+ * into the DHT as one entry of the run's ban dictionary, key
+ * "btard/bans/<64 hex digits of the run id>", subkey = the banned PeerID's
+ * bytes, value = an encoded Ban (proto/btard.proto) carrying the two signed
+ * messages. Storing nodes that run ap_btard_ban_validator refuse any entry
+ * under a ban key that does not prove its subkey's peer guilty, and readers
+ * check every entry again, so nobody can ban an honest peer. MPRNG rounds of
+ * a run use ap_btard_round_ctx as their context, so evidence names the run. */
+
+#define AP_BTARD_BAN_PREFIX  "btard/bans/"
+#define AP_BTARD_BAN_KEY_LEN (sizeof AP_BTARD_BAN_PREFIX - 1 + 2 * AP_BTARD_HASH_LEN)
+#define AP_BTARD_BAN_MAX     (2 * AP_BTARD_MSG_MAX + 128) /* bytes of an encoded Ban */
+
+/* ctx = BLAKE2b-256("apiary/btard/round" || run || le64(step) || le32(round)). */
+AP_EXPORT void ap_btard_round_ctx(const uint8_t run[AP_BTARD_HASH_LEN], uint64_t step,
+                                  uint32_t round, uint8_t ctx[AP_BTARD_HASH_LEN]);
+
+/* Writes the run's ban key (AP_BTARD_BAN_KEY_LEN bytes plus a NUL). */
+AP_EXPORT void ap_btard_ban_key(const uint8_t run[AP_BTARD_HASH_LEN],
+                                char key[AP_BTARD_BAN_KEY_LEN + 1]);
+
+typedef struct ap_btard_ban {
+    uint8_t run[AP_BTARD_HASH_LEN];
+    uint64_t step;
+    uint32_t round;
+    ap_peer_id_t peer;
+    ap_btard_fault_t fault;     /* BAD_REVEAL or EQUIVOCATION */
+    const uint8_t *ev_a, *ev_b; /* the two signed messages (borrowed) */
+    size_t ev_a_len, ev_b_len;
+} ap_btard_ban_t;
+
+/* Encodes b into out (cap >= AP_BTARD_BAN_MAX); *len gets the size.
+ * AP_EINVAL if the evidence does not prove b->fault against b->peer. */
+AP_EXPORT AP_NODISCARD int ap_btard_ban_encode(const ap_btard_ban_t *b, uint8_t *out, size_t cap,
+                                               size_t *len);
+/* Decodes a Ban value and checks that it proves peer guilty (and, if run is
+ * not NULL, that it belongs to that run). On success *out holds the run,
+ * step, round, peer and fault (its evidence pointers NULL). AP_EMSGSIZE,
+ * AP_ECORRUPT, AP_EINVAL (proves nothing against peer, or another run). */
+AP_EXPORT AP_NODISCARD int ap_btard_ban_check(const uint8_t *value, size_t len,
+                                              const ap_peer_id_t *peer,
+                                              const uint8_t run[AP_BTARD_HASH_LEN],
+                                              ap_btard_ban_t *out);
+
+/* A DHT validator (ap_dht_add_validator; arg unused): refuses records under a
+ * key starting with AP_BTARD_BAN_PREFIX unless the key is a well-formed ban
+ * key, the subkey a PeerID and the value a Ban proving that peer guilty in
+ * that run. Other keys pass. */
+AP_EXPORT int ap_btard_ban_validator(void *arg, const ap_dht_record_t *rec,
+                                     const ap_peer_id_t *from_peer);
+
+/* Stores a ban in the DHT (expiring at expiration_ms, wall clock). cb as for
+ * ap_dht_store. */
+AP_EXPORT AP_NODISCARD int ap_btard_ban_publish(ap_dht_t *dht, const ap_btard_ban_t *b,
+                                                int64_t expiration_ms, ap_dht_store_fn cb,
+                                                void *arg);
+
+/* The peers banned in a run, as read from the DHT: every entry is checked
+ * again; entries that prove nothing are skipped. banned (n of them, no
+ * duplicates) is valid during the callback only. status as for ap_dht_get. */
+typedef void (*ap_btard_bans_fn)(void *arg, int status, const ap_peer_id_t *banned, size_t n);
+AP_EXPORT AP_NODISCARD int ap_btard_bans_fetch(ap_dht_t *dht, const uint8_t run[AP_BTARD_HASH_LEN],
+                                               ap_btard_bans_fn cb, void *arg);
+
+/* A set of banned peers, e.g. filled from ap_btard_bans_fetch and from the
+ * local convictions, and handed to matchmaking as its exclude filter
+ * (ap_avg_match_t.exclude = ap_btard_banlist_has, .exclude_arg = the list).
+ * Holds at most AP_BTARD_BANLIST_MAX peers. One thread at a time. */
+#define AP_BTARD_BANLIST_MAX 65536
+typedef struct ap_btard_banlist ap_btard_banlist_t;
+AP_EXPORT ap_btard_banlist_t *ap_btard_banlist_new(void);
+AP_EXPORT void ap_btard_banlist_free(ap_btard_banlist_t *bl);
+/* 1 if added, 0 if it was there, AP_ELIMIT when full, AP_ENOMEM. */
+AP_EXPORT int ap_btard_banlist_add(ap_btard_banlist_t *bl, const ap_peer_id_t *peer);
+/* bl is an ap_btard_banlist_t * (void * to fit ap_avg_match_t.exclude). */
+AP_EXPORT bool ap_btard_banlist_has(void *bl, const ap_peer_id_t *peer);
+AP_EXPORT size_t ap_btard_banlist_count(const ap_btard_banlist_t *bl);
 
 #ifdef __cplusplus
 }

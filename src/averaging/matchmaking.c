@@ -252,6 +252,8 @@ struct ap_avg_search {
     uint64_t deadline_us, poll_us, grace_us;
     ap_avg_match_fn cb;
     void *arg;
+    bool (*exclude)(void *arg, const ap_peer_id_t *peer);
+    void *exclude_arg;
     /* state */
     bool following; /* a join call is pending */
     ap__mm_member_t leader;
@@ -668,6 +670,7 @@ static void got_view(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
             if (ap_peer_id_parse(&m.id, sk + 7)) continue;
             if (m.closed || m.exp_ms != r->expiration_ms) continue;
             if (ap__mm_order(m.exp_ms, &m.id, s->self.exp_ms, &s->self.id) >= 0) continue;
+            if (s->exclude && s->exclude(s->exclude_arg, &m.id)) continue;
             c[nc++] = m;
         }
         qsort(c, nc, sizeof *c, cand_cmp);
@@ -755,6 +758,11 @@ static void on_join(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     }
     if (!s) {
         respond_code(req, AP__MM_REJECTED, "not looking for this group", NULL);
+        return;
+    }
+    if (s->exclude && s->exclude(s->exclude_arg, &q.id)) {
+        ap_log(AP_LOG_DEBUG, MOD, "join from excluded %s: rejected", sq);
+        respond_code(req, AP__MM_REJECTED, "excluded", NULL);
         return;
     }
     if (ap__mm_order(s->self.exp_ms, &s->self.id, q.exp_ms, &q.id) >= 0) {
@@ -883,6 +891,8 @@ int ap_avg_match_start(ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
     s->grace_us = m->answer_grace_us ? m->answer_grace_us : DEF_GRACE_US;
     s->cb = cb;
     s->arg = arg;
+    s->exclude = m->exclude;
+    s->exclude_arg = m->exclude_arg;
     /* declare */
     uint8_t *b;
     size_t n;

@@ -6,6 +6,7 @@
 #include "aptest.h"
 
 #include "apiary/averager.h"
+#include "apiary/btard.h"
 #include "apiary/dht.h"
 #include "apiary/log.h"
 #include "apiary/sim.h"
@@ -136,6 +137,26 @@ static void search(env_t *e, int i, uint32_t target, uint32_t min, uint64_t dead
     assert_int_equal(ap_avg_match_start(d->mm, &m, &me, on_match, d, NULL), AP_EBUSY);
 }
 
+/* As search(), keeping the peers of bl out. */
+static void search_excluding(env_t *e, int i, uint32_t target, uint32_t min, uint64_t deadline_us,
+                             ap_btard_banlist_t *bl)
+{
+    node_t *d = &e->nd[i];
+    ap_rt_t *rt = ap_sim_node(e->sim, i);
+    ap_avg_member_t me = {
+        .id = *ap_rt_self(rt), .role = AP_AVG_NORMAL, .up = 1e6 * (1 + i), .down = 2e6};
+    ap_avg_match_t m = {.key = KEY,
+                        .key_len = sizeof KEY - 1,
+                        .target_group_size = target,
+                        .min_group_size = min,
+                        .deadline_at_us = ap_rt_now_us(rt) + deadline_us,
+                        .exclude = ap_btard_banlist_has,
+                        .exclude_arg = bl};
+    d->searching = true;
+    d->ended = false;
+    assert_ok(ap_avg_match_start(d->mm, &m, &me, on_match, d, &d->search));
+}
+
 static bool all_ended(void *arg)
 {
     env_t *e = arg;
@@ -227,6 +248,49 @@ static void test_min_size_at_deadline(void **state)
     assert_true(ap_sim_run_until(e.sim, all_ended, &e, t0 + 10 * SEC));
     assert_int_equal(e.nd[4].status, AP_ETIMEDOUT);
     assert_true(e.nd[4].ended_at >= t0 + SEC && e.nd[4].ended_at < t0 + 2 * SEC);
+    env_free(&e);
+}
+
+/* Peers 0 and 3 are banned: the others never join them and reject their
+ * joins, so the other four form one group and the banned ones none. */
+static void test_excluded_peers(void **state)
+{
+    (void)state;
+    env_t e;
+    env_init(&e, 6, ap_test_seed(607));
+    ap_btard_banlist_t *bl = ap_btard_banlist_new();
+    assert_non_null(bl);
+    assert_int_equal(ap_btard_banlist_add(bl, ap_rt_self(ap_sim_node(e.sim, 0))), 1);
+    assert_int_equal(ap_btard_banlist_add(bl, ap_rt_self(ap_sim_node(e.sim, 3))), 1);
+    assert_int_equal(ap_btard_banlist_add(bl, ap_rt_self(ap_sim_node(e.sim, 3))), 0);
+    assert_int_equal(ap_btard_banlist_count(bl), 2);
+    for (int i = 0; i < 6; i++) {
+        if (i == 0 || i == 3)
+            search(&e, i, 6, 2, 3 * SEC + (uint64_t)i * 10000);
+        else
+            search_excluding(&e, i, 6, 2, 3 * SEC + (uint64_t)i * 10000, bl);
+        ap_sim_run_for(e.sim, 1000);
+    }
+    uint64_t t0 = ap_sim_now_us(e.sim);
+    assert_true(ap_sim_run_until(e.sim, all_ended, &e, t0 + 10 * SEC));
+    for (int i = 0; i < 6; i++) {
+        if (i == 0 || i == 3) {
+            /* 0 and 3 may find each other, never anyone else */
+            if (e.nd[i].status == 0) {
+                assert_int_equal(e.nd[i].n, 2);
+                for (size_t k = 0; k < e.nd[i].n; k++) {
+                    int j = index_of(&e, &e.nd[i].mem[k].id);
+                    assert_true(j == 0 || j == 3);
+                }
+            }
+            continue;
+        }
+        assert_int_equal(e.nd[i].status, 0);
+        assert_int_equal(e.nd[i].n, 4);
+        for (size_t k = 0; k < e.nd[i].n; k++)
+            assert_false(ap_btard_banlist_has(bl, &e.nd[i].mem[k].id));
+    }
+    ap_btard_banlist_free(bl);
     env_free(&e);
 }
 
@@ -616,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_wire),
         cmocka_unit_test(test_target_size),
         cmocka_unit_test(test_min_size_at_deadline),
+        cmocka_unit_test(test_excluded_peers),
         cmocka_unit_test(test_dead_leader),
         cmocka_unit_test(test_concurrent_with_crashes),
         cmocka_unit_test(test_cancel),
