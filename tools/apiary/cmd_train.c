@@ -197,7 +197,7 @@ static int run(const topts_t *o)
         rc = ap_identity_load_or_create(&id, o->identity, &created);
         if (rc) {
             fprintf(stderr, "apiary train: cannot use identity file %s: %s\n", o->identity,
-                    ap_strerror(rc));
+                    *ap_identity_last_error() ? ap_identity_last_error() : ap_strerror(rc));
             ap_nn_model_free(m);
             ap_nn_text_free(text);
             return 1;
@@ -336,6 +336,7 @@ static int run(const topts_t *o)
             }
             if (r) {
                 fprintf(stderr, "apiary train: batch failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             if (o->slowdown > 0) {
@@ -346,6 +347,7 @@ static int run(const topts_t *o)
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             local_samples += (uint64_t)o->batch;
@@ -386,6 +388,7 @@ static int run(const topts_t *o)
             last_status = now;
         }
     }
+    bool idle = !rc && c && !o->aux && local_samples == 0;
     if (c && ckpath[0]) {
         /* the last state (with delayed updates: also a step finished in the
          * background and not yet copied into the model) */
@@ -424,6 +427,10 @@ static int run(const topts_t *o)
     free(in);
     free(tg);
     free(x);
+    if (idle) {
+        fprintf(stderr, "apiary train: trained nothing (no batch was submitted)\n");
+        return 1;
+    }
     return rc ? 1 : 0;
 }
 

@@ -4,6 +4,8 @@
 
 #include "apiary/log.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -268,8 +270,22 @@ static void on_async(uv_async_t *a)
 
 /* ---- host lifecycle ----------------------------------------------------------- */
 
+/* A peer that closes a connection while we write to it must cost an EPIPE,
+ * never the process: libuv writes sockets with write(2), which raises SIGPIPE.
+ * A handler the application installed is left alone. */
+static pthread_once_t sigpipe_once = PTHREAD_ONCE_INIT;
+
+static void ignore_sigpipe(void)
+{
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO))
+        signal(SIGPIPE, SIG_IGN);
+}
+
 ap_host_t *ap_host_new(void)
 {
+    pthread_once(&sigpipe_once, ignore_sigpipe);
     ap_host_t *h = calloc(1, sizeof *h);
     if (!h) return NULL;
     if (uv_loop_init(&h->loop) < 0) {
