@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int mode = data[0];
     data++;
     size--;
-    static uint8_t buf[AP_SECURE_PAYLOAD_MAX + 64];
+    static uint8_t buf[2 * AP_SECURE_PAYLOAD_MAX + 64]; /* identity + extensions + prefix */
     const uint8_t *p = data;
     size_t n = size;
     if (mode & 1) {

@@ -18,8 +18,9 @@ typedef struct peer {
     ap_yamux_t y;
     ap_buf_t out;
     struct peer *other;
-    bool consume; /* consume data as it arrives */
-    int refuse;   /* on_open result */
+    bool consume;  /* consume data as it arrives */
+    bool checksum; /* keep a checksum of each stream's data */
+    int refuse;    /* on_open result */
     int opened, fins, writable, pongs, goaways;
     uint32_t last_pong, last_goaway;
     int closed[NS * 2 + 8];
@@ -50,7 +51,7 @@ static void on_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
 {
     peer_t *pe = arg;
     pe->got[id] += n;
-    pe->sum[id] = fnv(pe->sum[id] ? pe->sum[id] : 2166136261u, p, n);
+    if (pe->checksum) pe->sum[id] = fnv(pe->sum[id] ? pe->sum[id] : 2166136261u, p, n);
     if (pe->consume) ap__yamux_consume(&pe->y, id, n);
 }
 static void on_fin(void *arg, uint32_t id)
@@ -224,7 +225,7 @@ static void test_backpressure_and_growth(void **state)
     assert_int_equal(ap__yamux_send_window(&a.y, id), 2 * AP_YAMUX_WINDOW_INIT);
     /* keep it window-limited: the window grows to the cap and no further */
     size_t sent = AP_YAMUX_WINDOW_INIT;
-    for (int i = 0; i < 20; i++) {
+    for (int i = 0; i < 8; i++) { /* 512 KiB doubles to 16 MiB in five grants */
         uint32_t win = ap__yamux_send_window(&a.y, id);
         static uint8_t chunk[AP_YAMUX_WINDOW_MAX];
         assert_int_equal(ap__yamux_send(&a.y, id, chunk, sizeof chunk), win);
@@ -382,6 +383,7 @@ static void test_many_streams(void **state)
     (void)state;
     peer_t a, b;
     pair(&a, &b, 0);
+    a.checksum = b.checksum = true;
     enum { N = 256, LEN = 40000 };
     static uint8_t data[LEN];
     uint32_t ids[N], want[N];
