@@ -102,7 +102,10 @@ static void test_wire(void **state)
     assert_int_equal(out->signed_record_len, 3);
 
     /* an RSA key: reported, no PeerID */
-    o = fld(m, 0, 1, "\x08\x00\x12\x03" "abc", 7);
+    o = fld(m, 0, 1,
+            "\x08\x00\x12\x03"
+            "abc",
+            7);
     assert_ok(ap__identify_decode(m, o, out));
     assert_true(out->has_key);
     assert_false(out->has_id);
@@ -127,7 +130,10 @@ static void test_wire(void **state)
     o = fld(m, 0, 6, longs, sizeof longs);
     assert_int_equal(ap__identify_decode(m, o, out), AP_ELIMIT);
     /* garbage, and a message over the cap */
-    assert_int_equal(ap__identify_decode((const uint8_t *)"\x0a\x05" "ab", 4, out), AP_ECORRUPT);
+    assert_int_equal(ap__identify_decode((const uint8_t *)"\x0a\x05"
+                                                          "ab",
+                                         4, out),
+                     AP_ECORRUPT);
     assert_int_equal(ap__identify_decode(m, AP_IDENTIFY_MSG_MAX + 1, out), AP_EMSGSIZE);
     size_t hl, bl;
     assert_int_equal(ap__identify_frame((const uint8_t *)"\x81\x40", 2, &hl, &bl), AP_EMSGSIZE);
