@@ -243,12 +243,16 @@ int ap__secure_read(ap_secure_hs_t *hs, const uint8_t *msg, size_t len)
             : AP_ESTATE;
     sodium_memzero(payload, plen);
     if (rc != 0) {
+        /* the message was not accepted: the step keeps naming it (logs say
+         * "message 3", not the next one) */
+        hs->noise.step = step;
         hs->noise.failed = rc;
         return rc;
     }
     hs->remote = hs->info.id;
     hs->has_remote = true;
     if (hs->has_expected && !ap_peer_id_eq(&hs->expected, &hs->remote)) {
+        hs->noise.step = step;
         hs->noise.failed = AP_EAUTH;
         return AP_EAUTH;
     }
