@@ -19,6 +19,11 @@
  *                      stall, reopened as they are closed
  *   held_connections   1,100 authenticated, idle connections from fresh
  *                      identities
+ *   zero_window        3 connections, each opening 1,000 FIND RPCs with a receive
+ *                      window of 0 for a ~900 KB answer (raw mux frames on the
+ *                      library's own authenticated connection)
+ *   partial_requests   12 connections, each sending 64 requests that declare
+ *                      1 MiB and carry 1 MiB - 1 byte, never finished
  *   handover           60 fresh server-mode identities join through a target
  *                      holding 256 records of 60 KB, then leave
  *   exact_mode_kill    3 `apiary train` peers in exact mode (one batch per peer
@@ -39,6 +44,8 @@
 
 #include "dht.pb-c.h"
 #include "dht/wire.h"
+#include "runtime/uv/frame.h"
+#include "runtime/uv/mux_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -285,6 +292,126 @@ static void send_finds(ap_rt_t *rt, void *arg, ap_sync_t *done)
     for (int i = 0; i < fb->n; i++)
         ap_rt_rpc_call(rt, &fb->peer, AP_DHT_PROTO, buf, len, NULL, ignore_done, NULL);
     ap_sync_complete(done, 0);
+}
+
+/* Raw mux frames on the library's own connection to the target: streams
+ * this side's mux never opened (their ids are taken from its counter, so
+ * whatever the target answers on them is ignored here as stale). */
+typedef struct inject {
+    ap_peer_id_t peer;
+    bool partial; /* else zero-window FINDs */
+    int n;        /* streams to open */
+    const uint8_t *req;
+    size_t req_len; /* zero window: the FIND request */
+    int sent;
+} inject_t;
+
+static void inject_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    inject_t *in = arg;
+    ap_node_t *n = (ap_node_t *)rt;
+    ap_mconn_t *c = n->conns;
+    while (c && !(c->state == MC_UP && ap_peer_id_eq(&c->peer, &in->peer))) c = c->next;
+    if (!c) {
+        ap_sync_complete(done, AP_EUNREACH);
+        return;
+    }
+    static uint8_t chunk[AP_MUX_FRAG];
+    for (int i = 0; i < in->n && c->nstreams + 2 < AP_MUX_MAX_STREAMS; i++) {
+        uint32_t sid = c->next_sid;
+        c->next_sid += 2;
+        if (!in->partial) {
+            ap__frame_put_open(&c->obuf, sid, true, 0, AP_DHT_PROTO);
+            ap__frame_put_data(&c->obuf, sid, true, (uint32_t)in->req_len, in->req, in->req_len);
+        } else {
+            const uint32_t total = 1u << 20;
+            ap__frame_put_open(&c->obuf, sid, true, 1u << 20, AP_DHT_PROTO);
+            uint32_t sentb = 0;
+            while (sentb < total - 1) {
+                uint32_t k = total - 1 - sentb < AP_MUX_FRAG ? total - 1 - sentb : AP_MUX_FRAG;
+                ap__frame_put_data(&c->obuf, sid, sentb == 0, total, chunk, k);
+                sentb += k;
+            }
+        }
+        in->sent++;
+    }
+    ap__mconn_want_flush(c);
+    ap_sync_complete(done, 0);
+}
+
+static size_t find_request(const char *key, uint8_t *buf, size_t cap)
+{
+    uint8_t kid[AP_DHT_ID_LEN];
+    ap_dht_key_id((const uint8_t *)key, strlen(key), kid);
+    ProtobufCBinaryData ids[1] = {{AP_DHT_ID_LEN, kid}};
+    Apiary__Dht__FindRequest f = APIARY__DHT__FIND_REQUEST__INIT;
+    f.key_ids = ids;
+    f.n_key_ids = 1;
+    Apiary__Dht__Request r = APIARY__DHT__REQUEST__INIT;
+    r.body_case = APIARY__DHT__REQUEST__BODY_FIND;
+    r.find = &f;
+    if (apiary__dht__request__get_packed_size(&r) > cap) return 0;
+    return apiary__dht__request__pack(&r, buf);
+}
+
+static int store_big_dict(hctx_t *cx)
+{
+    client_t c;
+    int rc = client_open(&c, cx->host, cx->t.addr, false);
+    if (rc) return rc;
+    static uint8_t v[64000];
+    memset(v, 'p', sizeof v);
+    char sub[16];
+    for (int i = 0; i < 14; i++) {
+        snprintf(sub, sizeof sub, "s%d", i);
+        store_rec(&c, "hostile-big-dict", sub, v, sizeof v, 600000);
+    }
+    client_close(&c);
+    return 0;
+}
+
+static int raw_attack(hctx_t *cx, bool partial, int nconns, int per_conn, int batch, double hold_s)
+{
+    const char *p2p = strstr(cx->t.addr, "/p2p/");
+    inject_t in = {.partial = partial};
+    if (!p2p || ap_peer_id_parse(&in.peer, p2p + 5)) return AP_EINVAL;
+    uint8_t req[256];
+    in.req = req;
+    in.req_len = find_request("hostile-big-dict", req, sizeof req);
+    client_t *cs = calloc((size_t)nconns, sizeof *cs);
+    if (!cs) return AP_ENOMEM;
+    int sent = 0;
+    double t0 = ap_bench_now();
+    for (int k = 0; k < nconns && target_alive(&cx->t); k++) {
+        if (client_open(&cs[k], cx->host, cx->t.addr, false)) continue;
+        for (int done = 0; done < per_conn && target_alive(&cx->t) && ap_bench_now() - t0 < 60;) {
+            in.n = per_conn - done < batch ? per_conn - done : batch;
+            in.sent = 0;
+            if (ap_node_call_sync(cs[k].rt, inject_fn, &in)) break;
+            done += in.n;
+            sent += in.sent;
+            sleep_s(partial ? 0.05 : 0.01); /* let the frames drain */
+        }
+    }
+    sleep_s(hold_s); /* nothing read, nothing finished */
+    for (int k = 0; k < nconns; k++) client_close(&cs[k]);
+    free(cs);
+    char f[64];
+    snprintf(f, sizeof f, "\"attack\":\"%s\"", partial ? "partial_requests" : "zero_window");
+    ap_bench_report(cx->b, "streams_opened", sent, "streams", f);
+    return 0;
+}
+
+static int attack_zero_window(hctx_t *cx)
+{
+    int rc = store_big_dict(cx);
+    if (rc) return rc;
+    return raw_attack(cx, false, 3, cx->quick ? 200 : 1000, 50, cx->quick ? 2 : 5);
+}
+
+static int attack_partial_requests(hctx_t *cx)
+{
+    return raw_attack(cx, true, cx->quick ? 3 : 12, cx->quick ? 16 : 64, 4, cx->quick ? 2 : 5);
 }
 
 static int attack_sigpipe(hctx_t *cx)
@@ -553,6 +680,8 @@ static const attack_t attacks[] = {
     {"store_eviction", attack_store_eviction},
     {"stalled_handshakes", attack_stalled_handshakes},
     {"held_connections", attack_held_connections},
+    {"zero_window", attack_zero_window},
+    {"partial_requests", attack_partial_requests},
     {"handover", attack_handover},
 };
 
