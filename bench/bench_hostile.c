@@ -15,8 +15,9 @@
  *   store_eviction     one identity stores 2,000 records of 60 KB with a 23 h
  *                      TTL; the legitimate record (1 h TTL, stored first) must
  *                      still be found after (legit_record_found)
- *   stalled_handshakes 300 connections that send half a handshake message and
- *                      stall, reopened as they are closed
+ *   stalled_handshakes 300 connections from 8 other loopback addresses that send
+ *                      half a handshake message and stall, reopened as they are
+ *                      closed
  *   held_connections   1,100 authenticated, idle connections from fresh
  *                      identities
  *   zero_window        3 connections, each opening 1,000 FIND RPCs with a receive
@@ -461,10 +462,19 @@ static int attack_store_eviction(hctx_t *cx)
     return 0;
 }
 
-static int tcp_open(int port)
+/* A connection to the target from attacker address 127.0.0.(2 + src % 8):
+ * the attackers come from other addresses than the legitimate client, as
+ * they would on the Internet (all of them are loopback). */
+static int tcp_open(int port, int src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 2 + (uint32_t)(src % 8));
+    if (bind(fd, (struct sockaddr *)&from, sizeof from) != 0) {
+        close(fd);
+        return -1;
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) {
@@ -480,7 +490,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
     int fds[N];
     bool sent[N];
     for (int i = 0; i < N; i++) {
-        fds[i] = tcp_open(cx->t.port);
+        fds[i] = tcp_open(cx->t.port, i);
         sent[i] = false;
     }
     double t0 = ap_bench_now(), dur = cx->quick ? 4 : 15;
@@ -497,7 +507,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
         for (int i = 0; i < N; i++) {
             if (fds[i] < 0 || (p[i].revents & (POLLHUP | POLLERR))) {
                 if (fds[i] >= 0) close(fds[i]);
-                fds[i] = reopened < max_reopen ? tcp_open(cx->t.port) : -1;
+                fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
                 sent[i] = false;
                 reopened++;
                 continue;
@@ -509,7 +519,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
                 char junk[256];
                 if (recv(fds[i], junk, sizeof junk, 0) == 0) {
                     close(fds[i]);
-                    fds[i] = reopened < max_reopen ? tcp_open(cx->t.port) : -1;
+                    fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
                     sent[i] = false;
                     reopened++;
                 }
