@@ -200,7 +200,7 @@ void ap__tcp_conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...)
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     /* anyone can open connections and send junk: those lines are rate-limited */
-    static ap_log_limit_t unauth;
+    static ap_log_limit_t unauth = {.burst = 32, .window_ms = 10000}; /* then ~3 lines/s */
     if (c->st == C_OPEN)
         ap_warn(MOD, "closing connection %s %s: %s (%s)", c->outbound ? "to" : "from", c->who, why,
                 ap_err_name(err));
