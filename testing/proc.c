@@ -26,35 +26,33 @@ pid_t ap_proc_spawn_log(const char *exe, char *const argv[], const char *log)
     return pid;
 }
 
-bool ap_proc_last_line(const char *path, const char *prefix, char *out, size_t n)
+/* The last line of path that starts with (prefix) or contains needle, into
+ * out (n bytes). */
+static bool last_match(const char *path, const char *needle, bool prefix, char *out, size_t n)
 {
     FILE *f = fopen(path, "r");
     if (!f) return false;
     char line[1024];
     bool found = false;
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, prefix, strlen(prefix)) == 0) {
-            snprintf(out, n, "%s", line);
+        if (prefix ? strncmp(line, needle, strlen(needle)) == 0 : strstr(line, needle) != NULL) {
+            if (out) snprintf(out, n, "%s", line);
             found = true;
         }
     fclose(f);
+    return found;
+}
+
+bool ap_proc_last_line(const char *path, const char *prefix, char *out, size_t n)
+{
+    bool found = last_match(path, prefix, true, out, n);
     if (found) out[strcspn(out, "\n")] = 0;
     return found;
 }
 
 bool ap_proc_grep_file(const char *path, const char *needle, char *out, size_t n)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    char line[1024];
-    bool found = false;
-    while (fgets(line, sizeof line, f))
-        if (strstr(line, needle)) {
-            if (out) snprintf(out, n, "%s", line);
-            found = true;
-        }
-    fclose(f);
-    return found;
+    return last_match(path, needle, false, out, n);
 }
 
 void ap_proc_sleep_ms(int ms)
