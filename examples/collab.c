@@ -83,19 +83,6 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
-typedef struct addr_query {
-    char addr[AP_RT_ADDR_MAX];
-} addr_query_t;
-
-static void get_addr(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    addr_query_t *q = arg;
-    char addrs[1][AP_RT_ADDR_MAX];
-    int n = ap_rt_listen_addrs(rt, addrs, 1, true);
-    if (n > 0) snprintf(q->addr, sizeof q->addr, "%s", addrs[0]);
-    ap_sync_complete(done, n > 0 ? 0 : AP_ESTATE);
-}
-
 int main(void)
 {
     ap_host_t *host = ap_host_new();
@@ -106,9 +93,9 @@ int main(void)
         ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
         rc = ap_node_new(host, &o, &peers[i].rt);
     }
-    addr_query_t q = {{0}};
-    if (rc == 0) rc = ap_node_call_sync(peers[0].rt, get_addr, &q);
-    peers[1].bootstrap = q.addr;
+    char addr[1][AP_RT_ADDR_MAX] = {""}; /* the first peer's, with /p2p/<id> */
+    if (rc == 0 && ap_node_listen_addrs_sync(peers[0].rt, addr, 1, true) < 1) rc = AP_ESTATE;
+    peers[1].bootstrap = addr[0];
     pthread_t th[2];
     int started = 0;
     for (int i = 0; i < 2 && rc == 0; i++) {

@@ -55,19 +55,6 @@ static void dial_and_call(ap_rt_t *rt, void *arg, ap_sync_t *done)
     if (rc) ap_sync_complete(done, rc);
 }
 
-typedef struct addr_query {
-    char addr[AP_RT_ADDR_MAX];
-} addr_query_t;
-
-static void get_addr(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    addr_query_t *q = arg;
-    char addrs[1][AP_RT_ADDR_MAX];
-    int n = ap_rt_listen_addrs(rt, addrs, 1, true);
-    if (n > 0) snprintf(q->addr, sizeof q->addr, "%s", addrs[0]);
-    ap_sync_complete(done, n > 0 ? 0 : AP_ESTATE);
-}
-
 int main(void)
 {
     ap_host_t *host = ap_host_new();
@@ -80,12 +67,12 @@ int main(void)
     if (rc == 0) rc = ap_node_new(host, &co, &client);
     if (rc == 0) rc = ap_node_call_sync(server, serve, NULL);
 
-    addr_query_t q = {{0}};
-    if (rc == 0) rc = ap_node_call_sync(server, get_addr, &q);
-    call_t c = {.addr = q.addr};
+    char addr[1][AP_RT_ADDR_MAX] = {""}; /* the server's, with /p2p/<id> */
+    if (rc == 0 && ap_node_listen_addrs_sync(server, addr, 1, true) < 1) rc = AP_ESTATE;
+    call_t c = {.addr = addr[0]};
     if (rc == 0) rc = ap_node_call_sync(client, dial_and_call, &c);
     if (rc == 0)
-        printf("%s answered: %s\n", q.addr, c.reply);
+        printf("%s answered: %s\n", addr[0], c.reply);
     else
         fprintf(stderr, "example failed: %s\n", ap_strerror(rc));
 
