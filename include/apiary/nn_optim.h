@@ -132,8 +132,8 @@ AP_EXPORT int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params
 /* Writes an encoded checkpoint (buf, len; borrowed) to path atomically (temp
  * file, fsync, rename). AP_EIO on failure (logged). */
 AP_EXPORT int ap_nn_checkpoint_write(const char *path, const uint8_t *buf, size_t len);
-AP_EXPORT int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m,
-                                      ap_nn_optim_t *o, uint64_t *step);
+AP_EXPORT AP_NODISCARD int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m,
+                                                   ap_nn_optim_t *o, uint64_t *step);
 
 #ifdef __cplusplus
 }

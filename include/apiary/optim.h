@@ -106,8 +106,8 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
  *                 duration (samples > 2·sps·(elapsed + 1 s) + 1).
  * peer is not part of the encoding (it is the owner of the subkey). */
-AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
-                                 int64_t max_skew_ms, ap_progress_t *out);
+AP_EXPORT AP_NODISCARD int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
+                                              int64_t max_skew_ms, ap_progress_t *out);
 
 /* ---- the collaborative optimizer --------------------------------------------- */
 
