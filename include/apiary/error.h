@@ -44,7 +44,8 @@ extern "C" {
     XX(EEXPIRED, 27, "record expired")                                                             \
     XX(ESTALE, 28, "newer value already stored")                                                   \
     XX(EBUSY, 29, "resource busy")                                                                 \
-    XX(ESYS, 30, "system error")
+    XX(ESYS, 30, "system error")                                                                   \
+    XX(ECONFIG, 31, "configuration differs from the run's")
 
 enum ap_errno {
     AP_OK = 0,

@@ -306,8 +306,10 @@ static void start_search(ap_collab_t *c)
         if (c->view[i].epoch == c->epoch && ap__collab_fresh(c, &c->view[i], now)) want++;
     if (want < 2) want = 2;
     if (want > AP_AVG_MAX_PEERS) want = AP_AVG_MAX_PEERS;
-    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu", c->run_id,
-                      (unsigned long long)c->epoch);
+    /* the configuration's digest in the key: joins only reach peers of the
+     * same configuration */
+    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu_%s", c->run_id,
+                      (unsigned long long)c->epoch, c->cfg_hex);
     ap_avg_match_t m = {.key = (const uint8_t *)c->mm_key,
                         .key_len = (size_t)kl,
                         .target_group_size = want,
@@ -408,6 +410,10 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
 /* After a fresh view: behind -> download; due -> average; else go on. */
 void ap__collab_decide(ap_collab_t *c)
 {
+    if (c->refused) {
+        ap__collab_finish_user(c, AP_ECONFIG);
+        return;
+    }
     ap__estimate_t e;
     ap__collab_estimate(c, &e);
     ap__collab_update_stats(c);

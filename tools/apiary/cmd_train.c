@@ -9,17 +9,22 @@
 #include "apiary/error.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
+#include "apiary/multiaddr.h"
 #include "apiary/nn.h"
 #include "apiary/nn_optim.h"
 #include "apiary/node.h"
 #include "apiary/optim.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,43 +33,50 @@
 
 static void usage(void)
 {
-    printf("usage: apiary train [options]\n"
-           "Train one model together with other peers: every --target-batch-size samples\n"
-           "(from all peers) make one global step, as if it were one big-batch run.\n"
-           "  --run-id ID               name of the collaboration (default apiary)\n"
-           "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
-           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0)\n"
-           "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
-           "  --target-batch-size N     samples per global epoch (default 256)\n"
-           "  --batch-size N            local batch (default 8)\n"
-           "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
-           "                            synthetic clusters (default gpt)\n"
-           "  --data PATH               text file (default: the shipped corpus)\n"
-           "  --client                  cannot accept connections (client-only peer)\n"
-           "  --auxiliary               help averaging, train nothing\n"
-           "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
-           "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
-           "                            bf16, uniform8, blockwise8 (same on every peer)\n"
-           "  --checkpoint-dir DIR      save every epoch, resume from it at start\n"
-           "  --lr X                    Adam learning rate (default 3e-3)\n"
-           "  --average-state-every N   epochs between state averaging (default 5)\n"
-           "  --max-epochs N            stop at this global epoch (default: never)\n"
-           "  --duration S              stop after S seconds (default: never)\n"
-           "  --slowdown X              sleep X times the compute time after each batch\n"
-           "  --seed N                  data order seed (default 1)\n"
-           "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
-           "  --delayed-updates         average and step in the background while the next\n"
-           "                            batches are computed (one optimizer step stale)\n"
-           "  --max-local-batches-per-epoch N\n"
-           "                            contribute at most N batches to an epoch, then wait for\n"
-           "                            its round (with N = 1 and target = peers x batch, each\n"
-           "                            peer adds exactly one batch per epoch: exact mode)\n"
-           "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
-           "                            averaging module (default: READY window over progress)\n"
-           "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
-           "                            synthetic stream (P peers split one big batch)\n"
-           "  --log-level LEVEL         debug, info, warn (default), error, off\n"
-           "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
+    printf(
+        "usage: apiary train [options]\n"
+        "Train one model together with other peers: every --target-batch-size samples\n"
+        "(from all peers) make one global step, as if it were one big-batch run.\n"
+        "  --run-id ID               name of the collaboration (default apiary)\n"
+        "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
+        "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0)\n"
+        "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
+        "  --target-batch-size N     samples per global epoch (default 256)\n"
+        "  --batch-size N            local batch (default 8)\n"
+        "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
+        "                            synthetic clusters (default gpt)\n"
+        "  --data PATH               text file (default: the shipped corpus)\n"
+        "  --client                  cannot accept connections (client-only peer)\n"
+        "  --auxiliary               help averaging, train nothing\n"
+        "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
+        "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
+        "                            bf16, uniform8, blockwise8 (same on every peer)\n"
+        "  --checkpoint-dir DIR      save every epoch, resume from it at start; a checkpoint\n"
+        "                            that cannot be loaded stops the peer (file untouched)\n"
+        "  --fresh                   with --checkpoint-dir: move a checkpoint that cannot be\n"
+        "                            loaded aside (renamed PATH.refused-<UTC time>) and start\n"
+        "                            fresh\n"
+        "  --lr X                    Adam learning rate (default 3e-3)\n"
+        "  --average-state-every N   epochs between state averaging (default 5)\n"
+        "  --max-epochs N            stop at this global epoch (default: never)\n"
+        "  --duration S              stop after S seconds (default: never)\n"
+        "  --slowdown X              sleep X times the compute time after each batch\n"
+        "  --seed N                  data order seed (default: derived from this peer's PeerID,\n"
+        "                            so every peer sees other batches; with --data-shard, 1);\n"
+        "                            the same N on a peer gives the same batches again\n"
+        "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
+        "  --delayed-updates         average and step in the background while the next\n"
+        "                            batches are computed (one optimizer step stale)\n"
+        "  --max-local-batches-per-epoch N\n"
+        "                            contribute at most N batches to an epoch, then wait for\n"
+        "                            its round (with N = 1 and target = peers x batch, each\n"
+        "                            peer adds exactly one batch per epoch: exact mode)\n"
+        "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
+        "                            averaging module (default: READY window over progress)\n"
+        "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
+        "                            synthetic stream (P peers split one big batch)\n"
+        "  --log-level LEVEL         debug, info, warn (default), error, off\n"
+        "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
 
 static volatile sig_atomic_t stop_flag;
@@ -79,7 +91,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm;
+    bool client, aux, delayed, dhtmm, fresh, seed_set;
     double up, down, lr, slowdown, duration, mm_window;
     uint8_t codec;
     uint32_t state_every;
@@ -145,12 +157,117 @@ static void human_bytes(uint64_t b, char *out, size_t n)
         snprintf(out, n, "%.1f KiB", b / 1024.0);
 }
 
+/* A peer's multiaddr as --initial-peers needs it; prints what is expected. */
+static bool peer_addr_ok(const char *a)
+{
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, a) == 0 && ma.has_tcp && ma.has_peer && ma.host != AP_MA_HOST_NONE)
+        return true;
+    fprintf(stderr,
+            "apiary train: --initial-peers: '%s' is not a peer's multiaddr: expected "
+            "/ip4/ADDRESS/tcp/PORT/p2p/PEERID (or /ip6/..., /dns4/NAME/...), as a running peer "
+            "prints it on its 'listening on' line\n",
+            a);
+    return false;
+}
+
+/* Why listening on `addr` failed: malformed, in use, or not this host's. */
+static void explain_listen(const char *addr, int rc)
+{
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) != 0 || !ma.has_tcp ||
+        (ma.host != AP_MA_HOST_IP4 && ma.host != AP_MA_HOST_IP6)) {
+        fprintf(stderr,
+                "apiary train: --listen '%s' is not a listen multiaddr: expected "
+                "/ip4/ADDRESS/tcp/PORT or /ip6/ADDRESS/tcp/PORT (e.g. /ip4/0.0.0.0/tcp/31337; "
+                "port 0 picks a free one)\n",
+                addr);
+        return;
+    }
+    /* ask the system what is wrong with that address */
+    struct sockaddr_storage ss;
+    int err = 0;
+    if (ap_multiaddr_to_sockaddr(&ma, &ss, sizeof ss) == 0) {
+        int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+        if (fd >= 0) {
+            socklen_t sl =
+                ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+            if (bind(fd, (struct sockaddr *)&ss, sl) != 0) err = errno;
+            close(fd);
+        }
+    }
+    if (err == EADDRINUSE)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: address already in use (another process "
+                "listens on port %u); pick another port, or port 0 for a free one\n",
+                addr, ma.port);
+    else if (err == EADDRNOTAVAIL)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: not an address of this host; use one of its "
+                "interface addresses or 0.0.0.0\n",
+                addr);
+    else if (err == EACCES)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: permission denied (ports below 1024 need "
+                "privileges); pick a port from 1024\n",
+                addr);
+    else
+        fprintf(stderr, "apiary train: cannot listen on %s: %s\n", addr, ap_strerror(rc));
+}
+
+/* The data order's default seed: a hash of the PeerID (FNV-1a), so peers
+ * that are not given --seed see different batches. */
+static uint64_t peer_seed(const ap_peer_id_t *id)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof id->b; i++) h = (h ^ id->b[i]) * 1099511628211ull;
+    return h & 0x7fffffffffffffffull;
+}
+
+/* Moves a refused checkpoint aside (never deletes it): PATH.refused-<UTC>. */
+static int move_aside(const char *path, char *moved, size_t cap)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
+    for (int k = 0; k < 100; k++) {
+        if (k)
+            snprintf(moved, cap, "%s.refused-%s-%d", path, ts, k);
+        else
+            snprintf(moved, cap, "%s.refused-%s", path, ts);
+        if (access(moved, F_OK) != 0) return rename(path, moved) == 0 ? 0 : -1;
+    }
+    return -1;
+}
+
+static const char *ckpt_reason(int rc)
+{
+    switch (rc) {
+    case AP_ECORRUPT:
+        return "corrupt or truncated file (checksum, magic or size)";
+    case AP_EVERSION:
+        return "another checkpoint format version";
+    case AP_EINVAL:
+        return "another model or optimizer (shape, kind or size differs)";
+    case AP_ENONFINITE:
+        return "non-finite numbers in it";
+    default:
+        return ap_strerror(rc);
+    }
+}
+
 static int parse_peers(topts_t *o, const char *list)
 {
     char *copy = strdup(list);
     for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (o->npeers == MAX_PEERS) {
             fprintf(stderr, "apiary train: at most %d initial peers\n", MAX_PEERS);
+            free(copy);
+            return -1;
+        }
+        if (!peer_addr_ok(t)) {
             free(copy);
             return -1;
         }
@@ -169,8 +286,11 @@ static int run(const topts_t *o)
     ap_nn_text_t *text = NULL;
     int T = 64, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
+    char model_desc[AP_OPTIM_MODEL_MAX] = "";
     if (gpt) {
         ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, 2, 4, 128, o->batch);
+        snprintf(model_desc, sizeof model_desc, "gpt layers %d heads %d embd %d ctx %d%s",
+                 gc.n_layer, gc.n_head, gc.n_embd, gc.ctx, gc.share_layers ? " shared" : "");
         rc = ap_nn_gpt_new(&gc, &m);
         if (!rc) {
             const char *path = o->data ? o->data : ap_nn_default_corpus();
@@ -180,6 +300,8 @@ static int run(const topts_t *o)
     } else {
         ap_nn_mlp_config_t mc = {
             .in_dim = 16, .n_hidden = 1, .hidden = {64}, .n_classes = 4, .max_batch = o->batch};
+        snprintf(model_desc, sizeof model_desc, "mlp %d-%d-%d", mc.in_dim, mc.hidden[0],
+                 mc.n_classes);
         rc = ap_nn_mlp_new(&mc, &m);
     }
     if (rc) {
@@ -214,7 +336,7 @@ static int run(const topts_t *o)
     if (!rc) rc = ap_node_new(host, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
-        fprintf(stderr, "apiary train: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
+        explain_listen(no.listen, rc);
         if (host) ap_host_free(host);
         ap_nn_model_free(m);
         ap_nn_text_free(text);
@@ -253,12 +375,14 @@ static int run(const topts_t *o)
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
     cfg.dht_matchmaking = o->dhtmm;
+    cfg.model_desc = model_desc;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
     }
     char ckpath[1024] = "";
+    bool fatal = false; /* stop before training, exit 1 */
     if (!rc && o->ckdir && !o->aux) {
         mkdir(o->ckdir, 0700);
         snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
@@ -268,11 +392,27 @@ static int run(const topts_t *o)
             if (lr == 0) {
                 ap_collab_set_epoch(c, step);
                 printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
-            } else {
+            } else if (!o->fresh) {
+                /* never overwrite what was refused: stop, file untouched */
                 fprintf(stderr,
-                        "apiary train: checkpoint %s refused (%s): another model or a corrupt "
-                        "file; starting without it\n",
-                        ckpath, ap_strerror(lr));
+                        "apiary train: checkpoint %s cannot be loaded: %s. It is left as it is; "
+                        "pass --fresh to move it aside and start without it, or use another "
+                        "--checkpoint-dir\n",
+                        ckpath, ckpt_reason(lr));
+                ckpath[0] = 0;
+                fatal = true;
+            } else {
+                char moved[1100];
+                if (move_aside(ckpath, moved, sizeof moved) != 0) {
+                    fprintf(stderr, "apiary train: cannot move %s aside: %s; stopping\n", ckpath,
+                            strerror(errno));
+                    ckpath[0] = 0;
+                    fatal = true;
+                } else {
+                    /* the model and optimizer were left untouched by the refused load */
+                    printf("checkpoint %s cannot be loaded (%s): moved to %s; starting fresh\n",
+                           ckpath, ckpt_reason(lr), moved);
+                }
             }
         }
     }
@@ -280,7 +420,8 @@ static int run(const topts_t *o)
     int na = rc ? 0 : ap_node_call_sync(rt, addr_fn, addrs);
     char pid[AP_PEER_ID_STR_MAX];
     ap_peer_id_str(ap_rt_self(rt), pid);
-    if (!rc) {
+    uint64_t seed = o->seed_set ? o->seed : o->nshards > 1 ? 1 : peer_seed(ap_rt_self(rt));
+    if (!rc && !fatal) {
         printf("peer %s (%s) in run '%s': %zu parameters, target %llu samples per epoch\n", pid,
                o->aux      ? "auxiliary"
                : o->client ? "client-only"
@@ -288,10 +429,20 @@ static int run(const topts_t *o)
                o->run_id, pr->count, (unsigned long long)o->target);
         for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
         fflush(stdout);
+        printf("data order: seed %llu (%s)\n", (unsigned long long)seed,
+               o->seed_set      ? "--seed"
+               : o->nshards > 1 ? "shared by the shards"
+                                : "from the PeerID; --seed N fixes it");
+        fflush(stdout);
         rc = ap_collab_start_sync(c);
-        if (rc)
+        if (rc == AP_ECONFIG) {
+            fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                    ap_collab_refusal(c));
+            fatal = true;
+        } else if (rc) {
             fprintf(stderr, "apiary train: could not load the state from peers (%s); training on\n",
                     ap_strerror(rc));
+        }
         ap_collab_stats_t st0;
         ap_collab_get_stats_sync(c, &st0);
         if (st0.state_loads)
@@ -314,7 +465,8 @@ static int run(const topts_t *o)
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
     uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
-    while (!rc && !stop_flag) {
+    if (fatal) ckpath[0] = 0; /* nothing is written by a peer that was stopped */
+    while (!rc && !fatal && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
         float loss = 0;
@@ -323,13 +475,13 @@ static int run(const topts_t *o)
             ap_nn_model_zero_grad(m);
             int r;
             if (gpt) {
-                r = ap_nn_text_batch(text, o->seed, &cursor, o->batch, T, in, tg);
+                r = ap_nn_text_batch(text, seed, &cursor, o->batch, T, in, tg);
                 if (!r) r = ap_nn_gpt_loss(m, in, tg, o->batch, T, &loss);
                 if (!r) r = ap_nn_gpt_backward(m, NULL, NULL);
             } else {
                 /* batch k of this shard: batch k*P+I of the stream */
                 uint64_t first = (sample * o->nshards + o->shard) * (uint64_t)o->batch;
-                ap_nn_synth_classify(7, o->seed, first, o->batch, 16, 4, x, tg);
+                ap_nn_synth_classify(7, seed, first, o->batch, 16, 4, x, tg);
                 sample++;
                 r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
                 if (!r) r = ap_nn_mlp_backward(m);
@@ -344,6 +496,13 @@ static int run(const topts_t *o)
                 nanosleep(&ts, NULL);
             }
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
+            if (r == AP_ECONFIG) {
+                fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                        ap_collab_refusal(c));
+                fatal = true;
+                ckpath[0] = 0;
+                break;
+            }
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
                 break;
@@ -355,6 +514,13 @@ static int run(const topts_t *o)
         }
         ap_collab_stats_t st;
         ap_collab_get_stats_sync(c, &st);
+        if (st.refused) { /* an auxiliary peer learns it here */
+            fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                    ap_collab_refusal(c));
+            fatal = true;
+            ckpath[0] = 0;
+            break;
+        }
         double now = now_s();
         if (st.epoch != last_epoch) {
             ap_rt_stats_t rs;
@@ -424,7 +590,7 @@ static int run(const topts_t *o)
     free(in);
     free(tg);
     free(x);
-    return rc ? 1 : 0;
+    return rc || fatal ? 1 : 0;
 }
 
 static int train_main(int argc, char **argv)
@@ -464,6 +630,7 @@ static int train_main(int argc, char **argv)
         {"max-local-batches-per-epoch", required_argument, NULL, 'X'},
         {"data-shard", required_argument, NULL, 'H'},
         {"dht-matchmaking", no_argument, NULL, 'M'},
+        {"fresh", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -493,6 +660,13 @@ static int train_main(int argc, char **argv)
             o.batch = (int)v_;
         } break;
         case 'm':
+            if (strcmp(optarg, "gpt") != 0 && strcmp(optarg, "mlp") != 0) {
+                fprintf(stderr,
+                        "apiary train: --model %s: unknown model; the choices are gpt (the model "
+                        "kit's tiny GPT on --data) and mlp (an MLP on synthetic clusters)\n",
+                        optarg);
+                return 2;
+            }
             o.model = optarg;
             break;
         case 'd':
@@ -561,6 +735,7 @@ static int train_main(int argc, char **argv)
             long long v_;
             if (!ap_cli_int("--seed", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
             o.seed = (uint64_t)v_;
+            o.seed_set = true;
         } break;
         case 'W':
             if (!ap_cli_num("--matchmaking-window", optarg, 1e-3, 3600, &o.mm_window)) return 2;
@@ -570,6 +745,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'M':
             o.dhtmm = true;
+            break;
+        case 'F':
+            o.fresh = true;
             break;
         case 'X': {
             long long v_;
@@ -600,10 +778,25 @@ static int train_main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.target == 0 || o.batch <= 0 || o.batch > 1024 || !(o.lr > 0) || !(o.mm_window > 0) ||
-        (strcmp(o.model, "gpt") != 0 && strcmp(o.model, "mlp") != 0) || (o.client && o.aux) ||
-        (o.nshards > 1 && strcmp(o.model, "mlp") != 0)) {
-        fprintf(stderr, "apiary train: bad option (see apiary train --help)\n");
+    if (optind < argc) {
+        fprintf(stderr,
+                "apiary train: unexpected argument '%s' (options start with --; see "
+                "apiary train --help)\n",
+                argv[optind]);
+        return 2;
+    }
+    if (o.client && o.aux) {
+        fprintf(stderr, "apiary train: --client and --auxiliary exclude each other (an auxiliary "
+                        "peer must accept connections)\n");
+        return 2;
+    }
+    if (o.nshards > 1 && strcmp(o.model, "mlp") != 0) {
+        fprintf(stderr, "apiary train: --data-shard is for --model mlp (the synthetic stream)\n");
+        return 2;
+    }
+    if (o.fresh && !o.ckdir) {
+        fprintf(stderr, "apiary train: --fresh needs --checkpoint-dir (it moves a checkpoint "
+                        "there aside)\n");
         return 2;
     }
     int rc = run(&o);
