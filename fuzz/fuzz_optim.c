@@ -110,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (len < 0 || ap_progress_decode(buf, (size_t)len, now, 5000, &q) != 0) abort();
             if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms) abort();
             /* the run configuration: printable bounded model, finite
-             * numbers, a digest that is the fields' hash, all kept */
+             * numbers, the digest of the fields, all kept */
             if (q.has_config != p.has_config || q.refused != p.refused) abort();
             if (p.has_config) {
                 uint8_t d[AP_OPTIM_DIGEST_LEN];

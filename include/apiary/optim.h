@@ -80,8 +80,8 @@ extern "C" {
 /* ---- the run's configuration ---------------------------------------------------
  *
  * What every peer of a run must share. It travels in every progress record
- * (the fields and a 16-byte digest of them) and, as its digest, in the key of
- * the DHT matchmaker's groups (so join requests only reach peers of the same
+ * (the fields; readers compare their 16-byte digest) and, as its digest, in
+ * the key of the DHT matchmaker's groups (so join requests only reach peers of the same
  * configuration). A reader refuses the record of a peer whose configuration
  * differs from its own, naming the first differing field and both values;
  * such a peer is in no group, no estimate and no download. A peer that finds
@@ -150,10 +150,9 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *                 [epoch start, report], a bad role or bandwidth;
  *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
  *                 duration (samples > 2·sps·(elapsed + 1 s) + 1);
- *   AP_ECORRUPT   also: a configuration whose digest is missing or is not its
- *                 hash, or a model description that is too long or not
- *                 printable; AP_ERANGE: a non-finite learning rate, weight
- *                 decay or clipping norm.
+ *   AP_ECORRUPT   also: a configuration with a model description that is too
+ *                 long or not printable; AP_ERANGE: a non-finite learning
+ *                 rate, weight decay or clipping norm.
  * A record without a configuration decodes with has_config false.
  * peer is not part of the encoding (it is the owner of the subkey). */
 AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,

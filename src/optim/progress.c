@@ -91,15 +91,11 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.refused = p->refused;
     Apiary__Optim__RunConfig rc;
     ap_run_config_t cfg;
-    uint8_t digest[AP_OPTIM_DIGEST_LEN];
     if (p->has_config) {
         cfg = p->config;
         cfg.model[AP_OPTIM_MODEL_MAX - 1] = 0;
         config_to_pb(&cfg, &rc);
-        ap_run_config_digest(&cfg, digest);
         m.config = &rc;
-        m.config_digest.data = digest;
-        m.config_digest.len = sizeof digest;
     }
     size_t len = apiary__optim__progress__get_packed_size(&m);
     if (len > cap) return AP_EMSGSIZE;
@@ -130,12 +126,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     int crc = 0;
     if (m->config) {
         crc = config_from_pb(m->config, &p.config);
-        if (!crc) {
-            ap_run_config_digest(&p.config, p.config_digest);
-            if (m->config_digest.len != AP_OPTIM_DIGEST_LEN ||
-                sodium_memcmp(m->config_digest.data, p.config_digest, AP_OPTIM_DIGEST_LEN) != 0)
-                crc = AP_ECORRUPT; /* the digest must be the fields' */
-        }
+        if (!crc) ap_run_config_digest(&p.config, p.config_digest);
         p.has_config = crc == 0;
     }
     apiary__optim__progress__free_unpacked(m, NULL);

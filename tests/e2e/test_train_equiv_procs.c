@@ -129,6 +129,8 @@ static void test_equivalence_processes(void **state)
                   "0",
                   "--checkpoint-dir",
                   sck,
+                  "--seed", /* the shards' stream (their default seed) */
+                  "1",
                   NULL};
     pid_t single = ap_test_spawn_log(sv, slog);
 
