@@ -45,7 +45,10 @@ extern "C" {
     XX(ESTALE, 28, "newer value already stored")                                                   \
     XX(EBUSY, 29, "resource busy")                                                                 \
     XX(ESYS, 30, "system error")                                                                   \
-    XX(ECONFIG, 31, "configuration differs from the run's")
+    XX(EQUOTA, 31, "per-peer quota exceeded")                                                      \
+    XX(EFULL, 32, "storage full")                                                                  \
+    XX(ERATE, 33, "rate limit exceeded")                                                           \
+    XX(ECONFIG, 34, "configuration differs from the run's")
 
 enum ap_errno {
     AP_OK = 0,

@@ -3,6 +3,7 @@
  * host thread; this thread computes batches of the model kit's GPT (or MLP)
  * and hands them to the optimizer with the blocking wrappers. */
 #include "cli.h"
+#include "train_watch.h"
 
 #include "apiary/averager.h"
 #include "apiary/dht.h"
@@ -319,7 +320,7 @@ static int run(const topts_t *o)
         rc = ap_identity_load_or_create(&id, o->identity, &created);
         if (rc) {
             fprintf(stderr, "apiary train: cannot use identity file %s: %s\n", o->identity,
-                    ap_strerror(rc));
+                    *ap_identity_last_error() ? ap_identity_last_error() : ap_strerror(rc));
             ap_nn_model_free(m);
             ap_nn_text_free(text);
             return 1;
@@ -458,6 +459,8 @@ static int run(const topts_t *o)
     sigaction(SIGINT, &sig, NULL);
     sigaction(SIGTERM, &sig, NULL);
 
+    ap_train_watch_t *watch =
+        c && !o->aux ? ap_train_watch_start(c, &stop_flag, o->duration, o->target) : NULL;
     bool tty = isatty(STDOUT_FILENO);
     int32_t *in = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
@@ -488,6 +491,7 @@ static int run(const topts_t *o)
             }
             if (r) {
                 fprintf(stderr, "apiary train: batch failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             if (o->slowdown > 0) {
@@ -495,7 +499,9 @@ static int run(const topts_t *o)
                 struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
                 nanosleep(&ts, NULL);
             }
+            ap_train_watch_submit(watch, true);
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
+            ap_train_watch_submit(watch, false);
             if (r == AP_ECONFIG) {
                 fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
                         ap_collab_refusal(c));
@@ -505,6 +511,7 @@ static int run(const topts_t *o)
             }
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             local_samples += (uint64_t)o->batch;
@@ -552,6 +559,8 @@ static int run(const topts_t *o)
             last_status = now;
         }
     }
+    ap_train_watch_stop(watch);
+    bool idle = !rc && c && !o->aux && local_samples == 0;
     if (c && ckpath[0]) {
         /* the last state (with delayed updates: also a step finished in the
          * background and not yet copied into the model) */
@@ -590,7 +599,12 @@ static int run(const topts_t *o)
     free(in);
     free(tg);
     free(x);
-    return rc || fatal ? 1 : 0;
+    if (fatal) return 1; /* said why */
+    if (idle) {
+        fprintf(stderr, "apiary train: trained nothing (no batch was submitted)\n");
+        return 1;
+    }
+    return rc ? 1 : 0;
 }
 
 static int train_main(int argc, char **argv)
