@@ -114,12 +114,17 @@ AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
-    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
-    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
+    const char *run_id;         /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size; /* samples per global epoch (> 0) */
+    ap_avg_role_t role;         /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim; /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;     /* learning rate per global epoch (warm-up, decay) */
+    double max_grad_norm;       /* clip the averaged gradient (0 = no clipping) */
+    /* What the model is (ap_nn_model_kind, 0 = not given; ap_nn_model_shape):
+     * part of the run's configuration every peer must share with optim, lr
+     * and max_grad_norm; the optimizer's arithmetic does not read it. */
+    uint32_t model_kind;
+    uint32_t model_shape[AP_NN_SHAPE_WORDS];
     uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
     double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
     uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */

@@ -46,7 +46,19 @@ static void usage(void)
            "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
            "                            bf16, uniform8, blockwise8 (same on every peer)\n"
            "  --checkpoint-dir DIR      save every epoch, resume from it at start\n"
-           "  --lr X                    Adam learning rate (default 3e-3)\n"
+           "  --layers N, --embd C, --heads H, --ctx T, --share-layers\n"
+           "                            the GPT's shape (default 2 blocks, width 128, 4 heads,\n"
+           "                            context 64; the same on every peer)\n"
+           "  --optim NAME              lamb (default), adamw, adam or sgd (same on every peer)\n"
+           "  --lr X                    peak learning rate (default: lamb 5e-2, adam/adamw 2e-3,\n"
+           "                            sgd 0.1)\n"
+           "  --warmup N                global epochs of linear warm-up to --lr (default 3)\n"
+           "  --schedule NAME           after warm-up: constant (default), linear or cosine\n"
+           "                            decay to --lr/10 at --decay-epochs\n"
+           "  --decay-epochs N          epoch where linear/cosine reach the minimum (default:\n"
+           "                            --max-epochs)\n"
+           "  --clip X                  clip the averaged gradient's global norm to X (default\n"
+           "                            1.0; 0 = off)\n"
            "  --average-state-every N   epochs between state averaging (default 5)\n"
            "  --max-epochs N            stop at this global epoch (default: never)\n"
            "  --duration S              stop after S seconds (default: never)\n"
@@ -80,7 +92,12 @@ typedef struct topts {
     uint64_t target, max_epochs;
     int batch;
     bool client, aux, delayed, dhtmm;
-    double up, down, lr, slowdown, duration, mm_window;
+    double up, down, lr, slowdown, duration, mm_window, clip;
+    int layers, embd, heads, ctx, warmup;
+    bool share;
+    ap_nn_optim_kind_t optim;
+    ap_nn_lr_kind_t sched;
+    uint64_t decay_epochs;
     uint8_t codec;
     uint32_t state_every;
     uint64_t seed;
@@ -167,11 +184,17 @@ static int run(const topts_t *o)
     /* the model and its data */
     ap_nn_model_t *m = NULL;
     ap_nn_text_t *text = NULL;
-    int T = 64, rc;
+    int T = o->ctx, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
     if (gpt) {
-        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, 2, 4, 128, o->batch);
+        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, o->layers, o->heads, o->embd, o->batch);
+        gc.share_layers = o->share;
         rc = ap_nn_gpt_new(&gc, &m);
+        if (rc)
+            fprintf(stderr,
+                    "apiary train: cannot build the GPT (%d blocks, width %d, %d heads, "
+                    "context %d): %s\n",
+                    o->layers, o->embd, o->heads, o->ctx, ap_strerror(rc));
         if (!rc) {
             const char *path = o->data ? o->data : ap_nn_default_corpus();
             rc = ap_nn_text_open(path, &text);
@@ -241,9 +264,16 @@ static int run(const topts_t *o)
     cfg.run_id = o->run_id;
     cfg.target_batch_size = o->target;
     cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
-    cfg.lr.base = cfg.lr.min = (float)o->lr;
-    cfg.max_grad_norm = 1.0;
+    cfg.optim = ap_nn_optim_defaults(o->optim);
+    cfg.lr = (ap_nn_lr_schedule_t){.kind = o->sched,
+                                   .base = (float)o->lr,
+                                   .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
+                                                                        : (float)(o->lr / 10),
+                                   .warmup = (uint64_t)o->warmup,
+                                   .total = o->decay_epochs ? o->decay_epochs : o->max_epochs};
+    cfg.max_grad_norm = o->clip;
+    cfg.model_kind = (uint32_t)ap_nn_model_kind(m);
+    ap_nn_model_shape(m, cfg.model_shape);
     cfg.average_state_every = o->state_every;
     cfg.up = o->up;
     cfg.down = o->down;
@@ -286,6 +316,11 @@ static int run(const topts_t *o)
                : o->client ? "client-only"
                            : "normal",
                o->run_id, pr->count, (unsigned long long)o->target);
+        printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
+               ap_nn_optim_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
+        if (o->sched != AP_NN_LR_CONSTANT)
+            printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
+        printf(", clip %g\n", o->clip);
         for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
         fflush(stdout);
         rc = ap_collab_start_sync(c);
@@ -314,6 +349,9 @@ static int run(const topts_t *o)
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
     uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    /* the printed loss: the mean over this peer's batches of the epoch */
+    double loss_sum = 0;
+    uint64_t loss_n = 0;
     while (!rc && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
@@ -349,6 +387,8 @@ static int run(const topts_t *o)
                 break;
             }
             local_samples += (uint64_t)o->batch;
+            loss_sum += loss;
+            loss_n++;
         } else {
             struct timespec ts = {0, 200 * 1000 * 1000};
             nanosleep(&ts, NULL);
@@ -361,10 +401,14 @@ static int run(const topts_t *o)
             ap_node_call_sync(rt, rtstats_fn, &rs);
             char sent[32];
             human_bytes(rs.bytes_sent, sent, sizeof sent);
+            char lossbuf[32] = "-";
+            if (loss_n) snprintf(lossbuf, sizeof lossbuf, "%.4f", loss_sum / (double)loss_n);
+            loss_sum = 0;
+            loss_n = 0;
             if (tty) printf("\r\033[K");
-            printf("epoch %llu | loss %.4f | global %.0f samples/s | peers %u | group %u%s | "
+            printf("epoch %llu | loss %s | global %.0f samples/s | peers %u | group %u%s | "
                    "sent %s | t %.0fs\n",
-                   (unsigned long long)st.epoch, st.last_loss, st.global_sps, st.peers,
+                   (unsigned long long)st.epoch, lossbuf, st.global_sps, st.peers,
                    st.last_group_size, st.last_averaged_fraction < 1 ? " (partial)" : "", sent,
                    now - t0);
             fflush(stdout);
@@ -381,7 +425,8 @@ static int run(const topts_t *o)
             printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
                    "| eta %.1fs",
                    (unsigned long long)st.epoch, st.global_samples, (unsigned long long)o->target,
-                   st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
+                   st.global_sps, loss_n ? loss_sum / (double)loss_n : 0.0, st.peers,
+                   isfinite(st.eta_s) ? st.eta_s : -1.0);
             fflush(stdout);
             last_status = now;
         }
@@ -433,11 +478,31 @@ static int train_main(int argc, char **argv)
                  .model = "gpt",
                  .target = 256,
                  .batch = 8,
-                 .lr = 3e-3,
+                 .lr = 0,
+                 .clip = 1.0,
+                 .layers = 2,
+                 .embd = 128,
+                 .heads = 4,
+                 .ctx = 64,
+                 .warmup = 3,
+                 .optim = AP_NN_LAMB,
+                 .sched = AP_NN_LR_CONSTANT,
                  .state_every = 5,
                  .seed = 1,
                  .mm_window = 0.5,
                  .nshards = 1};
+    enum {
+        O_LAYERS = 256,
+        O_EMBD,
+        O_HEADS,
+        O_CTX,
+        O_SHARE,
+        O_OPTIM,
+        O_WARMUP,
+        O_SCHED,
+        O_DECAY,
+        O_CLIP
+    };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
         {"initial-peers", required_argument, NULL, 'p'},
@@ -464,6 +529,16 @@ static int train_main(int argc, char **argv)
         {"max-local-batches-per-epoch", required_argument, NULL, 'X'},
         {"data-shard", required_argument, NULL, 'H'},
         {"dht-matchmaking", no_argument, NULL, 'M'},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"embd", required_argument, NULL, O_EMBD},
+        {"heads", required_argument, NULL, O_HEADS},
+        {"ctx", required_argument, NULL, O_CTX},
+        {"share-layers", no_argument, NULL, O_SHARE},
+        {"optim", required_argument, NULL, O_OPTIM},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"schedule", required_argument, NULL, O_SCHED},
+        {"decay-epochs", required_argument, NULL, O_DECAY},
+        {"clip", required_argument, NULL, O_CLIP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -539,7 +614,7 @@ static int train_main(int argc, char **argv)
             o.ckdir = optarg;
             break;
         case 'l':
-            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &o.lr)) return 2;
+            if (!ap_cli_num("--lr", optarg, 1e-9, 10, &o.lr)) return 2;
             break;
         case 's': {
             long long v_;
@@ -592,11 +667,75 @@ static int train_main(int argc, char **argv)
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;
+        case O_LAYERS:
+        case O_EMBD:
+        case O_HEADS:
+        case O_CTX: {
+            static const char *const names[] = {"--layers", "--embd", "--heads", "--ctx"};
+            static const long long maxv[] = {64, 4096, 64, 4096};
+            int k = ch - O_LAYERS;
+            long long v_;
+            if (!ap_cli_int(names[k], optarg, 1, maxv[k], &v_)) return 2;
+            int *dst[] = {&o.layers, &o.embd, &o.heads, &o.ctx};
+            *dst[k] = (int)v_;
+        } break;
+        case O_SHARE:
+            o.share = true;
+            break;
+        case O_OPTIM:
+            if (ap_nn_optim_kind_from_name(optarg, &o.optim)) {
+                fprintf(stderr, "apiary train: --optim %s: use lamb, adamw, adam or sgd\n", optarg);
+                return 2;
+            }
+            break;
+        case O_SCHED:
+            if (ap_nn_lr_kind_from_name(optarg, &o.sched)) {
+                fprintf(stderr, "apiary train: --schedule %s: use constant, linear or cosine\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_WARMUP: {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 1000000000, &v_)) return 2;
+            o.warmup = (int)v_;
+        } break;
+        case O_DECAY: {
+            long long v_;
+            if (!ap_cli_int("--decay-epochs", optarg, 1, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.decay_epochs = (uint64_t)v_;
+        } break;
+        case O_CLIP:
+            if (!ap_cli_num("--clip", optarg, 0, 1e6, &o.clip)) return 2;
+            break;
         case 'h':
             usage();
             return 0;
         default:
             usage();
+            return 2;
+        }
+    }
+    if (o.lr == 0) o.lr = o.optim == AP_NN_LAMB ? 5e-2 : o.optim == AP_NN_SGD ? 0.1 : 2e-3;
+    if (o.embd % o.heads) {
+        fprintf(stderr, "apiary train: --embd %d is not a multiple of --heads %d\n", o.embd,
+                o.heads);
+        return 2;
+    }
+    if (o.sched != AP_NN_LR_CONSTANT) {
+        uint64_t total = o.decay_epochs ? o.decay_epochs : o.max_epochs;
+        if (!total) {
+            fprintf(stderr,
+                    "apiary train: --schedule %s decays to its minimum at an epoch: give "
+                    "--decay-epochs N or --max-epochs N\n",
+                    ap_nn_lr_kind_name(o.sched));
+            return 2;
+        }
+        if (total <= (uint64_t)o.warmup) {
+            fprintf(stderr,
+                    "apiary train: the decay ends at epoch %llu, within the %d warm-up epochs: "
+                    "give more --decay-epochs or fewer --warmup\n",
+                    (unsigned long long)total, o.warmup);
             return 2;
         }
     }
