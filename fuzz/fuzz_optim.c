@@ -46,7 +46,7 @@ static int ev_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t 
 
 static fz_t *g_fz;
 
-static void dl_done(ap_rt_t *rt, void *arg, int status)
+static void dl_done(ap_collab_t *c, int status, uint64_t epoch, uint64_t optim_step)
 {
     g_fz->done = true;
 }
@@ -82,7 +82,7 @@ static void fuzz_download(const uint8_t *d, size_t n)
         c->view[0] = p;
         c->nview = 1;
         g_fz = &f;
-        if (ap__state_download(c, dl_done) == 0)
+        if (ap__state_download(c, c->buf, 0, dl_done) == 0)
             ap_sim_run_until(sim, is_done, &f, ap_sim_now_us(sim) + 10000000);
         for (int i = 0; i < NPAR; i++)
             if (!isfinite(params[i])) abort();

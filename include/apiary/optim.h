@@ -212,6 +212,9 @@ typedef struct ap_collab_stats {
     /* samples of an epoch whose round was over without them (late peer:
      * missed the group, or behind the others), discarded */
     uint64_t samples_dropped;
+    /* donors that failed a state download (each is then left out of
+     * downloads for a back-off doubling per failure, 1 s .. 60 s) */
+    uint64_t state_donor_failures;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */

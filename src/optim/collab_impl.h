@@ -31,6 +31,11 @@ typedef struct dl_range {
     crypto_generichash_state hs;
 } dl_range_t;
 
+/* Reports a finished download: status 0 with the donors' epoch and optimizer
+ * step (the buffer given to ap__state_download holds the state), or the
+ * error that ended it. */
+typedef void (*ap__dl_fn)(struct ap_collab *c, int status, uint64_t epoch, uint64_t optim_step);
+
 typedef struct dl_state {
     bool active;
     ap_peer_id_t donors[AP_OPTIM_MAX_DONORS];
@@ -38,13 +43,28 @@ typedef struct dl_state {
     int ndonors;
     dl_range_t ranges[AP__MAX_RANGES];
     int nranges;
+    float *dst; /* the caller's buffer: total floats */
+    uint64_t min_epoch;
     bool have_epoch;
     uint64_t epoch, optim_step;
     uint64_t timer;
     int open_streams;
     int status; /* first fatal error */
-    ap_collab_fn done;
+    ap__dl_fn done;
 } dl_state_t;
+
+/* A donor that failed a download part: left out of downloads until `until`
+ * (back-off doubling per failure, from AP__BACKOFF_MIN_US to
+ * AP__BACKOFF_MAX_US); a part it delivers forgets it. */
+#define AP__DONOR_MEMO     32
+#define AP__BACKOFF_MIN_US 1000000ull
+#define AP__BACKOFF_MAX_US 60000000ull
+typedef struct donor_memo {
+    ap_peer_id_t id;
+    uint32_t fails;
+    uint64_t until_us;
+    char why[48]; /* the last failure, for the log */
+} donor_memo_t;
 
 typedef struct serve_ctx {
     struct ap_collab *c;
@@ -121,6 +141,8 @@ struct ap_collab {
     char mm_key[AP_OPTIM_RUN_ID_MAX + 32];
 
     dl_state_t dl;
+    donor_memo_t memo[AP__DONOR_MEMO];
+    int nmemo;
     serve_ctx_t *serving[AP__MAX_SERVING];
 
     ap_collab_stats_t st;
@@ -128,18 +150,74 @@ struct ap_collab {
     bool dead; /* ap_collab_free ran; memory goes when refs reaches 0 */
 };
 
-/* state.c */
+/* ---- state.c: state sharing ---- */
 int ap__state_listen(struct ap_collab *c);
 void ap__state_unlisten(struct ap_collab *c);
 void ap__state_abort_serving(struct ap_collab *c);
-/* Downloads from the donors among the view at the highest epoch; done runs
- * once (status 0: params/optimizer/epoch replaced). */
-int ap__state_download(struct ap_collab *c, ap_collab_fn done);
+/* How many donors a download would use: fresh donor records at epoch >=
+ * min_epoch and not in back-off. 0 = no donor at all; AP_EAGAIN = donors
+ * exist but every one failed recently (logged with the reasons). */
+int ap__state_donors(struct ap_collab *c, uint64_t min_epoch);
+/* Downloads [params | optimizer state] (c->total floats) into dst from the
+ * donors (as ap__state_donors) at the highest epoch among them. Writes
+ * nothing else of the collab; done runs once (also from inside this call on
+ * an immediate failure). AP_ENOTFOUND / AP_EAGAIN (done not called) as
+ * ap__state_donors, AP_EBUSY if one runs. */
+int ap__state_download(struct ap_collab *c, float *dst, uint64_t min_epoch, ap__dl_fn done);
 void ap__state_download_abort(struct ap_collab *c, int err);
 
-/* collab.c */
+/* ---- collab.c: lifetime, start, submit ---- */
 void ap__collab_unref(struct ap_collab *c);
 /* The freshest parameters (shadow during/after a background step). */
 const float *ap__collab_cur_params(const struct ap_collab *c);
+/* Runs the pending callback (if any) without touching the phase. */
+void ap__collab_release_user(struct ap_collab *c, int status);
+/* Ends the pending operation: back to IDLE, then the callback (or, at
+ * max_local_samples, keeps waiting for this epoch's round). */
+void ap__collab_finish_user(struct ap_collab *c, int status);
+bool ap__collab_at_local_cap(const struct ap_collab *c);
+
+/* ---- view.c: progress records and the view of the run ---- */
+typedef void (*ap__step_fn)(struct ap_collab *c);
+typedef struct ap__estimate {
+    double global, sps, eta_s;
+    uint64_t reported; /* samples reported (not extrapolated) in my epoch, me included */
+    uint64_t max_epoch;
+    uint32_t peers;
+} ap__estimate_t;
+bool ap__collab_is_self(const struct ap_collab *c, const ap_peer_id_t *p);
+bool ap__collab_fresh(const struct ap_collab *c, const ap_progress_t *p, int64_t now_ms);
+void ap__collab_estimate(struct ap_collab *c, ap__estimate_t *e);
+void ap__collab_update_stats(struct ap_collab *c);
+/* Stores our record; next (may be NULL) runs when the store ends. */
+void ap__collab_report(struct ap_collab *c, ap__step_fn next);
+/* Reads the records into the view; next (may be NULL) runs then. */
+void ap__collab_fetch(struct ap_collab *c, ap__step_fn next);
+void ap__collab_schedule_refresh(struct ap_collab *c);
+int64_t ap__collab_first_ready(struct ap_collab *c);
+bool ap__collab_gathering(struct ap_collab *c);
+void ap__collab_aux_check(struct ap_collab *c);
+
+/* ---- round.c: groups, averaging rounds and the epoch decision ---- */
+void ap__collab_decide(struct ap_collab *c);
+void ap__collab_fetch_decide(struct ap_collab *c);
+void ap__collab_begin_averaging(struct ap_collab *c);
+uint64_t ap__collab_bg_cap(struct ap_collab *c);
+void ap__collab_after_epoch(struct ap_collab *c);
+
+/* ---- epoch.c: the step and the epoch change ---- */
+typedef enum ap__epoch_how {
+    AP__EPOCH_STEPPED,  /* the epoch's round stepped: epoch + 1 (the epoch argument is ignored) */
+    AP__EPOCH_LOADED,   /* a download finished: c->buf holds the state, optim_step given */
+    AP__EPOCH_JUMPED,   /* behind without a donor: the others' epoch, local state */
+    AP__EPOCH_FOLLOWED, /* an auxiliary peer follows the run's epoch */
+    AP__EPOCH_RESUMED,  /* resumed from a checkpoint */
+} ap__epoch_how_t;
+/* Every change of c->epoch goes through here. */
+void ap__collab_enter_epoch(struct ap_collab *c, ap__epoch_how_t how, uint64_t epoch,
+                            uint64_t optim_step);
+void ap__collab_apply_step(struct ap_collab *c, float *grad);
+void ap__collab_drop_epoch_samples(struct ap_collab *c, const char *why);
+void ap__collab_load_done(struct ap_collab *c, int status, uint64_t epoch, uint64_t optim_step);
 
 #endif

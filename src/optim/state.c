@@ -1,6 +1,10 @@
 /* State sharing: donors serve parts of [params | optimizer state] over
- * streams; a newcomer downloads parts from several donors at once and
- * re-requests what a failed donor did not deliver from another one. */
+ * streams; a newcomer downloads parts from several donors at once into a
+ * buffer of the caller and re-requests what a failed donor did not deliver
+ * from another one. A failed donor is dropped for the rest of the download
+ * and left out of later downloads for a back-off that doubles per failure.
+ * The download writes nothing of the optimizer: it reports (status, epoch,
+ * optimizer step) and the caller applies the epoch change (epoch.c). */
 #include "collab_impl.h"
 
 #include "apiary/log.h"
@@ -166,14 +170,69 @@ typedef struct range_ref {
 static void dl_finish(ap_collab_t *c, int status);
 static void dl_pump(ap_collab_t *c);
 
+static int donors_left(const ap_collab_t *c)
+{
+    int k = 0;
+    for (int i = 0; i < c->dl.ndonors; i++) k += !c->dl.donor_bad[i];
+    return k;
+}
+
+static donor_memo_t *memo_find(ap_collab_t *c, const ap_peer_id_t *id)
+{
+    for (int i = 0; i < c->nmemo; i++)
+        if (ap_peer_id_eq(&c->memo[i].id, id)) return &c->memo[i];
+    return NULL;
+}
+
+/* A donor failed: back off from it (the oldest entry makes room). */
+static void memo_fail(ap_collab_t *c, const ap_peer_id_t *id, const char *why)
+{
+    uint64_t now = ap_rt_now_us(c->rt);
+    donor_memo_t *m = memo_find(c, id);
+    if (!m) {
+        if (c->nmemo < AP__DONOR_MEMO) {
+            m = &c->memo[c->nmemo++];
+        } else {
+            m = &c->memo[0];
+            for (int i = 1; i < c->nmemo; i++)
+                if (c->memo[i].until_us < m->until_us) m = &c->memo[i];
+        }
+        memset(m, 0, sizeof *m);
+        m->id = *id;
+    }
+    if (m->fails < 32) m->fails++;
+    uint64_t wait = AP__BACKOFF_MIN_US << (m->fails - 1 < 8 ? m->fails - 1 : 8);
+    if (wait > AP__BACKOFF_MAX_US) wait = AP__BACKOFF_MAX_US;
+    m->until_us = now + wait;
+    snprintf(m->why, sizeof m->why, "%s", why);
+    c->st.state_donor_failures++;
+}
+
+static void memo_ok(ap_collab_t *c, const ap_peer_id_t *id)
+{
+    donor_memo_t *m = memo_find(c, id);
+    if (m) *m = c->memo[--c->nmemo];
+}
+
+static bool backed_off(ap_collab_t *c, const ap_peer_id_t *id)
+{
+    donor_memo_t *m = memo_find(c, id);
+    return m && m->until_us > ap_rt_now_us(c->rt);
+}
+
 static void range_fail(ap_collab_t *c, dl_range_t *r, const char *why)
 {
     if (r->donor >= 0) {
         char sh[AP_PEER_SHORT_LEN];
-        ap_warn(OPT_MOD, "state part [%llu, +%llu) from %s failed: %s; re-requesting the rest",
-                (unsigned long long)r->offset, (unsigned long long)r->count,
-                ap_peer_id_short(&c->dl.donors[r->donor], sh), why);
+        const ap_peer_id_t *d = &c->dl.donors[r->donor];
+        bool first = !c->dl.donor_bad[r->donor];
         c->dl.donor_bad[r->donor] = true;
+        if (first) memo_fail(c, d, why);
+        ap_warn(OPT_MOD,
+                "state part [%llu, +%llu) from %s failed: %s; dropping that donor for this "
+                "download (%d of %d left)",
+                (unsigned long long)r->offset, (unsigned long long)r->count,
+                ap_peer_id_short(d, sh), why, donors_left(c), c->dl.ndonors);
     }
     /* the rest becomes a new request */
     r->offset += r->received;
@@ -215,6 +274,8 @@ static void dl_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t len)
             bad = "other optimizer";
         else if (h->offset != r->offset || h->count != r->count)
             bad = "other part than requested";
+        else if (h->epoch < c->dl.min_epoch)
+            bad = "older epoch than needed";
         else if (c->dl.have_epoch && h->epoch != c->dl.epoch)
             bad = "other epoch than the other donors";
         if (!bad && !c->dl.have_epoch) {
@@ -249,7 +310,7 @@ static void dl_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t len)
         refuse_part(c, r, AP_EPROTO, "bad chunk size");
         return;
     }
-    float *dst = c->buf + r->offset + r->received;
+    float *dst = c->dl.dst + r->offset + r->received;
     memcpy(dst, d, len);
     for (uint64_t i = 0; i < k; i++)
         if (!isfinite(dst[i])) {
@@ -275,6 +336,7 @@ static void dl_close(ap_stream_t *s, void *arg, int status)
             r->s = NULL;
             if (r->hashed && r->received == r->count) {
                 r->done = true;
+                if (r->donor >= 0) memo_ok(c, &c->dl.donors[r->donor]);
             } else {
                 /* keep what arrived (the channel is authenticated) and
                  * ask another donor for the rest */
@@ -335,7 +397,11 @@ static int open_range(ap_collab_t *c, int ri)
         c->dl.open_streams--;
         c->refs--;
         free(rr);
+        char sh[AP_PEER_SHORT_LEN];
+        ap_warn(OPT_MOD, "state download: cannot open a stream to %s: %s; dropping that donor",
+                ap_peer_id_short(&c->dl.donors[d], sh), ap_strerror(rc));
         c->dl.donor_bad[d] = true;
+        memo_fail(c, &c->dl.donors[d], ap_strerror(rc));
         r->donor = -1;
         return rc;
     }
@@ -384,21 +450,28 @@ static void dl_finish(ap_collab_t *c, int status)
             c->dl.ranges[i].s = NULL;
             ap_stream_reset(s, AP_ECANCELED);
         }
-    if (status == 0) {
-        memcpy(c->params, c->buf, c->n * sizeof(float));
-        if (c->opt->state_count)
-            memcpy(c->opt->state, c->buf + c->n, c->opt->state_count * sizeof(float));
-        c->opt->step = c->dl.optim_step;
-        c->epoch = c->dl.epoch;
-        c->local_samples = 0;
-        memset(c->acc, 0, c->acc_bytes);
-        c->epoch_start_ms = ap_rt_wall_ms(c->rt);
-        c->st.state_loads++;
-        c->st.epoch = c->epoch;
+    if (status) {
+        /* why it could not finish: each donor's last failure */
+        char why[256] = "";
+        size_t off = 0;
+        for (int i = 0; i < c->dl.ndonors && off < sizeof why; i++) {
+            donor_memo_t *m = memo_find(c, &c->dl.donors[i]);
+            char sh[AP_PEER_SHORT_LEN];
+            int k = snprintf(why + off, sizeof why - off, "%s%s: %s", off ? "; " : "",
+                             ap_peer_id_short(&c->dl.donors[i], sh),
+                             m                    ? m->why
+                             : c->dl.donor_bad[i] ? "failed"
+                                                  : "unfinished");
+            if (k > 0) off += (size_t)k;
+        }
+        if (status != AP_ECANCELED)
+            ap_warn(OPT_MOD, "state download of epoch %llu did not finish (%s): %s",
+                    (unsigned long long)c->dl.epoch, ap_strerror(status),
+                    c->dl.ndonors ? why : "no donor");
     }
-    ap_collab_fn done = c->dl.done;
+    ap__dl_fn done = c->dl.done;
     c->dl.done = NULL;
-    if (done && !c->dead) done(c->rt, c, status);
+    if (done && !c->dead) done(c, status, c->dl.epoch, c->dl.optim_step);
 }
 
 void ap__state_download_abort(ap_collab_t *c, int err)
@@ -407,28 +480,71 @@ void ap__state_download_abort(ap_collab_t *c, int err)
     dl_finish(c, err);
 }
 
-int ap__state_download(ap_collab_t *c, ap_collab_fn done)
+static bool usable(ap_collab_t *c, const ap_progress_t *p, int64_t now, uint64_t min_epoch)
+{
+    return p->donor && p->epoch >= min_epoch && !ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) &&
+           p->time_ms >= now - c->cfg.stale_ms;
+}
+
+/* The highest epoch among the usable donors not in back-off; false if none. */
+static bool best_epoch(ap_collab_t *c, uint64_t min_epoch, uint64_t *best, int *ndonors,
+                       int *nbacked)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    bool any = false;
+    *ndonors = *nbacked = 0;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (!usable(c, p, now, min_epoch)) continue;
+        if (backed_off(c, &p->peer)) {
+            (*nbacked)++;
+            continue;
+        }
+        if (!any || p->epoch > *best) *best = p->epoch;
+        any = true;
+    }
+    if (any) {
+        for (size_t i = 0; i < c->nview; i++)
+            if (usable(c, &c->view[i], now, min_epoch) && c->view[i].epoch == *best &&
+                !backed_off(c, &c->view[i].peer))
+                (*ndonors)++;
+    }
+    return any;
+}
+
+int ap__state_donors(ap_collab_t *c, uint64_t min_epoch)
+{
+    uint64_t best = 0;
+    int nd, nb;
+    if (best_epoch(c, min_epoch, &best, &nd, &nb)) return nd;
+    if (!nb) return 0;
+    uint64_t now = ap_rt_now_us(c->rt);
+    for (int i = 0; i < c->nmemo; i++) {
+        donor_memo_t *m = &c->memo[i];
+        if (m->until_us <= now) continue;
+        char sh[AP_PEER_SHORT_LEN];
+        ap_info(OPT_MOD,
+                "state download: donor %s failed %u time(s) (last: %s); next try in %.1f s",
+                ap_peer_id_short(&m->id, sh), m->fails, m->why, (double)(m->until_us - now) / 1e6);
+    }
+    return AP_EAGAIN;
+}
+
+int ap__state_download(ap_collab_t *c, float *dst, uint64_t min_epoch, ap__dl_fn done)
 {
     if (c->dl.active) return AP_EBUSY;
     int64_t now = ap_rt_wall_ms(c->rt);
     uint64_t best = 0;
-    bool any = false;
-    for (size_t i = 0; i < c->nview; i++) {
-        const ap_progress_t *p = &c->view[i];
-        if (!p->donor || ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) ||
-            p->time_ms < now - c->cfg.stale_ms)
-            continue;
-        if (!any || p->epoch > best) best = p->epoch;
-        any = true;
-    }
-    if (!any) return AP_ENOTFOUND;
+    int nd, nb;
+    if (!best_epoch(c, min_epoch, &best, &nd, &nb)) return nb ? AP_EAGAIN : AP_ENOTFOUND;
     memset(&c->dl, 0, sizeof c->dl);
+    c->dl.dst = dst;
+    c->dl.min_epoch = min_epoch;
+    c->dl.epoch = best; /* what the donors' records say (their headers must agree) */
     /* donors at the highest epoch, in a random order (spread the load) */
     for (size_t i = 0; i < c->nview && c->dl.ndonors < AP_OPTIM_MAX_DONORS; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (!p->donor || p->epoch != best || ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) ||
-            p->time_ms < now - c->cfg.stale_ms)
-            continue;
+        if (!usable(c, p, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
         c->dl.donors[c->dl.ndonors++] = p->peer;
     }
     for (int i = c->dl.ndonors - 1; i > 0; i--) {

@@ -4,11 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *ap_test_shared_path(const char *rel)
+const char *ap_test_data_path(const char *rel)
 {
     static char buf[4096];
-    const char *dir = getenv("APIARY_SHARED");
-    snprintf(buf, sizeof buf, "%s/%s", dir ? dir : "../shared", rel);
+    const char *dir = getenv("APIARY_TEST_DATA");
+#ifdef APIARY_TEST_DATA_DIR
+    if (!dir || !*dir) dir = APIARY_TEST_DATA_DIR;
+#endif
+    snprintf(buf, sizeof buf, "%s/%s", dir && *dir ? dir : "tests/data", rel);
     return buf;
 }
 

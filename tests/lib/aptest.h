@@ -17,8 +17,9 @@
         if (ap__rc != 0) fail_msg("%s = %d (%s)", #expr, ap__rc, ap_err_name(ap__rc));             \
     } while (0)
 
-/* Path of a file in ../shared (test vectors etc.); NULL-safe static buffer. */
-const char *ap_test_shared_path(const char *rel);
+/* Path of a file under the checkout's tests/data/ (test vectors etc.):
+ * $APIARY_TEST_DATA/rel, else the tree's tests/data/rel; a static buffer. */
+const char *ap_test_data_path(const char *rel);
 /* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL. */
 char *ap_test_read_file(const char *path, size_t *len);
 /* Seed for randomised tests: APIARY_TEST_SEED or the given default. */

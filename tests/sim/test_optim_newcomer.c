@@ -1,7 +1,8 @@
 /* State sharing on the simulator: a newcomer catches up by downloading
  * parameters, optimizer state and epoch from several donors; a download
  * survives a donor crashing mid-transfer; wrong-shaped and corrupt parts from
- * malicious donors are refused and fetched from honest donors instead. */
+ * malicious donors are refused and fetched from honest donors instead; dead
+ * donors are backed off from instead of hammered. */
 #include "optim_harness.h"
 
 #include "optim/collab_impl.h" /* to see which donors a download uses */
@@ -135,6 +136,78 @@ static void test_donor_leaves_mid_transfer(void **state)
     assert_true(memcmp(ap_collab_optim(e.p[ref].collab)->state,
                        ap_collab_optim(e.p[3].collab)->state,
                        ap_collab_optim(e.p[ref].collab)->state_count * sizeof(float)) == 0);
+    oh_env_free(&e);
+}
+
+/* ---- dead donors ----------------------------------------------------------------- */
+
+/* A dead donor among live ones: the newcomer's part from it fails once, the
+ * donor is dropped for that download and the part comes from the others. */
+static void test_dead_donor_dropped(void **state)
+{
+    (void)state;
+    oh_env_t e;
+    start_three(&e, 3, 4, NULL);
+    for (int i = 0; i < 3; i++) e.p[i].stop = true;
+    ap_sim_run_for(e.sim, 3000000);
+    assert_ok(ap_sim_crash(e.sim, 2)); /* its record stays fresh for stale_ms */
+    assert_ok(ap_sim_restart(e.sim, 3));
+    assert_true(ap_sim_run_until(e.sim, started3, &e, ap_sim_now_us(e.sim) + 60000000));
+    ap_collab_stats_t st;
+    ap_collab_get_stats(e.p[3].collab, &st);
+    print_message("dead donor among 3: loads %llu, donor failures %llu\n",
+                  (unsigned long long)st.state_loads, (unsigned long long)st.state_donor_failures);
+    assert_false(e.p[3].start_failed);
+    assert_int_equal(st.state_loads, 1);
+    assert_int_equal(st.state_donor_failures, 1);
+    ap_nn_params_t *p0 = ap_nn_model_params(e.p[0].model);
+    ap_nn_params_t *p3 = ap_nn_model_params(e.p[3].model);
+    assert_true(oh_max_diff(p0->data, p3->data, p0->count) == 0.0);
+    oh_env_free(&e);
+}
+
+/* Every donor ahead is dead while their records stay fresh: the newcomer's
+ * download cannot finish; it trains on and retries each donor after a
+ * back-off (1, 2, 4, 8, 16 s) instead of at every batch. */
+static void test_dead_donors_backed_off(void **state)
+{
+    (void)state;
+    oh_env_t e;
+    ap_collab_config_t cfg;
+    base_cfg(&cfg);
+    cfg.stale_ms = 60000;
+    cfg.progress_ttl_ms = 120000;
+    oh_env_init(&e, 4, ap_test_seed(11), &cfg, B, NULL, NULL);
+    for (int i = 0; i < 3; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
+    assert_ok(ap_sim_crash(e.sim, 3));
+    ap_sim_run_for(e.sim, 500000);
+    for (int i = 0; i < 3; i++) oh_peer_start(&e, i);
+    oh_epoch_pred_t q = {&e, 3, 3};
+    assert_true(ap_sim_run_until(e.sim, oh_reached, &q, ap_sim_now_us(e.sim) + 120000000));
+    for (int i = 0; i < 3; i++) e.p[i].stop = true;
+    ap_sim_run_for(e.sim, 3000000);
+    /* peer 0 quits training (its DHT node stays: the newcomer joins through
+     * it); peers 1 and 2 crash */
+    ap_collab_free(e.p[0].collab);
+    e.p[0].collab = NULL;
+    assert_ok(ap_sim_crash(e.sim, 1));
+    assert_ok(ap_sim_crash(e.sim, 2));
+    e.init_seed = 999;
+    assert_ok(ap_sim_restart(e.sim, 3));
+    e.p[3].batch_cost = 2e7; /* 20 ms per batch, each submit reads the view */
+    assert_true(ap_sim_run_until(e.sim, started3, &e, ap_sim_now_us(e.sim) + 60000000));
+    ap_sim_run_for(e.sim, 30000000);
+    ap_collab_stats_t st;
+    ap_collab_get_stats(e.p[3].collab, &st);
+    print_message("3 dead donors, 30 s: donor failures %llu, loads %llu, batches %llu\n",
+                  (unsigned long long)st.state_donor_failures, (unsigned long long)st.state_loads,
+                  (unsigned long long)e.p[3].batches);
+    assert_true(e.p[3].start_failed); /* the start's download could not finish */
+    assert_int_equal(st.state_loads, 0);
+    assert_true(e.p[3].batches > 10); /* it trained on meanwhile */
+    /* at most ~6 tries per donor in 31 s with back-off; without, one per batch */
+    assert_true(st.state_donor_failures >= 3);
+    assert_true(st.state_donor_failures <= 3 * 7);
     oh_env_free(&e);
 }
 
@@ -304,6 +377,8 @@ int main(void)
         cmocka_unit_test(test_newcomer_catches_up),
         cmocka_unit_test(test_donor_leaves_mid_transfer),
         cmocka_unit_test(test_bad_donors_refused),
+        cmocka_unit_test(test_dead_donor_dropped),
+        cmocka_unit_test(test_dead_donors_backed_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

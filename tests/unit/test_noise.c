@@ -1,4 +1,4 @@
-/* Noise XX: every published vector in shared/testvectors/noise-xx*.json,
+/* Noise XX: every published vector in tests/data/noise/noise-xx*.json,
  * byte for byte, both hashes; the HMAC/HKDF building blocks against RFC
  * vectors; and the failure behaviour (altered, replayed, reordered, truncated
  * messages, nonce exhaustion) — each over both AEAD implementations. */
@@ -242,9 +242,9 @@ static void run_vector(const jv_t *vec, const char *file)
 
 static void run_file(const char *rel)
 {
-    const char *path = ap_test_shared_path(rel);
+    const char *path = ap_test_data_path(rel);
     char *text = ap_test_read_file(path, NULL);
-    if (!text) fail_msg("cannot read %s (set APIARY_SHARED)", path);
+    if (!text) fail_msg("cannot read %s (set APIARY_TEST_DATA)", path);
     const char *p = text;
     jv_t *root = jparse(&p);
     jv_t *vecs = jget(root, "vectors");
@@ -265,17 +265,17 @@ static void run_file(const char *rel)
 static void test_vectors_cacophony(void **state)
 {
     (void)state;
-    run_file("testvectors/noise-xx.json");
+    run_file("noise/noise-xx.json");
 }
 static void test_vectors_noise_c(void **state)
 {
     (void)state;
-    run_file("testvectors/noise-xx-noise-c.json");
+    run_file("noise/noise-xx-noise-c.json");
 }
 static void test_vectors_snow(void **state)
 {
     (void)state;
-    run_file("testvectors/noise-xx-snow.json");
+    run_file("noise/noise-xx-snow.json");
     assert_int_equal(vectors_run, 6);
 }
 

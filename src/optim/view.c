@@ -1,0 +1,279 @@
+/* The view of the run: our progress record, the others' records read from
+ * the DHT, the estimate of the epoch's progress and the adaptive refresh.
+ * Sans-I/O: runtime.h and the DHT only. */
+#include "collab_impl.h"
+
+#include "apiary/log.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool ap__collab_is_self(const ap_collab_t *c, const ap_peer_id_t *p)
+{
+    return ap_peer_id_eq(p, ap_rt_self(c->rt));
+}
+
+bool ap__collab_fresh(const ap_collab_t *c, const ap_progress_t *p, int64_t now_ms)
+{
+    return p->time_ms >= now_ms - c->cfg.stale_ms;
+}
+
+void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    memset(e, 0, sizeof *e);
+    e->global = (double)c->local_samples;
+    e->reported = c->local_samples;
+    e->sps = c->sps;
+    e->max_epoch = c->epoch;
+    e->peers = 1;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (ap__collab_is_self(c, &p->peer) || !ap__collab_fresh(c, p, now)) continue;
+        e->peers++;
+        if (p->epoch > e->max_epoch && p->role != AP_AVG_AUX) e->max_epoch = p->epoch;
+        if (p->role == AP_AVG_AUX) continue;
+        double sps = p->samples_per_s > 0 ? p->samples_per_s : c->sps; /* unknown: like mine */
+        if (p->epoch + 1 == c->epoch) {
+            e->sps += sps; /* finishing the previous round: joins this epoch soon */
+            continue;
+        }
+        if (p->epoch != c->epoch) continue;
+        double ahead = (double)(now > p->time_ms ? now - p->time_ms : 0) / 1000.0;
+        e->global += (double)p->samples + p->samples_per_s * ahead;
+        e->reported += (uint64_t)p->samples;
+        e->sps += sps;
+    }
+    double left = (double)c->cfg.target_batch_size - e->global;
+    e->eta_s = left <= 0 ? 0 : e->sps > 0 ? left / e->sps : INFINITY;
+}
+
+void ap__collab_update_stats(ap_collab_t *c)
+{
+    ap__estimate_t e;
+    ap__collab_estimate(c, &e);
+    c->st.epoch = c->epoch;
+    c->st.local_samples = c->local_samples;
+    c->st.global_samples = e.global;
+    c->st.global_sps = e.sps;
+    c->st.eta_s = e.eta_s;
+    c->st.peers = e.peers;
+}
+
+static void my_record(ap_collab_t *c, ap_progress_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->peer = *ap_rt_self(c->rt);
+    p->epoch = c->epoch;
+    p->samples = (int64_t)c->local_samples;
+    p->samples_per_s = c->sps;
+    p->time_ms = ap_rt_wall_ms(c->rt);
+    p->epoch_start_ms = c->epoch_start_ms < p->time_ms ? c->epoch_start_ms : p->time_ms;
+    p->role = c->cfg.role;
+    p->up = c->cfg.up;
+    p->down = c->cfg.down;
+    p->donor = c->cfg.role == AP_AVG_NORMAL && c->started;
+    p->ready_ms = c->ready_ms;
+    if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
+    if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
+}
+
+/* Keeps our own entry of the view current (the DHT read may lag our store). */
+static void view_put_self(ap_collab_t *c)
+{
+    ap_progress_t me;
+    my_record(c, &me);
+    for (size_t i = 0; i < c->nview; i++)
+        if (ap__collab_is_self(c, &c->view[i].peer)) {
+            c->view[i] = me;
+            return;
+        }
+    if (c->nview < AP__VIEW_MAX) c->view[c->nview++] = me;
+}
+
+typedef struct op_ctx {
+    ap_collab_t *c;
+    ap__step_fn next;
+} op_ctx_t;
+
+static void store_done(ap_dht_t *dht, void *arg, int status, int nstored)
+{
+    op_ctx_t *o = arg;
+    ap_collab_t *c = o->c;
+    ap__step_fn next = o->next;
+    free(o);
+    if (!c->dead) {
+        if (status) ap_debug(OPT_MOD, "progress store failed: %s", ap_strerror(status));
+        if (next) next(c);
+    }
+    ap__collab_unref(c);
+}
+
+/* Stores our progress record; next (may be NULL) runs when the store ends. */
+void ap__collab_report(ap_collab_t *c, ap__step_fn next)
+{
+    ap_progress_t me;
+    uint8_t val[AP__PROGRESS_MAX];
+    my_record(c, &me);
+    view_put_self(c);
+    int len = ap_progress_encode(&me, val, sizeof val);
+    int64_t exp = me.time_ms + c->cfg.progress_ttl_ms;
+    if (exp <= c->last_exp_ms) exp = c->last_exp_ms + 1;
+    c->last_exp_ms = exp;
+    c->last_report_us = ap_rt_now_us(c->rt);
+    ap_dht_record_t rec = {.key = (const uint8_t *)c->key,
+                           .key_len = c->key_len,
+                           .subkey = (const uint8_t *)c->subkey,
+                           .subkey_len = c->subkey_len,
+                           .value = val,
+                           .value_len = (size_t)(len > 0 ? len : 0),
+                           .expiration_ms = exp};
+    op_ctx_t *o = malloc(sizeof *o);
+    int rc = o ? ap_dht_store(c->dht, &rec, store_done, o) : AP_ENOMEM;
+    if (rc) {
+        free(o);
+        ap_debug(OPT_MOD, "progress store refused: %s", ap_strerror(rc));
+        if (next) next(c);
+        return;
+    }
+    o->c = c;
+    o->next = next;
+    c->refs++;
+}
+
+static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
+{
+    int64_t now = ap_rt_wall_ms(c->rt);
+    size_t m = 0;
+    for (size_t i = 0; res && res->found && res->is_dict && i < res->nrecords && m < AP__VIEW_MAX;
+         i++) {
+        const ap_dht_record_t *r = &res->records[i];
+        /* subkey "[owner:<id>]" (the DHT checked the owner's signature) */
+        char idtxt[AP_PEER_ID_STR_MAX];
+        if (r->subkey_len < 9 || r->subkey_len - 8 >= sizeof idtxt ||
+            memcmp(r->subkey, "[owner:", 7) != 0 || r->subkey[r->subkey_len - 1] != ']')
+            continue;
+        memcpy(idtxt, r->subkey + 7, r->subkey_len - 8);
+        idtxt[r->subkey_len - 8] = 0;
+        ap_progress_t p;
+        if (ap_peer_id_parse(&p.peer, idtxt) != 0) continue;
+        ap_peer_id_t who = p.peer;
+        int rc = ap_progress_decode(r->value, r->value_len, now, c->cfg.max_skew_ms, &p);
+        if (rc) {
+            char sh[AP_PEER_SHORT_LEN];
+            c->st.records_refused++;
+            ap_warn(OPT_MOD, "refused progress record of %s: %s (impossible progress)",
+                    ap_peer_id_short(&who, sh), ap_strerror(rc));
+            continue;
+        }
+        p.peer = who;
+        c->view[m++] = p;
+    }
+    c->nview = m;
+    c->view_at_us = ap_rt_now_us(c->rt);
+    view_put_self(c);
+    ap__collab_update_stats(c);
+}
+
+static void get_done(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t *res)
+{
+    op_ctx_t *o = arg;
+    ap_collab_t *c = o->c;
+    ap__step_fn next = o->next;
+    free(o);
+    if (!c->dead) {
+        c->fetching = false;
+        if (status == 0)
+            absorb(c, res);
+        else
+            ap_debug(OPT_MOD, "progress fetch failed: %s", ap_strerror(status));
+        if (next) next(c);
+    }
+    ap__collab_unref(c);
+}
+
+void ap__collab_fetch(ap_collab_t *c, ap__step_fn next)
+{
+    op_ctx_t *o = malloc(sizeof *o);
+    int rc =
+        o ? ap_dht_get(c->dht, (const uint8_t *)c->key, c->key_len, true, get_done, o) : AP_ENOMEM;
+    if (rc) {
+        free(o);
+        if (next) next(c);
+        return;
+    }
+    o->c = c;
+    o->next = next;
+    c->fetching = true;
+    c->refs++;
+}
+
+/* The first READY time among the records of this epoch (0 = none). */
+int64_t ap__collab_first_ready(ap_collab_t *c)
+{
+    int64_t now = ap_rt_wall_ms(c->rt), first = 0;
+    for (size_t i = 0; i < c->nview; i++) {
+        const ap_progress_t *p = &c->view[i];
+        if (p->epoch != c->epoch || p->ready_ms <= 0 || !ap__collab_fresh(c, p, now)) continue;
+        if (!first || p->ready_ms < first) first = p->ready_ms;
+    }
+    return first;
+}
+
+/* Someone of this epoch is READY and the group is still open. */
+bool ap__collab_gathering(ap_collab_t *c)
+{
+    int64_t first = ap__collab_first_ready(c);
+    return first && ap_rt_wall_ms(c->rt) <= first + (int64_t)(c->cfg.matchmaking_window_us / 1000);
+}
+
+/* ---- adaptive refresh ---------------------------------------------------------- */
+
+void ap__collab_aux_check(ap_collab_t *c)
+{
+    /* An auxiliary peer follows the others' epoch and joins every round. */
+    if (c->phase != PH_IDLE) return;
+    ap__estimate_t e;
+    ap__collab_estimate(c, &e);
+    if (e.max_epoch > c->epoch) {
+        ap__collab_enter_epoch(c, AP__EPOCH_FOLLOWED, e.max_epoch, 0);
+        ap__collab_report(c, NULL);
+        return;
+    }
+    if (e.reported >= c->cfg.target_batch_size || ap__collab_gathering(c)) {
+        c->aux_in_round = true;
+        ap__collab_begin_averaging(c);
+    }
+}
+
+static void refresh_fetched(ap_collab_t *c)
+{
+    if (c->cfg.role == AP_AVG_AUX) ap__collab_aux_check(c);
+    ap__collab_schedule_refresh(c);
+}
+
+static void refresh_tick(ap_rt_t *rt, void *arg)
+{
+    ap_collab_t *c = arg;
+    c->refresh_timer = 0;
+    uint64_t now = ap_rt_now_us(rt);
+    if (c->phase == PH_IDLE && now - c->last_report_us > (uint64_t)c->cfg.stale_ms * 1000 / 3)
+        ap__collab_report(c, NULL);
+    /* a submit may have read the view recently: no second read then */
+    if (!c->fetching && c->phase == PH_IDLE && now - c->view_at_us >= c->cfg.min_refresh_us)
+        ap__collab_fetch(c, refresh_fetched);
+    else
+        ap__collab_schedule_refresh(c);
+}
+
+void ap__collab_schedule_refresh(ap_collab_t *c)
+{
+    if (c->dead || c->refresh_timer) return;
+    double eta = c->st.eta_s;
+    /* no speed known yet: look again soon */
+    uint64_t p = isfinite(eta) ? (uint64_t)(eta * 1e6 / 3) : c->cfg.min_refresh_us;
+    if (p < c->cfg.min_refresh_us) p = c->cfg.min_refresh_us;
+    if (p > c->cfg.max_refresh_us) p = c->cfg.max_refresh_us;
+    c->refresh_timer = ap_rt_timer_start(c->rt, p, 0, refresh_tick, c);
+}
