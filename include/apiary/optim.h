@@ -190,7 +190,7 @@ typedef struct ap_collab_stats {
     uint64_t epoch;                /* global epoch this peer is in */
     uint64_t local_samples;        /* accumulated in this epoch */
     double global_samples;         /* estimate for this epoch, all peers */
-    double global_sps;             /* sum of the peers' speeds */
+    double global_sps;             /* sum of the fresh training peers' speeds (any epoch) */
     double eta_s;                  /* estimated seconds until the epoch is due */
     uint32_t peers;                /* fresh records in the run (any epoch) */
     uint32_t last_group_size;      /* members of the last averaging round */
@@ -212,6 +212,12 @@ typedef struct ap_collab_stats {
     /* samples of an epoch whose round was over without them (late peer:
      * missed the group, or behind the others), discarded */
     uint64_t samples_dropped;
+    /* Where the caller's time went while a submit's callback was held
+     * (microseconds, cumulative; with delayed updates the background part
+     * of a round is not counted): from READY to the start of its round
+     * (matchmaking), in the gradient and state rounds and the step, and
+     * downloading the state as a laggard. */
+    uint64_t group_wait_us, averaging_us, download_us;
     /* donors that failed a state download (each is then left out of
      * downloads for a back-off doubling per failure, 1 s .. 60 s) */
     uint64_t state_donor_failures;

@@ -348,10 +348,22 @@ static int run(const topts_t *o)
     float *x = malloc(sizeof(float) * (size_t)o->batch * 16);
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
-    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0, loads = 0;
+    if (c) {
+        ap_collab_stats_t st0;
+        ap_collab_get_stats_sync(c, &st0);
+        loads = st0.state_loads;
+    }
     /* the printed loss: the mean over this peer's batches of the epoch */
     double loss_sum = 0;
     uint64_t loss_n = 0;
+    /* where the time goes: computing batches (with --slowdown's sleep) and
+     * the epochs' overshoot (samples averaged past the target) */
+    double compute_s = 0, overshoot_sum = 0;
+    /* the printed global rate: samples the last epoch's step averaged over
+     * the epoch's wall time (a dead peer adds nothing from its death on) */
+    double epoch_t = t0, global_rate = 0, stepped_samples = 0, first_step_t = 0, last_step_t = 0;
+    uint64_t overshoot_n = 0;
     while (!rc && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
@@ -381,6 +393,7 @@ static int run(const topts_t *o)
                 struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
                 nanosleep(&ts, NULL);
             }
+            compute_s += now_s() - tb;
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
@@ -401,6 +414,19 @@ static int run(const topts_t *o)
             ap_node_call_sync(rt, rtstats_fn, &rs);
             char sent[32];
             human_bytes(rs.bytes_sent, sent, sizeof sent);
+            if (st.epoch == last_epoch + 1 && st.last_epoch_samples > 0 &&
+                st.state_loads == loads) {
+                overshoot_sum += (double)st.last_epoch_samples / (double)o->target - 1.0;
+                overshoot_n++;
+                if (now > epoch_t) global_rate = (double)st.last_epoch_samples / (now - epoch_t);
+                if (!first_step_t)
+                    first_step_t = now;
+                else
+                    stepped_samples += (double)st.last_epoch_samples;
+                last_step_t = now;
+            }
+            epoch_t = now;
+            loads = st.state_loads;
             char lossbuf[32] = "-";
             if (loss_n) snprintf(lossbuf, sizeof lossbuf, "%.4f", loss_sum / (double)loss_n);
             loss_sum = 0;
@@ -408,9 +434,8 @@ static int run(const topts_t *o)
             if (tty) printf("\r\033[K");
             printf("epoch %llu | loss %s | global %.0f samples/s | peers %u | group %u%s | "
                    "sent %s | t %.0fs\n",
-                   (unsigned long long)st.epoch, lossbuf, st.global_sps, st.peers,
-                   st.last_group_size, st.last_averaged_fraction < 1 ? " (partial)" : "", sent,
-                   now - t0);
+                   (unsigned long long)st.epoch, lossbuf, global_rate, st.peers, st.last_group_size,
+                   st.last_averaged_fraction < 1 ? " (partial)" : "", sent, now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
             if (ckpath[0]) {
@@ -422,7 +447,8 @@ static int run(const topts_t *o)
                     printf("checkpoint: epoch %llu saved to %s\n", (unsigned long long)ce, ckpath);
             }
         } else if (tty && now - last_status > 0.25) {
-            printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
+            printf("\r\033[Kepoch %llu | %.0f/%llu samples | peers' speed %.0f samples/s | loss "
+                   "%.4f | peers %u "
                    "| eta %.1fs",
                    (unsigned long long)st.epoch, st.global_samples, (unsigned long long)o->target,
                    st.global_sps, loss_n ? loss_sum / (double)loss_n : 0.0, st.peers,
@@ -452,12 +478,24 @@ static int run(const topts_t *o)
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
                "refused records %llu | computed during rounds %llu | dropped late %llu | %.0fs\n",
-               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
+               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0,
+               last_step_t > first_step_t ? stepped_samples / (last_step_t - first_step_t)
+                                          : global_rate,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
                (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
                el);
+        /* the shares of this peer's wall time (apiary bench train reads them) */
+        if (el > 0) {
+            double g = st.group_wait_us / 1e6, a = st.averaging_us / 1e6, d = st.download_us / 1e6;
+            double idle = el - compute_s - g - a - d;
+            printf("time: compute %.3f | group %.3f | averaging %.3f | download %.3f | idle %.3f "
+                   "| overshoot %.3f | epochs %llu\n",
+                   compute_s / el, g / el, a / el, d / el, idle > 0 ? idle / el : 0.0,
+                   overshoot_n ? overshoot_sum / (double)overshoot_n : 0.0,
+                   (unsigned long long)overshoot_n);
+        }
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
