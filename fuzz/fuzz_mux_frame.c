@@ -1,5 +1,5 @@
 /* libFuzzer target: bytes from a peer fed to a live connection's frame
- * decoder and stream/RPC state machine (src/runtime/uv/mux.c).
+ * decoder and stream/RPC state machine (src/runtime/uv/mux_frame.c, mux_stream.c).
  *
  * Input: byte 0 picks how the rest is split into reads (so frames straddle
  * read boundaries); the rest is what the peer "sent". The node listens on a

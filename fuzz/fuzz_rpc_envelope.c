@@ -1,5 +1,5 @@
 /* libFuzzer target: the CALLER side of the RPC envelope and of streams
- * (src/runtime/uv/mux.c). fuzz_mux_frame.c plays a peer that opens streams
+ * (src/runtime/uv/mux_*.c). fuzz_mux_frame.c plays a peer that opens streams
  * and calls us; here our node is the one that called, so the fuzzer's bytes
  * are responses: WINDOW ACCEPT, response DATA (START with a total checked
  * against max_resp, continuations), CLOSE, and RESET carrying an error code

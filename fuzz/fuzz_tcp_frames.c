@@ -2,7 +2,7 @@
  * handshake (src/net/tcp.c: 2-byte length prefix, partial-frame reassembly,
  * ChaCha20-Poly1305 open with the implicit nonce, keepalives) and the
  * hand-off of the plaintext to the node's stream multiplexer through
- * runtime/uv's TCP seam (tcp_conn.c -> mux.c).
+ * runtime/uv's TCP seam (tcp_conn.c -> mux_frame.c).
  *
  * The fuzzer cannot forge ciphertexts, so the input is a script the harness
  * turns into the peer's byte stream with the peer's real sending key:

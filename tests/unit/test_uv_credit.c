@@ -1,5 +1,5 @@
 /* runtime/uv mux: stream credit goes back to the sender within the transport
- * read that earned it (mux.c on_read), not at the next flush a loop turn
+ * read that earned it (mux_frame.c, ap__mconn_on_read), not at the next flush a loop turn
  * later. Otherwise a receiver handed a whole window in one read burst
  * returns all of it at once, after processing it all, and the sender idles
  * meanwhile: the stream runs stop-and-wait on its window (docs/runtime-uv.md,

@@ -90,7 +90,8 @@ static void reg_init(void)
     uv_mutex_init(&reg_mu);
 }
 
-int ap__mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id)
+/* Parses "/memory/<n>[/p2p/<id>]". */
+static int mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id)
 {
     static const char pfx[] = "/memory/";
     if (!addr || strncmp(addr, pfx, sizeof pfx - 1) != 0) return AP_EADDR;
@@ -108,14 +109,14 @@ int ap__mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id
     return 0;
 }
 
-int ap__mem_register(ap_node_t *n, const char *listen)
+static int mem_listen(ap_node_t *n, const char *listen)
 {
     uv_once(&reg_once, reg_init);
     unsigned no = 0;
     if (listen) {
         bool has_id;
         ap_peer_id_t id;
-        if (ap__mem_parse(listen, &no, &has_id, &id) < 0 || has_id) return AP_EADDR;
+        if (mem_parse(listen, &no, &has_id, &id) < 0 || has_id) return AP_EADDR;
     }
     uv_mutex_lock(&reg_mu);
     if (!no) {
@@ -152,7 +153,7 @@ int ap__mem_register(ap_node_t *n, const char *listen)
     return 0;
 }
 
-void ap__mem_unregister(ap_node_t *n)
+static void mem_stop(ap_node_t *n)
 {
     uv_once(&reg_once, reg_init);
     uv_mutex_lock(&reg_mu);
@@ -363,8 +364,12 @@ static void end_run(ap_task_t *t, bool discard)
     unref(pp); /* the task's reference */
 }
 
-int ap__mem_dial(ap_node_t *n, unsigned no, ap_conn_t **out)
+static int mem_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
 {
+    unsigned no;
+    bool has_id;
+    ap_peer_id_t id;
+    if (mem_parse(addr, &no, &has_id, &id) < 0) return AP_EADDR;
     uv_once(&reg_once, reg_init);
     mem_pipe_t *pp = calloc(1, sizeof *pp);
     if (!pp) return AP_ENOMEM;
@@ -403,3 +408,18 @@ int ap__mem_dial(ap_node_t *n, unsigned no, ap_conn_t **out)
     *out = &a->conn;
     return 0;
 }
+
+static int mem_parse_addr(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id)
+{
+    unsigned no;
+    (void)n; /* every node reaches in-process nodes */
+    return mem_parse(addr, &no, has_id, id);
+}
+
+const ap_uv_transport_t ap__uv_mem_transport = {
+    .scheme = "memory",
+    .parse = mem_parse_addr,
+    .dial = mem_dial,
+    .listen = mem_listen,
+    .stop = mem_stop,
+};

@@ -1,5 +1,5 @@
 /* libuv driver: nodes (ap_rt_t) on a host — identity, timers, post, work,
- * deferred callbacks, teardown. The mux (mux.c) moves the bytes. */
+ * deferred callbacks, teardown. The mux (mux_*.c) moves the bytes. */
 #include "runtime/uv/uv_impl.h"
 
 #include "apiary/log.h"
@@ -232,6 +232,53 @@ static const ap_rt_ops_t uv_ops = {
     .get_stats = uv_get_stats,
 };
 
+/* ---- transports ----------------------------------------------------------------------------- */
+
+/* Every transport a node can run, tried in this order for an address. */
+static const ap_uv_transport_t *const transports[] = {&ap__uv_mem_transport, &ap__uv_tcp_transport};
+
+/* The entry that knows addr; parse's result in *rc (AP_EADDR: none does). */
+static const ap_uv_transport_t *addr_transport(ap_node_t *n, const char *addr, bool *has_id,
+                                               ap_peer_id_t *id, int *rc)
+{
+    *rc = AP_EADDR;
+    if (!addr) return NULL;
+    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
+        *rc = transports[i]->parse(n, addr, has_id, id);
+        if (*rc != AP_EADDR) return transports[i];
+    }
+    return NULL;
+}
+
+int ap__addr_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id)
+{
+    int rc;
+    addr_transport(n, addr, has_id, id, &rc);
+    return rc;
+}
+
+int ap__addr_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
+{
+    bool has_id;
+    ap_peer_id_t id;
+    int rc;
+    const ap_uv_transport_t *tp = addr_transport(n, addr, &has_id, &id, &rc);
+    return rc < 0 ? rc : tp->dial(n, addr, out);
+}
+
+/* The transport a new node runs: the one its listen address names; without
+ * one, in-process (the first entry), or TCP for a dial-only node. NULL if
+ * none fits. */
+static const ap_uv_transport_t *listen_transport(const ap_node_opts_t *o)
+{
+    if (o->dial_only) return o->listen ? NULL : &ap__uv_tcp_transport;
+    if (!o->listen) return transports[0];
+    bool has_id;
+    ap_peer_id_t id;
+    int rc;
+    return addr_transport(NULL, o->listen, &has_id, &id, &rc);
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
 static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
@@ -255,17 +302,17 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     n->host = h;
     n->next_id = 1;
-    bool tcp =
-        o.listen && (strncmp(o.listen, "/ip4/", 5) == 0 || strncmp(o.listen, "/ip6/", 5) == 0);
-    if (o.dial_only && o.listen)
-        rc = AP_EINVAL;
+    const ap_uv_transport_t *tp = listen_transport(&o);
+    if (!tp)
+        rc = o.dial_only ? AP_EINVAL : AP_EADDR;
     else
-        rc = tcp || o.dial_only ? ap__tcpc_start(n, o.listen) : ap__mem_register(n, o.listen);
+        rc = tp->listen(n, o.listen);
     if (rc < 0) {
         ap__rt_fini(&n->rt);
         free(n);
         return rc;
     }
+    n->transport = tp;
     n->next = h->nodes;
     h->nodes = n;
     *out = &n->rt;
@@ -285,11 +332,10 @@ static void node_free(ap_rt_t *rt)
     uv_mutex_lock(&h->mu);
     atomic_store(&n->closing, true);
     uv_mutex_unlock(&h->mu);
-    ap__mem_unregister(n);
     ap__host_drop_tasks(n); /* posts dropped; call_sync waiters get AP_ESHUTDOWN */
     ap__host_drop_timers(n);
-    ap__mux_close_all(n); /* conns drop; streams and calls finish (queued callbacks) */
-    ap__tcpc_stop(n);     /* after the mux released its connections */
+    ap__mux_close_all(n);  /* conns drop; streams and calls finish (queued callbacks) */
+    n->transport->stop(n); /* after the mux released its connections */
     /* Work: wait for what already runs, cancel the rest; after() gets ECANCELED. */
     while (n->works) {
         ap_uv_work_t *w = n->works;

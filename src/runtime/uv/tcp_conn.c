@@ -1,11 +1,11 @@
 /* The secure TCP transport (src/net/tcp.h: TCP + Noise XX) behind the
  * connection seam (conn.h), so the node's mux runs over it exactly as over
- * the in-process transport.
+ * any other transport of the table (node.c).
  *
  * One ap_tcp_t per TCP node, on the node's host loop. Each authenticated
  * connection gets a wrapper (tconn_t, an ap_conn_t): inbound ones are handed
  * to the node with ap__node_accept_conn, outbound ones are created by
- * ap__tcpc_dial in the dialing state and fire on_up when the handshake is
+ * its dial in the dialing state and fire on_up when the handshake is
  * done (or on_close with the dial error).
  *
  * Lifetimes: the mux releases a wrapper with vt->close; after that no
@@ -134,7 +134,7 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
     if (status == 0 && ap__tcp_conn_user(c)) {
         /* The dial crossed a connection the peer opened to us, which the
          * mux already owns: on_close(AP_EEXIST) with the peer's id lets the
-         * mux finish the dial on that connection (mux.c, conn_adopt). */
+         * mux finish the dial on that connection (mux_conn.c, conn_adopt). */
         w->conn.remote = *ap__tcp_conn_peer(c);
         status = AP_EEXIST;
     }
@@ -150,7 +150,7 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
 
 /* ---- node hooks -------------------------------------------------------------------- */
 
-int ap__tcpc_start(ap_node_t *n, const char *listen)
+static int tcpc_start(ap_node_t *n, const char *listen)
 {
     tcpc_t *tc = calloc(1, sizeof *tc);
     if (!tc) return AP_ENOMEM;
@@ -160,7 +160,7 @@ int ap__tcpc_start(ap_node_t *n, const char *listen)
     id.id = n->rt.self;
     ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
     /* duplicates after a simultaneous dial stay open: the mux retires the
-     * loser with GOAWAY once its streams are done (mux.c, conn_resolve_dup) */
+     * loser with GOAWAY once its streams are done (mux_conn.c, conn_resolve_dup) */
     ap_tcp_cfg_t cfg = {.keep_duplicates = true};
     int rc = ap__tcp_new(&n->host->loop, &id, &cfg, &cbs, tc, &tc->t);
     ap_identity_wipe(&id);
@@ -185,7 +185,7 @@ int ap__tcpc_start(ap_node_t *n, const char *listen)
     return 0;
 }
 
-void ap__tcpc_stop(ap_node_t *n)
+static void tcpc_stop(ap_node_t *n)
 {
     tcpc_t *tc = n->tcpc;
     if (!tc) return;
@@ -199,10 +199,10 @@ struct ap_tcp *ap__tcpc_transport(ap_node_t *n)
     return n->tcpc ? n->tcpc->t : NULL;
 }
 
-int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
+static int tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
 {
     tcpc_t *tc = n->tcpc;
-    if (!tc) return AP_ENOTSUP; /* an in-process node has no TCP transport */
+    if (!tc) return AP_ENOTSUP; /* the node does not run TCP */
     tconn_t *w = tconn_new(tc, true);
     if (!w) return AP_ENOMEM;
     w->dialing = true;
@@ -215,26 +215,21 @@ int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
     return 0;
 }
 
-/* ---- address dispatch ----------------------------------------------------------------- */
-
-int ap__addr_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id)
+static int tcpc_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id)
 {
-    unsigned no;
-    if (ap__mem_parse(addr, &no, has_id, id) == 0) return 0;
     ap_multiaddr_t ma;
     if (ap_multiaddr_parse(&ma, addr) != 0 || !ma.has_tcp || ma.host == AP_MA_HOST_NONE)
         return AP_EADDR;
-    if (!n->tcpc) return AP_ENOTSUP; /* an in-process node cannot reach TCP */
+    if (n && !n->tcpc) return AP_ENOTSUP; /* a node without TCP cannot reach it */
     *has_id = ma.has_peer;
     if (ma.has_peer) *id = ma.peer;
     return 0;
 }
 
-int ap__addr_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
-{
-    unsigned no;
-    bool has_id;
-    ap_peer_id_t id;
-    if (ap__mem_parse(addr, &no, &has_id, &id) == 0) return ap__mem_dial(n, no, out);
-    return ap__tcpc_dial(n, addr, out);
-}
+const ap_uv_transport_t ap__uv_tcp_transport = {
+    .scheme = "tcp",
+    .parse = tcpc_parse,
+    .dial = tcpc_dial,
+    .listen = tcpc_start,
+    .stop = tcpc_stop,
+};

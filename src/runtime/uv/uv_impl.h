@@ -252,9 +252,10 @@ struct ap_node {
     ap_host_t *host;
     ap_node_t *next; /* host's list */
     atomic_bool closing;
-    unsigned mem_no;
+    const struct ap_uv_transport *transport; /* the one it listens on (node.c's table) */
+    unsigned mem_no;                         /* mem.c's state: the node's number */
+    struct ap_tcpc *tcpc;                    /* tcp_conn.c's state, or NULL */
     char addr[AP_RT_ADDR_MAX];
-    struct ap_tcpc *tcpc; /* TCP transport (tcp_conn.c), or NULL: in-process */
     ap_mconn_t *conns;
     ap_book_t *book;
     size_t nbook, book_cap;
@@ -263,7 +264,7 @@ struct ap_node {
     ap_rt_stats_t stats;
     struct ap_uv_work *works;
     struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
-    ap_msg_t *msg_cache;    /* recycled message buffers (mux.c) */
+    ap_msg_t *msg_cache;    /* recycled message buffers (mux_stream.c) */
     size_t msg_cache_bytes;
     ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
     ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
@@ -279,7 +280,7 @@ bool ap__node_has_soon(const ap_node_t *n);
 void ap__node_accept_conn(ap_node_t *n, ap_conn_t *c);
 ap_node_t *ap__node_by_mem(unsigned no); /* registry lookup (caller's loop thread) */
 
-/* mux.c */
+/* mux_conn.c, mux_stream.c, mux_frame.c (internals: mux_impl.h) */
 extern const ap_rt_ops_t ap__uv_ops_mux; /* the mux part of the ops (merged in node.c) */
 ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up);
 void ap__mconn_flush(ap_mconn_t *c);
@@ -307,27 +308,40 @@ int ap__mux_dial(ap_rt_t *rt, const char *addr, uint64_t timeout_us, ap_dial_fn 
 bool ap__mux_is_connected(ap_rt_t *rt, const ap_peer_id_t *peer);
 int ap__mux_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr);
 
-/* mem.c: in-process transport */
-/* Parses "/memory/<n>[/p2p/<id>]". */
-int ap__mem_parse(const char *addr, unsigned *no, bool *has_id, ap_peer_id_t *id);
-/* Dials node number no from node n. The conn is returned DIALING: on_up or
- * on_close follows from the loop. */
-int ap__mem_dial(ap_node_t *n, unsigned no, ap_conn_t **out);
-int ap__mem_register(ap_node_t *n, const char *listen); /* sets n->mem_no, n->addr */
-void ap__mem_unregister(ap_node_t *n);
+/* ---- transports ------------------------------------------------------------ */
 
-/* tcp_conn.c: the secure TCP transport (src/net/tcp.h) behind the same seam.
- * A node whose listen address is "/ip4/.../tcp/N" or "/ip6/.../tcp/N" runs
- * one transport on its host's loop (sets n->tcpc and n->addr). */
-int ap__tcpc_start(ap_node_t *n, const char *listen);
-void ap__tcpc_stop(ap_node_t *n); /* connections must be released (mux) first */
-int ap__tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out);
+/* One entry per transport a node can run (node.c holds the table). A node
+ * runs the transport its listen address names and dials each address through
+ * the entry whose parse accepts it. */
+typedef struct ap_uv_transport {
+    const char *scheme; /* "memory", "tcp" (logs) */
+    /* Whether addr is one of this transport's and reachable from n: 0 (sets
+     * *has_id and, if true, *id), AP_EADDR if addr is not this transport's,
+     * AP_ENOTSUP if it is but n cannot dial it. n NULL: the syntax only. */
+    int (*parse)(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id);
+    /* Opens a connection to addr from n, returned DIALING: on_up or on_close
+     * follows from the loop. */
+    int (*dial)(ap_node_t *n, const char *addr, ap_conn_t **out);
+    /* Starts the transport on n, listening on listen (NULL: an address of its
+     * choosing, or none); sets n->addr. */
+    int (*listen)(ap_node_t *n, const char *listen);
+    /* Stops it on n, once the mux has released n's connections. */
+    void (*stop)(ap_node_t *n);
+} ap_uv_transport_t;
+
+/* mem.c: in-process transport, "/memory/<n>[/p2p/<id>]" (any node dials it) */
+extern const ap_uv_transport_t ap__uv_mem_transport;
+
+/* tcp_conn.c: the secure TCP transport (src/net/tcp.h) behind the same seam,
+ * ip4/ip6/dns4/dns6 + /tcp multiaddrs [/p2p/<id>]. Its node runs one
+ * transport on its host's loop (n->tcpc); listen NULL: dial-only. */
+extern const ap_uv_transport_t ap__uv_tcp_transport;
 /* The node's TCP transport (src/net/tcp.h), or NULL for an in-process node
  * (tests and fuzzing). */
 struct ap_tcp *ap__tcpc_transport(ap_node_t *n);
-/* Address dispatch for the mux: "/memory/<n>[/p2p/ID]" (in-process) or an
- * ip4/ip6/dns4/dns6 + /tcp multiaddr [/p2p/ID] (needs a TCP node).
- * AP_EADDR if neither; AP_ENOTSUP for TCP on an in-process node. */
+
+/* node.c: the transport for addr, through the table (the entry's parse
+ * result: AP_EADDR if no transport knows addr). */
 int ap__addr_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t *id);
 int ap__addr_dial(ap_node_t *n, const char *addr, ap_conn_t **out);
 
