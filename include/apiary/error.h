@@ -44,7 +44,10 @@ extern "C" {
     XX(EEXPIRED, 27, "record expired")                                                             \
     XX(ESTALE, 28, "newer value already stored")                                                   \
     XX(EBUSY, 29, "resource busy")                                                                 \
-    XX(ESYS, 30, "system error")
+    XX(ESYS, 30, "system error")                                                                   \
+    XX(EQUOTA, 31, "per-peer quota exceeded")                                                      \
+    XX(EFULL, 32, "storage full")                                                                  \
+    XX(ERATE, 33, "rate limit exceeded")
 
 enum ap_errno {
     AP_OK = 0,

@@ -67,6 +67,11 @@ AP_EXPORT int ap_identity_save(const ap_identity_t *id, const char *path);
  * If two processes race to create the file, both end up with the same key
  * (the loser of the race loads the winner's file). */
 AP_EXPORT int ap_identity_load_or_create(ap_identity_t *out, const char *path, bool *created);
+/* After a failed ap_identity_load, _save or _load_or_create on this thread:
+ * one sentence naming the file and the cause ("... is accessible by group or
+ * others (mode 0644) ...", "cannot open ...: No such file or directory"), for
+ * the caller's error message. "" when the last call gave no detail. */
+AP_EXPORT const char *ap_identity_last_error(void);
 
 /* Overwrites the secret key with zeros. */
 AP_EXPORT void ap_identity_wipe(ap_identity_t *id);

@@ -35,6 +35,21 @@ AP_EXPORT void ap_log_set_sink(ap_log_sink_fn fn, void *arg);
 AP_EXPORT void ap_log(ap_log_level_t level, const char *module, const char *fmt, ...)
     AP_PRINTF(3, 4);
 
+/* Rate limit for lines a remote party can trigger at will (bad input from
+ * unauthenticated connections): at most `burst` lines per `window_ms`; the
+ * rest are counted, and the next line that passes says how many were
+ * suppressed ("... (+123 similar suppressed in the last 10 s)"). One static
+ * ap_log_limit_t per call site, zero-initialised; thread-safe. */
+typedef struct ap_log_limit {
+    int64_t window_start_ms;
+    uint32_t burst, window_ms; /* 0 = 5 lines per 10,000 ms */
+    uint32_t in_window;
+    uint64_t suppressed;
+} ap_log_limit_t;
+
+AP_EXPORT void ap_log_limited(ap_log_limit_t *lim, ap_log_level_t level, const char *module,
+                              const char *fmt, ...) AP_PRINTF(4, 5);
+
 #define AP_LOG_ENABLED(lvl) ((lvl) >= ap_log_get_level())
 #define ap_debug(mod, ...)                                                                         \
     do {                                                                                           \

@@ -294,6 +294,12 @@ AP_EXPORT const ap_nn_optim_t *ap_collab_optim(const ap_collab_t *c);
 AP_EXPORT ap_nn_optim_t *ap_collab_optim_mut(ap_collab_t *c);
 AP_EXPORT void ap_collab_set_epoch(ap_collab_t *c, uint64_t epoch);
 
+/* Lets a pending submit go: its callback runs now with AP_ECANCELED (the
+ * batch stays counted; rounds in progress go on). For a caller that must
+ * stop (a signal, a deadline) while an epoch waits for peers that may never
+ * come. No-op when no submit is pending. Loop thread. */
+AP_EXPORT void ap_collab_release(ap_collab_t *c);
+
 /* ---- blocking wrappers for a user thread (real driver, apiary/node.h) -------- */
 
 /* ap_collab_new / _free on the loop thread. */
@@ -302,6 +308,9 @@ AP_EXPORT int ap_collab_new_sync(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *s
                                  const ap_nn_view_t *views, size_t nviews, ap_collab_t **out);
 AP_EXPORT void ap_collab_free_sync(ap_rt_t *rt, ap_collab_t *c);
 AP_EXPORT int ap_collab_start_sync(ap_collab_t *c);
+/* ap_collab_release on the loop thread, from any other thread (e.g. a
+ * watchdog while the training thread is blocked in ap_collab_submit_sync). */
+AP_EXPORT void ap_collab_release_sync(ap_collab_t *c);
 /* Blocks until the submit's callback; returns its status. */
 AP_EXPORT int ap_collab_submit_sync(ap_collab_t *c, const float *grad, uint32_t samples,
                                     float loss);

@@ -88,3 +88,42 @@ void ap_log(ap_log_level_t level, const char *module, const char *fmt, ...)
     }
     fwrite(line, 1, (size_t)n, stderr);
 }
+
+static pthread_mutex_t limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void ap_log_limited(ap_log_limit_t *lim, ap_log_level_t level, const char *module, const char *fmt,
+                    ...)
+{
+    if (level < ap_log_get_level() || level >= AP_LOG_OFF) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    uint64_t suppressed = 0;
+    pthread_mutex_lock(&limit_mu);
+    uint32_t burst = lim->burst ? lim->burst : 5;
+    uint32_t window = lim->window_ms ? lim->window_ms : 10000;
+    if (lim->in_window == 0 || now - lim->window_start_ms >= (int64_t)window) {
+        lim->window_start_ms = now;
+        lim->in_window = 0;
+    }
+    bool pass = lim->in_window < burst;
+    if (pass) {
+        lim->in_window++;
+        suppressed = lim->suppressed;
+        lim->suppressed = 0;
+    } else {
+        lim->suppressed++;
+    }
+    pthread_mutex_unlock(&limit_mu);
+    if (!pass) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (suppressed)
+        ap_log(level, module, "%s (+%llu similar lines suppressed)", msg,
+               (unsigned long long)suppressed);
+    else
+        ap_log(level, module, "%s", msg);
+}

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sodium.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -75,38 +76,58 @@ void ap_identity_wipe(ap_identity_t *id)
     sodium_memzero(id->sk, sizeof id->sk);
 }
 
+/* The cause of the last failed load or save on this thread, for the caller's
+ * message; also logged (a missing file, the normal start of
+ * load_or_create, is not). */
+static _Thread_local char last_error[512];
+
+const char *ap_identity_last_error(void)
+{
+    return last_error;
+}
+
+static int id_fail(int rc, const char *fmt, ...) AP_PRINTF(2, 3);
+static int id_fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    if (rc != AP_ENOTFOUND) ap_error(MOD, "%s", last_error);
+    return rc;
+}
+
 int ap_identity_load(ap_identity_t *out, const char *path)
 {
-    if (!path || !*path) return AP_EINVAL;
+    last_error[0] = 0;
+    if (!path || !*path) return id_fail(AP_EINVAL, "no identity file path given");
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
-        if (e == ENOENT) return AP_ENOTFOUND;
+        if (e == ENOENT) return id_fail(AP_ENOTFOUND, "identity file %s does not exist", path);
         if (e == ELOOP) {
-            ap_error(MOD, "identity file %s is a symbolic link; give the real path", path);
-            return AP_EPERM;
+            return id_fail(AP_EPERM, "identity file %s is a symbolic link; give the real path",
+                           path);
         }
-        ap_error(MOD, "cannot open identity file %s: %s", path, strerror(e));
-        return e == EACCES ? AP_EPERM : AP_EIO;
+        return id_fail(e == EACCES ? AP_EPERM : AP_EIO, "cannot open identity file %s: %s", path,
+                       strerror(e));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        ap_error(MOD, "cannot stat identity file %s: %s", path, strerror(errno));
+        int e = errno;
         close(fd);
-        return AP_EIO;
+        return id_fail(AP_EIO, "cannot stat identity file %s: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
-        ap_error(MOD, "identity file %s is not a regular file", path);
         close(fd);
-        return AP_EPERM;
+        return id_fail(AP_EPERM, "identity file %s is not a regular file", path);
     }
     if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-        ap_error(MOD,
-                 "identity file %s is accessible by group or others (mode %04o); the private key "
-                 "must stay private: run 'chmod 600 %s'",
-                 path, (unsigned)(st.st_mode & 07777), path);
         close(fd);
-        return AP_EPERM;
+        return id_fail(AP_EPERM,
+                       "identity file %s is accessible by group or others (mode %04o); the "
+                       "private key must stay private: run 'chmod 600 %s'",
+                       path, (unsigned)(st.st_mode & 07777), path);
     }
     /* Read one byte more than a valid file so an over-long file is caught. */
     uint8_t buf[AP_IDENTITY_FILE_LEN + 1];
@@ -115,10 +136,10 @@ int ap_identity_load(ap_identity_t *out, const char *path)
         ssize_t r = read(fd, buf + n, sizeof buf - n);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
-            ap_error(MOD, "cannot read identity file %s: %s", path, strerror(errno));
+            int e = errno;
             close(fd);
             sodium_memzero(buf, sizeof buf);
-            return AP_EIO;
+            return id_fail(AP_EIO, "cannot read identity file %s: %s", path, strerror(e));
         }
         if (r == 0) break;
         n += (size_t)r;
@@ -127,10 +148,11 @@ int ap_identity_load(ap_identity_t *out, const char *path)
     int rc = ap_identity_decode(out, buf, n);
     sodium_memzero(buf, sizeof buf);
     if (rc == AP_ECORRUPT)
-        ap_error(MOD,
-                 "identity file %s is corrupt (%zu bytes; expected a %d-byte libp2p Ed25519 "
-                 "private key); move it away to create a new identity",
-                 path, n, AP_IDENTITY_FILE_LEN);
+        return id_fail(rc,
+                       "identity file %s is corrupt (%zu bytes; expected a %d-byte libp2p "
+                       "Ed25519 private key); move it away to create a new identity",
+                       path, n, AP_IDENTITY_FILE_LEN);
+    if (rc != 0) return id_fail(rc, "identity file %s: %s", path, ap_strerror(rc));
     return rc;
 }
 
@@ -148,14 +170,17 @@ static int write_all(int fd, const uint8_t *p, size_t n)
 
 int ap_identity_save(const ap_identity_t *id, const char *path)
 {
-    if (!path || !*path) return AP_EINVAL;
+    last_error[0] = 0;
+    if (!path || !*path) return id_fail(AP_EINVAL, "no identity file path given");
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) return AP_EINVAL;
     /* mkstemp creates the file with mode 0600 and O_EXCL. */
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
-        ap_error(MOD, "cannot create identity file %s: %s", path, strerror(errno));
-        return errno == EACCES ? AP_EPERM : AP_EIO;
+        int e = errno;
+        return id_fail(e == EACCES ? AP_EPERM : AP_EIO,
+                       "cannot create identity file %s (temporary file %s): %s", path, tmp,
+                       strerror(e));
     }
     uint8_t buf[AP_IDENTITY_FILE_LEN];
     ap_identity_encode(id, buf);
@@ -167,9 +192,8 @@ int ap_identity_save(const ap_identity_t *id, const char *path)
         e = errno;
     }
     if (!ok) {
-        ap_error(MOD, "cannot write identity file %s: %s", path, strerror(e));
         unlink(tmp);
-        return AP_EIO;
+        return id_fail(AP_EIO, "cannot write identity file %s: %s", path, strerror(e));
     }
     /* link() never replaces an existing file, unlike rename(): a key that
      * someone already relies on is never silently overwritten. */
@@ -179,8 +203,8 @@ int ap_identity_save(const ap_identity_t *id, const char *path)
         if (e == EEXIST) {
             rc = AP_EEXIST;
         } else {
-            ap_error(MOD, "cannot create identity file %s: %s", path, strerror(e));
-            rc = e == EACCES ? AP_EPERM : AP_EIO;
+            rc = id_fail(e == EACCES ? AP_EPERM : AP_EIO, "cannot create identity file %s: %s",
+                         path, strerror(e));
         }
     }
     unlink(tmp);

@@ -139,11 +139,15 @@ int ap__secure_read(ap_secure_hs_t *hs, const uint8_t *msg, size_t len)
     rc = rs ? ap__secure_check_payload(payload, plen, rs, &hs->remote) : AP_ESTATE;
     sodium_memzero(payload, plen);
     if (rc != 0) {
+        /* the message was not accepted: the step keeps naming it (logs say
+         * "message 3", not the next one) */
+        hs->noise.step = step;
         hs->noise.failed = rc;
         return rc;
     }
     hs->has_remote = true;
     if (hs->has_expected && !ap_peer_id_eq(&hs->expected, &hs->remote)) {
+        hs->noise.step = step;
         hs->noise.failed = AP_EAUTH;
         return AP_EAUTH;
     }

@@ -69,7 +69,9 @@ int ap__secure_write(ap_secure_hs_t *hs, uint8_t *out, size_t cap, size_t *out_l
  *   AP_ECORRUPT  malformed message or payload (bad protobuf, wrong key type)
  *   AP_EAUTH     Noise decryption failed, bad signature, or the peer is not
  *                the expected PeerID (ap__secure_remote tells who it was)
- *   AP_ESTATE    not the peer's turn / handshake already failed */
+ *   AP_ESTATE    not the peer's turn / handshake already failed
+ * After a failure hs->noise.step + 1 is the number (1..3) of the message
+ * that failed, for the log line. */
 int ap__secure_read(ap_secure_hs_t *hs, const uint8_t *msg, size_t len);
 
 /* The authenticated remote PeerID, once known (NULL before). On an

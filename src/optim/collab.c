@@ -270,6 +270,11 @@ int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg)
     return 0;
 }
 
+void ap_collab_release(ap_collab_t *c)
+{
+    if (c && c->cb) ap__collab_release_user(c, AP_ECANCELED);
+}
+
 int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
                      ap_collab_fn cb, void *arg)
 {

@@ -82,6 +82,19 @@ static void do_submit(ap_rt_t *rt, void *arg, ap_sync_t *done)
     if (rc) ap_sync_complete(done, rc);
 }
 
+static void do_release(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    (void)rt;
+    ap_collab_release(((sync_args_t *)arg)->c);
+    ap_sync_complete(done, 0);
+}
+
+void ap_collab_release_sync(ap_collab_t *c)
+{
+    sync_args_t a = {.c = c};
+    ap_node_call_sync(c->rt, do_release, &a);
+}
+
 int ap_collab_submit_sync(ap_collab_t *c, const float *grad, uint32_t samples, float loss)
 {
     sync_args_t a = {.c = c, .grad = grad, .samples = samples, .loss = loss};

@@ -258,7 +258,7 @@ static void test_bad_input(void **state)
         sw_run_idle(s, 60000000);
         sent += 64;
         for (size_t i = 0; i < fr[round % 40].nst; i++) {
-            if (fr[round % 40].st[i] == AP_ELIMIT) refused++;
+            if (fr[round % 40].st[i] == AP_ERATE) refused++;
             if (fr[round % 40].st[i] == 0) accepted++;
         }
     }

@@ -60,6 +60,30 @@ static void test_log(void **state)
     ap_log_set_sink(NULL, NULL);
 }
 
+static void test_log_limited(void **state)
+{
+    (void)state;
+    ap_log_set_sink(sink, NULL);
+    ap_log_set_level(AP_LOG_WARN);
+    /* a window no test run can outlast: 3 lines pass, the rest are counted */
+    static ap_log_limit_t lim = {.burst = 3, .window_ms = 3600 * 1000};
+    sink_calls = 0;
+    for (int i = 0; i < 1000; i++) ap_log_limited(&lim, AP_LOG_WARN, "net", "bad input %d", i);
+    assert_int_equal(sink_calls, 3);
+    assert_string_equal(last_msg, "net:bad input 2");
+    assert_int_equal(lim.suppressed, 997);
+    /* the next window's first line carries the count */
+    lim.window_start_ms -= 3600 * 1000;
+    ap_log_limited(&lim, AP_LOG_WARN, "net", "bad input %d", 1000);
+    assert_int_equal(sink_calls, 4);
+    assert_string_equal(last_msg, "net:bad input 1000 (+997 similar lines suppressed)");
+    assert_int_equal(lim.suppressed, 0);
+    /* below the level: neither shown nor counted */
+    ap_log_limited(&lim, AP_LOG_INFO, "net", "quiet");
+    assert_int_equal(sink_calls, 4);
+    ap_log_set_sink(NULL, NULL);
+}
+
 static void test_buf_reader(void **state)
 {
     (void)state;
@@ -295,7 +319,7 @@ int main(void)
         cmocka_unit_test(test_buf_reader), cmocka_unit_test(test_varint),
         cmocka_unit_test(test_hex_base58), cmocka_unit_test(test_peer_id),
         cmocka_unit_test(test_arena),      cmocka_unit_test(test_pool),
-        cmocka_unit_test(test_u64map),
+        cmocka_unit_test(test_u64map),     cmocka_unit_test(test_log_limited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

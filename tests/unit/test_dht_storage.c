@@ -1,5 +1,5 @@
 /* DHT storage: latest-expiration-wins, dictionaries, expiry, limits, eviction,
- * per-peer rate limits. */
+ * per-peer rate limits, per-peer quotas and fair eviction. */
 #include "aptest.h"
 
 #include "apiary/dht.h"
@@ -128,7 +128,7 @@ static void test_limits_and_eviction(void **state)
     }
     /* a record expiring before all of them cannot evict anything */
     ap_dht_record_t early = R("early", NULL, "v", 999);
-    assert_int_equal(ap__dht_storage_put(&st, &early, NULL, false, now), AP_ELIMIT);
+    assert_int_equal(ap__dht_storage_put(&st, &early, NULL, false, now), AP_EFULL);
     /* a later one evicts the earliest-expiring (k0) */
     ap_dht_record_t late = R("late", NULL, "v", 5000);
     assert_ok(ap__dht_storage_put(&st, &late, NULL, false, now));
@@ -156,7 +156,7 @@ static void test_limits_and_eviction(void **state)
     memset(huge, 'y', sizeof huge - 1);
     huge[sizeof huge - 1] = 0;
     ap_dht_record_t h = R("h", NULL, huge, 300);
-    assert_int_equal(ap__dht_storage_put(&st, &h, NULL, false, 0), AP_ELIMIT);
+    assert_int_equal(ap__dht_storage_put(&st, &h, NULL, false, 0), AP_EFULL);
     assert_non_null(find(&st, "b2", 0)); /* stored data unaffected */
     ap__dht_storage_close(&st);
 }
@@ -174,10 +174,10 @@ static void test_rate_limit(void **state)
     ap_peer_id_from_ed25519(&p2, pk);
     uint64_t t = 1000;
     for (int i = 0; i < 5; i++) assert_ok(ap__dht_storage_charge(&st, &p1, t));
-    assert_int_equal(ap__dht_storage_charge(&st, &p1, t), AP_ELIMIT);
+    assert_int_equal(ap__dht_storage_charge(&st, &p1, t), AP_ERATE);
     assert_ok(ap__dht_storage_charge(&st, &p2, t));  /* other peers unaffected */
     assert_ok(ap__dht_storage_charge(&st, NULL, t)); /* local stores never limited */
-    assert_int_equal(ap__dht_storage_charge(&st, &p1, t + 59999999), AP_ELIMIT);
+    assert_int_equal(ap__dht_storage_charge(&st, &p1, t + 59999999), AP_ERATE);
     assert_ok(ap__dht_storage_charge(&st, &p1, t + 60000000)); /* next minute */
     /* many peers: the table stays bounded and each peer keeps its budget */
     for (int i = 0; i < 5000; i++) {
@@ -221,12 +221,134 @@ static void test_many_keys(void **state)
     ap__dht_storage_close(&st);
 }
 
+static ap_peer_id_t rand_peer(void)
+{
+    uint8_t pk[32];
+    randombytes_buf(pk, 32);
+    ap_peer_id_t p;
+    ap_peer_id_from_ed25519(&p, pk);
+    return p;
+}
+
+/* Counts every record and byte by walking the entries (the ground truth the
+ * per-contributor accounting must agree with). */
+static void walk_count(void *arg, ap__dht_sentry_t *e)
+{
+    size_t *c = arg;
+    for (size_t i = 0; i < e->nrecs; i++) {
+        c[0]++;
+        c[1] += e->recs[i]->bytes;
+    }
+}
+
+static void check_accounting(ap__dht_storage_t *st)
+{
+    size_t walked[2] = {0, 0}, recs = 0, bytes = 0;
+    ap__dht_storage_foreach(st, walk_count, walked);
+    for (size_t i = 0; i < st->ncontribs; i++) {
+        assert_true(st->contribs[i]->nheap > 0); /* no empty contributor kept */
+        recs += st->contribs[i]->nheap;
+        bytes += st->contribs[i]->bytes;
+    }
+    assert_int_equal(recs, walked[0]);
+    assert_int_equal(bytes, walked[1]);
+    assert_int_equal(recs, ap__dht_storage_records(st));
+}
+
+static void test_quota(void **state)
+{
+    (void)state;
+    ap__dht_storage_t st;
+    ap__dht_storage_init(&st, 1000, 1 << 20, HOUR_MS, 0);
+    ap__dht_storage_set_quota(&st, 64 * 1024, 5);
+    ap_peer_id_t a = rand_peer(), b = rand_peer();
+    char key[32];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "a%d", i);
+        ap_dht_record_t r = R(key, NULL, "v", 1000 + i);
+        assert_ok(ap__dht_storage_put_from(&st, &a, &r, NULL, false, 0));
+    }
+    ap_dht_record_t r6 = R("a5", NULL, "v", 2000);
+    assert_int_equal(ap__dht_storage_put_from(&st, &a, &r6, NULL, false, 0), AP_EQUOTA);
+    /* replacing one of its own records costs no extra record */
+    ap_dht_record_t upd = R("a0", NULL, "v2", 3000);
+    assert_ok(ap__dht_storage_put_from(&st, &a, &upd, NULL, false, 0));
+    /* other peers and the node itself have their own budgets */
+    assert_ok(ap__dht_storage_put_from(&st, &b, &r6, NULL, false, 0));
+    ap_dht_record_t loc = R("mine", NULL, "v", 3000);
+    assert_ok(ap__dht_storage_put(&st, &loc, NULL, false, 0));
+    size_t n, by;
+    ap__dht_storage_held(&st, &a, &n, &by);
+    assert_int_equal(n, 5);
+    ap__dht_storage_held(&st, &b, &n, &by);
+    assert_int_equal(n, 1);
+    /* byte quota */
+    static char big[40 * 1024];
+    memset(big, 'x', sizeof big - 1);
+    ap_dht_record_t b1 = R("b-big1", NULL, big, 3000), b2 = R("b-big2", NULL, big, 3000);
+    assert_ok(ap__dht_storage_put_from(&st, &b, &b1, NULL, false, 0));
+    assert_int_equal(ap__dht_storage_put_from(&st, &b, &b2, NULL, false, 0), AP_EQUOTA);
+    check_accounting(&st);
+    /* expiry releases the quota */
+    ap__dht_storage_expire(&st, 1500);
+    ap__dht_storage_held(&st, &a, &n, &by);
+    assert_int_equal(n, 1);
+    ap_dht_record_t r7 = R("a7", NULL, "v", 4000);
+    assert_ok(ap__dht_storage_put_from(&st, &a, &r7, NULL, false, 0));
+    check_accounting(&st);
+    ap__dht_storage_close(&st);
+}
+
+/* A writer filling the store with long-lived records never pushes out what
+ * a small contributor stored before: the largest contributor pays. */
+static void test_fair_eviction(void **state)
+{
+    (void)state;
+    ap__dht_storage_t st;
+    ap__dht_storage_init(&st, 100, 1 << 20, 24 * HOUR_MS, 0);
+    ap__dht_storage_set_quota(&st, SIZE_MAX, SIZE_MAX); /* eviction alone must protect */
+    ap_peer_id_t legit = rand_peer(), hostile = rand_peer();
+    ap_dht_record_t keep = R("legit", NULL, "value", 3600 * 1000);
+    assert_ok(ap__dht_storage_put_from(&st, &legit, &keep, NULL, false, 0));
+    char key[32];
+    int stored = 0;
+    for (int i = 0; i < 2000; i++) {
+        snprintf(key, sizeof key, "flood-%d", i);
+        ap_dht_record_t r = R(key, NULL, "x", 23 * 3600 * 1000 + i);
+        if (ap__dht_storage_put_from(&st, &hostile, &r, NULL, false, 0) == 0) stored++;
+    }
+    assert_int_equal(stored, 2000); /* it evicts its own oldest records */
+    assert_non_null(find(&st, "legit", 0));
+    assert_true(st.evicted >= 1900);
+    assert_int_equal(ap__dht_storage_records(&st), 100);
+    check_accounting(&st);
+    /* a sybil crowd: many identities of one record each still take from the
+     * largest first; the legitimate record survives as long as anyone holds more */
+    ap_peer_id_t other = rand_peer();
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof key, "o-%d", i);
+        ap_dht_record_t r = R(key, NULL, "y", 1000 + i);
+        assert_ok(ap__dht_storage_put_from(&st, &other, &r, NULL, false, 0));
+    }
+    assert_non_null(find(&st, "legit", 0));
+    const ap__dht_contrib_t *big = ap__dht_storage_largest(&st);
+    assert_non_null(big);
+    assert_true(ap_peer_id_eq(&big->peer, &hostile));
+    check_accounting(&st);
+    /* the store's own key being replaced while full */
+    ap_dht_record_t keep2 = R("legit", NULL, "value2", 7200 * 1000);
+    assert_ok(ap__dht_storage_put_from(&st, &legit, &keep2, NULL, false, 0));
+    check_accounting(&st);
+    ap__dht_storage_close(&st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_latest_wins),         cmocka_unit_test(test_dictionary),
         cmocka_unit_test(test_limits_and_eviction), cmocka_unit_test(test_rate_limit),
-        cmocka_unit_test(test_many_keys),
+        cmocka_unit_test(test_many_keys),           cmocka_unit_test(test_quota),
+        cmocka_unit_test(test_fair_eviction),
     };
     if (sodium_init() < 0) return 1;
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -553,6 +553,24 @@ static void test_secure_handshake(void **state)
     assert_ok(ap__secure_init(&b, &cb, false, NULL, NULL));
     assert_int_equal(run_secure(&a, &b, &side), AP_ECORRUPT);
     assert_int_equal(side, 1);
+    assert_int_equal(b.noise.step + 1, 3); /* the message that failed */
+    /* a bad signature in message 3: logged as message 3 */
+    forged = ca;
+    assert_ok(ap__secure_make_payload(&ca.id, cc.s_pub, forged.payload, sizeof forged.payload,
+                                      &forged.payload_len));
+    assert_ok(ap__secure_init(&a, &forged, true, NULL, NULL));
+    assert_ok(ap__secure_init(&b, &cb, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_EAUTH);
+    assert_int_equal(side, 1);
+    assert_int_equal(b.noise.step + 1, 3);
+    /* and one in message 2 as message 2 */
+    forged = cb;
+    assert_ok(ap__secure_make_payload(&cb.id, cc.s_pub, forged.payload, sizeof forged.payload,
+                                      &forged.payload_len));
+    assert_ok(ap__secure_init(&a, &ca, true, NULL, NULL));
+    assert_ok(ap__secure_init(&b, &forged, false, NULL, NULL));
+    assert_int_equal(run_secure(&a, &b, &side), AP_EAUTH);
+    assert_int_equal(a.noise.step + 1, 2);
 }
 
 static void test_secure_payload_checks(void **state)

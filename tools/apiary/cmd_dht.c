@@ -10,6 +10,7 @@
 #include "apiary/node.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,7 +25,9 @@ static void usage(FILE *f)
     fprintf(
         f, "usage: apiary dht [options]                          run a DHT node until Ctrl-C\n"
            "       apiary dht get KEY [--latest] [options]       print the value(s) of KEY\n"
-           "       apiary dht store KEY VALUE --ttl S [--subkey SK] [options]\n\n"
+           "       apiary dht store KEY VALUE --ttl S [--subkey SK] [options]\n"
+           "       apiary dht store KEY --value-file PATH|- --ttl S [...]  value from a file or "
+           "stdin\n\n"
            "options:\n"
            "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0 for a node,\n"
            "                            /ip4/127.0.0.1/tcp/0 for get/store)\n"
@@ -39,6 +42,8 @@ static void usage(FILE *f)
            "  --latest                  get: ask the k nearest nodes and return the newest value\n"
            "  --ttl S                   store: the record lives S seconds (required)\n"
            "  --subkey SK               store: write one entry of KEY's dictionary\n"
+           "  --value-file PATH|-       store: the value is this file's bytes (- = stdin),\n"
+           "                            at most 64 KiB\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n");
 }
 
@@ -58,6 +63,7 @@ typedef struct opts {
     bool client, latest;
     long ttl;
     const char *subkey;
+    const char *value_file;
     int stats_interval;
 } opts_t;
 
@@ -116,7 +122,7 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
         int rc = ap_identity_load_or_create(&id, o->identity, &created);
         if (rc) {
             fprintf(stderr, "apiary dht: cannot use identity file %s: %s\n", o->identity,
-                    ap_strerror(rc));
+                    *ap_identity_last_error() ? ap_identity_last_error() : ap_strerror(rc));
             return rc;
         }
         if (created) fprintf(stderr, "apiary dht: created identity file %s\n", o->identity);
@@ -204,8 +210,66 @@ static int run_get(const opts_t *o, const char *key)
     return exit_code;
 }
 
+/* Reads at most AP_DHT_VALUE_MAX bytes of path ("-" = stdin) into buf. */
+static int read_value(const char *path, uint8_t *buf, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "apiary dht store: cannot open %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t n = fread(buf, 1, AP_DHT_VALUE_MAX + 1, f);
+    bool err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (err) {
+        fprintf(stderr, "apiary dht store: cannot read %s\n", path);
+        return -1;
+    }
+    if (n > AP_DHT_VALUE_MAX) {
+        fprintf(stderr, "apiary dht store: %s is over the %u-byte value limit\n", path,
+                AP_DHT_VALUE_MAX);
+        return -1;
+    }
+    *len = n;
+    return 0;
+}
+
+/* What a refusal means, with the limit that was hit. */
+static const char *store_reason(int rc)
+{
+    switch (rc) {
+    case AP_EQUOTA:
+        return "the nodes refused it: this peer's storage quota there is used up (bytes or "
+               "records per peer); let some of its records expire or store from another node";
+    case AP_EFULL:
+        return "the nodes refused it: their storage is full of records that expire later and "
+               "none can be evicted for this one; retry later or use a longer --ttl";
+    case AP_ERATE:
+        return "the nodes refused it: this peer exceeded their stores-per-minute rate limit; "
+               "retry in a minute";
+    case AP_EMSGSIZE:
+        return "the record is over the size limits (key 1 KiB, subkey 1 KiB, value 64 KiB)";
+    case AP_ERANGE:
+        return "--ttl is beyond the nodes' maximum record lifetime";
+    case AP_ESTALE:
+        return "the nodes hold a value of this key that expires later (newest expiration wins)";
+    default:
+        return ap_strerror(rc);
+    }
+}
+
 static int run_store(const opts_t *o, const char *key, const char *value)
 {
+    static uint8_t filebuf[AP_DHT_VALUE_MAX + 1];
+    size_t vlen = value ? strlen(value) : 0;
+    if (o->value_file) {
+        if (read_value(o->value_file, filebuf, &vlen)) return 1;
+        value = (const char *)filebuf;
+    } else if (vlen > AP_DHT_VALUE_MAX) {
+        fprintf(stderr, "apiary dht store: the value is over the %u-byte limit\n",
+                AP_DHT_VALUE_MAX);
+        return 1;
+    }
     node_t n;
     int rc = node_open(&n, o, "/ip4/127.0.0.1/tcp/0");
     if (rc) return 1;
@@ -216,12 +280,12 @@ static int run_store(const opts_t *o, const char *key, const char *value)
                          .subkey = (const uint8_t *)o->subkey,
                          .subkey_len = o->subkey ? strlen(o->subkey) : 0,
                          .value = (const uint8_t *)value,
-                         .value_len = strlen(value),
+                         .value_len = vlen,
                          .expiration_ms = now + (int64_t)o->ttl * 1000};
     int nstored = 0;
     rc = ap_dht_store_sync(n.dht, &r, &nstored);
     if (rc)
-        fprintf(stderr, "apiary dht store: %s\n", ap_strerror(rc));
+        fprintf(stderr, "apiary dht store: %s (%s)\n", store_reason(rc), ap_err_name(rc));
     else
         printf("stored on %d node%s\n", nstored, nstored == 1 ? "" : "s");
     node_close(&n);
@@ -282,6 +346,7 @@ static int dht_main(int argc, char **argv)
                                           {"latest", no_argument, NULL, 'x'},
                                           {"ttl", required_argument, NULL, 't'},
                                           {"subkey", required_argument, NULL, 's'},
+                                          {"value-file", required_argument, NULL, 'V'},
                                           {"stats-interval", required_argument, NULL, 'S'},
                                           {"log-level", required_argument, NULL, 'l'},
                                           {"help", no_argument, NULL, 'h'},
@@ -326,6 +391,9 @@ static int dht_main(int argc, char **argv)
         case 's':
             o.subkey = optarg;
             break;
+        case 'V':
+            o.value_file = optarg;
+            break;
         case 'S': {
             long long v_;
             if (!ap_cli_int("--stats-interval", optarg, 1, 86400, &v_)) goto out;
@@ -361,13 +429,13 @@ static int dht_main(int argc, char **argv)
         }
         o.client = true;
         rc = run_get(&o, argv[optind + 1]);
-    } else if (!strcmp(argv[optind], "store") && nargs == 3) {
+    } else if (!strcmp(argv[optind], "store") && nargs == (o.value_file ? 2 : 3)) {
         if (!o.npeers || o.ttl <= 0) {
             fprintf(stderr, "apiary dht store: needs --initial-peers and --ttl SECONDS\n");
             goto out;
         }
         o.client = true;
-        rc = run_store(&o, argv[optind + 1], argv[optind + 2]);
+        rc = run_store(&o, argv[optind + 1], o.value_file ? NULL : argv[optind + 2]);
     } else {
         usage(stderr);
     }

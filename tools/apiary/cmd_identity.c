@@ -63,8 +63,8 @@ static int identity_main(int argc, char **argv)
     bool created = false;
     int rc = ap_identity_load_or_create(&id, path, &created);
     if (rc != 0) {
-        /* the library logged the reason (permissions, corruption) */
-        fprintf(stderr, "apiary identity: cannot use %s: %s\n", path, ap_strerror(rc));
+        fprintf(stderr, "apiary identity: cannot use %s: %s\n", path,
+                *ap_identity_last_error() ? ap_identity_last_error() : ap_strerror(rc));
         return 1;
     }
     char s[AP_PEER_ID_STR_MAX];

@@ -3,6 +3,7 @@
  * host thread; this thread computes batches of the model kit's GPT (or MLP)
  * and hands them to the optimizer with the blocking wrappers. */
 #include "cli.h"
+#include "train_watch.h"
 
 #include "apiary/averager.h"
 #include "apiary/dht.h"
@@ -220,7 +221,7 @@ static int run(const topts_t *o)
         rc = ap_identity_load_or_create(&id, o->identity, &created);
         if (rc) {
             fprintf(stderr, "apiary train: cannot use identity file %s: %s\n", o->identity,
-                    ap_strerror(rc));
+                    *ap_identity_last_error() ? ap_identity_last_error() : ap_strerror(rc));
             ap_nn_model_free(m);
             ap_nn_text_free(text);
             return 1;
@@ -342,6 +343,8 @@ static int run(const topts_t *o)
     sigaction(SIGINT, &sig, NULL);
     sigaction(SIGTERM, &sig, NULL);
 
+    ap_train_watch_t *watch =
+        c && !o->aux ? ap_train_watch_start(c, &stop_flag, o->duration, o->target) : NULL;
     bool tty = isatty(STDOUT_FILENO);
     int32_t *in = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)o->batch * (size_t)T);
@@ -386,6 +389,7 @@ static int run(const topts_t *o)
             }
             if (r) {
                 fprintf(stderr, "apiary train: batch failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             if (o->slowdown > 0) {
@@ -394,9 +398,12 @@ static int run(const topts_t *o)
                 nanosleep(&ts, NULL);
             }
             compute_s += now_s() - tb;
+            ap_train_watch_submit(watch, true);
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
+            ap_train_watch_submit(watch, false);
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
+                rc = r;
                 break;
             }
             local_samples += (uint64_t)o->batch;
@@ -457,6 +464,8 @@ static int run(const topts_t *o)
             last_status = now;
         }
     }
+    ap_train_watch_stop(watch);
+    bool idle = !rc && c && !o->aux && local_samples == 0;
     if (c && ckpath[0]) {
         /* the last state (with delayed updates: also a step finished in the
          * background and not yet copied into the model) */
@@ -489,10 +498,10 @@ static int run(const topts_t *o)
         /* the shares of this peer's wall time (apiary bench train reads them) */
         if (el > 0) {
             double g = st.group_wait_us / 1e6, a = st.averaging_us / 1e6, d = st.download_us / 1e6;
-            double idle = el - compute_s - g - a - d;
+            double rest = el - compute_s - g - a - d;
             printf("time: compute %.3f | group %.3f | averaging %.3f | download %.3f | idle %.3f "
                    "| overshoot %.3f | epochs %llu\n",
-                   compute_s / el, g / el, a / el, d / el, idle > 0 ? idle / el : 0.0,
+                   compute_s / el, g / el, a / el, d / el, rest > 0 ? rest / el : 0.0,
                    overshoot_n ? overshoot_sum / (double)overshoot_n : 0.0,
                    (unsigned long long)overshoot_n);
         }
@@ -507,6 +516,10 @@ static int run(const topts_t *o)
     free(in);
     free(tg);
     free(x);
+    if (idle) {
+        fprintf(stderr, "apiary train: trained nothing (no batch was submitted)\n");
+        return 1;
+    }
     return rc ? 1 : 0;
 }
 

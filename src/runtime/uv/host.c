@@ -4,6 +4,9 @@
 
 #include "apiary/log.h"
 
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -268,8 +271,36 @@ static void on_async(uv_async_t *a)
 
 /* ---- host lifecycle ----------------------------------------------------------- */
 
+/* A peer that closes a connection while we write to it must cost an EPIPE,
+ * never the process: libuv writes sockets with write(2), which raises SIGPIPE.
+ * A handler the application installed is left alone. */
+static pthread_once_t sigpipe_once = PTHREAD_ONCE_INIT;
+
+static void ignore_sigpipe(void)
+{
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+        !(old.sa_flags & SA_SIGINFO))
+        signal(SIGPIPE, SIG_IGN);
+}
+
+/* Memory returns: after a burst (a peer's responses, a flood of records, a
+ * state download) glibc keeps the freed pages in its arenas, and the RSS
+ * stays at its peak. Every 2 s, when more than 32 MiB lie free in the
+ * arenas, give them back. */
+#define TRIM_PERIOD_MS 2000
+#define TRIM_FREE_MIN  (32u << 20)
+
+static void on_trim(uv_timer_t *t)
+{
+    (void)t;
+    struct mallinfo2 mi = mallinfo2();
+    if (mi.fordblks + mi.fsmblks > TRIM_FREE_MIN) malloc_trim(0);
+}
+
 ap_host_t *ap_host_new(void)
 {
+    pthread_once(&sigpipe_once, ignore_sigpipe);
     ap_host_t *h = calloc(1, sizeof *h);
     if (!h) return NULL;
     if (uv_loop_init(&h->loop) < 0) {
@@ -284,6 +315,9 @@ ap_host_t *ap_host_new(void)
     uv_timer_init(&h->loop, &h->timer);
     h->timer.data = h;
     uv_timer_init(&h->loop, &h->wake);
+    uv_timer_init(&h->loop, &h->trim);
+    uv_timer_start(&h->trim, on_trim, TRIM_PERIOD_MS, TRIM_PERIOD_MS);
+    uv_unref((uv_handle_t *)&h->trim); /* never keeps the loop alive */
     h->owner = uv_thread_self();
     return h;
 }
