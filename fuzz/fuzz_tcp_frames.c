@@ -1,5 +1,5 @@
 /* libFuzzer target: the encrypted transport's receive loop after the
- * handshake (src/net/tcp.c: 2-byte length prefix, partial-frame reassembly,
+ * handshake (src/net/tcp_io.c: 2-byte length prefix, partial-frame reassembly,
  * ChaCha20-Poly1305 open with the implicit nonce, keepalives) and the
  * hand-off of the plaintext to the node's stream multiplexer through
  * runtime/uv's TCP seam (tcp_conn.c -> mux_frame.c).

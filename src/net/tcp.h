@@ -134,7 +134,7 @@ int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len);
 int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n);
 size_t ap__tcp_queued(const ap_tcp_conn_t *c);
 /* Writes handed to libuv whose callback has not run yet (tests: the write
- * queue's pipelining, tcp.c "writing"). */
+ * queue's pipelining, tcp_io.c "writing"). */
 int ap__tcp_writes_inflight(const ap_tcp_conn_t *c);
 void ap__tcp_pause_read(ap_tcp_conn_t *c, bool paused);
 /* Sends what is queued, then closes; on_close(0) follows. */

@@ -919,7 +919,7 @@ static void test_dns_dial(void **state)
     free_nodes(ns);
 }
 
-/* The write queue's pipelining (tcp.c, "writing"): a small write is not held
+/* The write queue's pipelining (tcp_io.c, "writing"): a small write is not held
  * back by an earlier one that went straight into the kernel and only awaits
  * its callback (the mux's credit frames must reach the sender at once), but
  * at most WBLOCK_EARLY_MAX partly filled blocks go out that way; and what is

@@ -1,0 +1,207 @@
+/* Secure TCP transport: admission. Listening, accepting under the caps on
+ * connections and handshakes, the Noise XX handshake (both directions) and
+ * the choice between duplicate connections to one peer. */
+#include "net/tcp_impl.h"
+
+#include "apiary/error.h"
+#include "apiary/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- handshake ------------------------------------------------------------------- */
+
+static int hs_write(ap_tcp_conn_t *c)
+{
+    uint8_t m[AP_TCP_HS_MSG_MAX];
+    size_t n;
+    int rc = ap__secure_write(c->hs, m, sizeof m, &n);
+    if (rc == 0) rc = ap__tcp_queue_plain(c, m, n);
+    if (rc == 0) ap__tcp_flush(c);
+    return rc;
+}
+
+/* Both ends agree: between two connections to the same peer, keep the one
+ * dialled by the smaller PeerID; same dialler: keep the older one. */
+static bool new_wins(ap_tcp_t *t, ap_tcp_conn_t *old, ap_tcp_conn_t *nw)
+{
+    if (old->outbound == nw->outbound) return false;
+    const ap_peer_id_t *self = &t->creds.id.id;
+    bool self_smaller = ap_peer_id_cmp(self, &nw->peer) < 0;
+    /* the winner is the connection we dialled iff we are the smaller id */
+    return nw->outbound == self_smaller;
+}
+
+static void hs_finish(ap_tcp_conn_t *c)
+{
+    ap_tcp_t *t = c->t;
+    int rc = ap__secure_split(c->hs, &c->send, &c->recv);
+    free(c->hs);
+    c->hs = NULL;
+    if (rc) {
+        ap__tcp_conn_fail(c, AP_EPROTO, "handshake split failed");
+        return;
+    }
+    if (c->counted_hs) {
+        c->counted_hs = false;
+        t->nhandshaking--;
+    }
+    t->stats.handshakes_ok++;
+    ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
+    bool in_table = true;
+    if (old && t->cfg.keep_duplicates && old->outbound != c->outbound) {
+        /* both stay open; the layer above retires the loser (GOAWAY) */
+        t->stats.dup_kept++;
+        if (new_wins(t, old, c)) {
+            ap_debug(MOD, "duplicate connection %s %s: it becomes the peer's connection",
+                     c->outbound ? "to" : "from", c->who);
+            ap__tcp_table_remove(t, old);
+        } else {
+            ap_debug(MOD, "duplicate connection %s %s: kept open for the layer above",
+                     c->outbound ? "to" : "from", c->who);
+            in_table = false;
+        }
+    } else if (old) {
+        t->stats.dup_closed++;
+        if (!new_wins(t, old, c)) {
+            ap_debug(MOD, "duplicate connection %s %s: keeping the existing one",
+                     c->outbound ? "to" : "from", c->who);
+            /* waiting dials get the surviving connection */
+            while (c->reqs) {
+                dial_req_t *r = c->reqs;
+                c->reqs = r->next;
+                ap__tcp_dial_done(r, old->st == C_OPEN ? 0 : AP_ECLOSED, old);
+            }
+            ap__tcp_conn_abort(c, AP_EEXIST);
+            return;
+        }
+        ap_debug(MOD, "duplicate connection %s %s: replacing the existing one",
+                 c->outbound ? "to" : "from", c->who);
+        ap__tcp_conn_abort(old, AP_EEXIST);
+    }
+    if (in_table && ap__tcp_table_insert(t, c) != 0) {
+        ap__tcp_conn_abort(c, AP_ENOMEM);
+        return;
+    }
+    c->st = C_OPEN;
+    t->stats.open++;
+    c->announced = true;
+    c->last_app = c->last_rx = c->last_tx = ap__tcp_now_ms(t);
+    ap_info(MOD, "connection %s %s open", c->outbound ? "to" : "from", c->who);
+    if (t->cbs.on_conn) t->cbs.on_conn(t->arg, c);
+    ap__tcp_dials_done(c, c->st == C_OPEN ? 0 : AP_ECLOSED);
+}
+
+void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n)
+{
+    int rc = ap__secure_read(c->hs, m, n);
+    if (rc != 0) {
+        const ap_peer_id_t *who = ap__secure_remote(c->hs);
+        if (who) {
+            c->peer = *who;
+            ap__tcp_set_who_peer(c);
+        }
+        if (rc == AP_EAUTH && who && c->has_expected) {
+            char want[AP_PEER_ID_STR_MAX], got[AP_PEER_ID_STR_MAX];
+            ap__tcp_conn_fail(c, AP_EAUTH, "expected peer %s but it is %s",
+                              ap_peer_id_str(&c->expected, want), ap_peer_id_str(who, got));
+        } else {
+            ap__tcp_conn_fail(c, rc, "handshake message %d rejected", c->hs->noise.step + 1);
+        }
+        return;
+    }
+    if (ap__secure_remote(c->hs) && !c->has_peer) {
+        c->peer = *ap__secure_remote(c->hs);
+        c->has_peer = true;
+        ap__tcp_set_who_peer(c);
+    }
+    if (ap__secure_my_turn(c->hs) && (rc = hs_write(c)) != 0) {
+        ap__tcp_conn_fail(c, rc, "cannot write handshake message");
+        return;
+    }
+    if (ap__secure_done(c->hs)) hs_finish(c);
+}
+
+int ap__tcp_hs_start(ap_tcp_conn_t *c)
+{
+    ap_tcp_t *t = c->t;
+    c->hs = malloc(sizeof *c->hs);
+    if (!c->hs) return AP_ENOMEM;
+    int rc = ap__secure_init_prologue(c->hs, &t->creds, c->outbound,
+                                      c->has_expected ? &c->expected : NULL, NULL,
+                                      (const uint8_t *)AP_TCP_PROLOGUE, strlen(AP_TCP_PROLOGUE));
+    if (rc) return rc;
+    c->st = C_HANDSHAKE;
+    c->last_rx = c->last_tx = ap__tcp_now_ms(t);
+    uv_tcp_nodelay(&c->h, 1);
+    ap__tcp_start_reading(c);
+    if (c->outbound) return hs_write(c);
+    return 0;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    ap_tcp_t *t = server->data;
+    if (status < 0 || t->closing) return;
+    ap_tcp_conn_t *c = ap__tcp_conn_new(t, false);
+    if (!c) return;
+    if (uv_accept(server, (uv_stream_t *)&c->h) != 0) {
+        ap__tcp_conn_abort(c, AP_EIO);
+        return;
+    }
+    ap__tcp_set_who_addr(c);
+    /* Accept and drop over the caps, so the backlog never fills with
+     * connections nobody will serve. */
+    if (t->nconns > t->cfg.max_conns || t->nhandshaking >= t->cfg.max_handshakes) {
+        ap_debug(MOD, "refusing connection from %s: %zu connections, %zu handshakes", c->who,
+                 t->nconns - 1, t->nhandshaking);
+        ap__tcp_conn_abort(c, AP_ELIMIT);
+        return;
+    }
+    c->counted_hs = true;
+    t->nhandshaking++;
+    c->deadline = ap__tcp_now_ms(t) + t->cfg.handshake_timeout_ms;
+    int rc = ap__tcp_hs_start(c);
+    if (rc) ap__tcp_conn_abort(c, rc);
+}
+
+int ap__tcp_listen(ap_tcp_t *t, const char *multiaddr)
+{
+    if (t->closing) return AP_ESHUTDOWN;
+    if (t->nlisteners >= AP_TCP_MAX_LISTENERS) return AP_ELIMIT;
+    ap_multiaddr_t ma;
+    struct sockaddr_storage ss;
+    if (ap_multiaddr_parse(&ma, multiaddr) != 0 || ap_multiaddr_to_sockaddr(&ma, &ss, sizeof ss))
+        return AP_EADDR;
+    uv_tcp_t *l = malloc(sizeof *l);
+    if (!l) return AP_ENOMEM;
+    int rc = uv_tcp_init(t->loop, l);
+    if (rc) {
+        free(l);
+        return ap_err_from_errno(rc);
+    }
+    l->data = t;
+    t->handles++;
+    rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)l, 511, on_connection);
+    int len = sizeof ss;
+    if (rc == 0) rc = uv_tcp_getsockname(l, (struct sockaddr *)&ss, &len);
+    if (rc) {
+        ap_error(MOD, "cannot listen on %s: %s", multiaddr, uv_strerror(rc));
+        uv_close((uv_handle_t *)l, ap__tcp_listener_closed);
+        return ap_err_from_errno(rc);
+    }
+    t->listeners[t->nlisteners] = l;
+    ap_multiaddr_from_sockaddr(&t->listen_ma[t->nlisteners], &ss);
+    t->listen_ma[t->nlisteners].has_peer = true;
+    t->listen_ma[t->nlisteners].peer = t->creds.id.id;
+    t->nlisteners++;
+    return 0;
+}
+
+int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max)
+{
+    for (int i = 0; i < t->nlisteners && i < max; i++) out[i] = t->listen_ma[i];
+    return t->nlisteners;
+}

@@ -1,0 +1,144 @@
+/* Internals of the secure TCP transport, shared by its files:
+ *   tcp.c        the transport object, peer table, closing, the sweep, accessors
+ *   tcp_admit.c  listening, accepting under the caps, the handshake, duplicates
+ *   tcp_dial.c   resolving, connecting, completing dials
+ *   tcp_io.c     write blocks and queue, reading and framing
+ * The API is net/tcp.h. */
+#ifndef AP_NET_TCP_IMPL_H
+#define AP_NET_TCP_IMPL_H
+
+#include "base/buf.h"
+#include "net/secure.h"
+#include "net/tcp.h"
+
+#define MOD            "net"
+#define FRAME_MAX      (2u + AP_NOISE_MSG_MAX)
+#define DRAIN_MS       5000u
+#define BUF_RELEASE_MS 1000u
+
+typedef enum { C_CONNECTING, C_HANDSHAKE, C_OPEN, C_CLOSING } conn_state_t;
+
+typedef struct dial_req dial_req_t;
+typedef struct wblock wblock_t;
+struct dial_req {
+    ap_tcp_t *t;
+    ap_tcp_dial_fn cb;
+    void *arg;
+    ap_multiaddr_t ma;
+    uint64_t deadline;
+    ap_ma_resolve_t *res;
+    bool timed_out;
+    int status; /* for deferred completions */
+    dial_req_t *next, *prev;
+};
+
+/* Write blocks: small enough that a stream's bytes reach the peer in pieces
+ * well below a mux stream window (1 MiB by default), so the receiver opens
+ * one piece while this side seals the next; big enough that a busy
+ * connection costs one syscall per 256 KiB. */
+#define WBLOCK_CAP (256u * 1024u + 2048u) /* 4 whole maximal frames, 8 of the mux's */
+/* Writes made while a read is processed are held, to go out together (the
+ * mux's credit frames, echoes), at the latest after this much input. */
+#define RX_FLUSH_BYTES (128u * 1024u)
+/* Small tails (credit frames, RPC, echoes) are handed to libuv before
+ * earlier writes completed, at most this many writes in flight then. */
+#define WBLOCK_EARLY_MAX   2
+#define WBLOCK_EARLY_BYTES (16u * 1024u)
+
+struct wblock {
+    uv_write_t req;
+    wblock_t *next;
+    ap_tcp_conn_t *c;
+    size_t len;
+    bool submitted;
+    uint8_t data[WBLOCK_CAP];
+};
+
+struct ap_tcp_conn {
+    ap_tcp_t *t;
+    uv_tcp_t h;
+    uv_connect_t creq;
+    uv_write_t wreq;
+    conn_state_t st;
+    bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
+    bool has_expected;
+    bool in_read;        /* inside read_cb: the open tail waits (see flush) */
+    size_t rx_unflushed; /* bytes processed in this read since writes went out */
+    bool sink;           /* injected (fuzzing): no socket; written bytes are dropped */
+    ap_peer_id_t expected;
+    ap_peer_id_t peer; /* valid once authenticated */
+    bool has_peer;
+    int close_status;
+    char who[64]; /* short PeerID or remote address, for logs */
+    ap_secure_hs_t *hs;
+    ap_noise_cs_t send, recv;
+    uint8_t *part; /* partial frame */
+    size_t plen;
+    wblock_t *wq_head, *wq_tail, *wq_unsub, *spare;
+    int inflight, nspare;
+    size_t queued;
+    uint64_t deadline, last_rx, last_tx, last_app, write_started, drain_started;
+    dial_req_t *reqs; /* dials waiting for this connection */
+    void *user;
+    ap_tcp_conn_t *next, *prev; /* all connections */
+    ap_tcp_conn_t *hnext;       /* peer table chain */
+};
+
+struct ap_tcp {
+    uv_loop_t *loop;
+    ap_secure_creds_t creds;
+    ap_tcp_cfg_t cfg;
+    ap_tcp_cbs_t cbs;
+    void *arg;
+    uv_tcp_t *listeners[AP_TCP_MAX_LISTENERS];
+    ap_multiaddr_t listen_ma[AP_TCP_MAX_LISTENERS];
+    int nlisteners;
+    uv_timer_t sweep, kick;
+    uint64_t sweep_ms;
+    uint8_t *rbuf;
+    ap_tcp_conn_t *conns;
+    size_t nconns, nhandshaking;
+    ap_tcp_conn_t **table;
+    size_t table_cap, table_n;
+    dial_req_t *resolving, *deferred;
+    int handles;
+    bool closing;
+    void (*done)(void *);
+    void *done_arg;
+    ap_tcp_stats_t stats;
+};
+
+/* tcp.c */
+uint64_t ap__tcp_now_ms(ap_tcp_t *t);
+void ap__tcp_list_push(dial_req_t **head, dial_req_t *r);
+void ap__tcp_list_remove(dial_req_t **head, dial_req_t *r);
+/* Calls the close callback once every handle is closed. */
+void ap__tcp_maybe_finish(ap_tcp_t *t);
+void ap__tcp_set_who_addr(ap_tcp_conn_t *c); /* c->who: the remote address */
+void ap__tcp_set_who_peer(ap_tcp_conn_t *c); /* c->who: the short PeerID */
+int ap__tcp_table_insert(ap_tcp_t *t, ap_tcp_conn_t *c);
+void ap__tcp_table_remove(ap_tcp_t *t, ap_tcp_conn_t *c);
+ap_tcp_conn_t *ap__tcp_conn_new(ap_tcp_t *t, bool outbound);
+/* Closes c because of bad input or a failed peer: exactly one WARN line. */
+void ap__tcp_conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...) AP_PRINTF(3, 4);
+void ap__tcp_listener_closed(uv_handle_t *h);
+
+/* tcp_admit.c */
+int ap__tcp_hs_start(ap_tcp_conn_t *c);
+void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
+
+/* tcp_dial.c */
+void ap__tcp_dial_done(dial_req_t *r, int status, ap_tcp_conn_t *c);
+/* Completes every dial waiting for c. */
+void ap__tcp_dials_done(ap_tcp_conn_t *c, int status);
+
+/* tcp_io.c */
+void ap__tcp_wblocks_free(ap_tcp_conn_t *c);
+void ap__tcp_flush(ap_tcp_conn_t *c);
+int ap__tcp_queue_plain(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
+int ap__tcp_queue_sealed(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n, size_t total);
+void ap__tcp_start_reading(ap_tcp_conn_t *c);
+/* Bytes read from c's socket (or fed by a test). */
+void ap__tcp_process(ap_tcp_conn_t *c, uint8_t *p, size_t n);
+
+#endif
