@@ -4,6 +4,11 @@
  *   samples_per_s       global samples/s of N peers (field peers)
  *   scaling_efficiency  samples/s(N) / (N * samples/s(1)), baseline = the
  *                       single peer measured in the same run (peers 2, 4)
+ *   time_efficiency     the peers' mean compute share / the single peer's
+ *                       (peers 2, 4): the wall time the collaboration costs
+ *                       (waiting for groups, rounds, downloads, reports),
+ *                       independent of how much CPU other load leaves to the
+ *                       run, which scaling_efficiency also measures
  *   bytes_per_sample    bytes sent by all peers / samples (peers 2, 4)
  *   compute_share       per peer (field peer): the share of its wall time spent
  *                       computing batches; fields group (waiting for a group),
@@ -149,6 +154,7 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     double dur = c->quick ? 15 : 60;
     double sps[5] = {0}, bps[5] = {0}, spc[5] = {0};
     shares_t sh[8];
+    double share1 = 0; /* the single peer's compute share */
     bool dhtmm = false;
     for (int i = 1; i < argc; i++) { /* argv[0] is the bench's name */
         if (strcmp(argv[i], "--dht-matchmaking") == 0) {
@@ -174,7 +180,9 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
         ap_bench_report(c, "samples_per_s", sps[n], "samples/s", f);
         ap_bench_report(c, "samples_per_cpu_s", spc[n], "samples/cpu-s", f);
         /* per peer: where its wall time went, and the epochs' overshoot */
+        double share = 0;
         for (int i = 0; i < n; i++) {
+            share += sh[i].compute / n;
             char g[400];
             snprintf(g, sizeof g,
                      "%s,\"peer\":%d,\"group\":%.3f,\"averaging\":%.3f,\"download\":%.3f,"
@@ -183,11 +191,14 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
                      sh[i].overshoot, sh[i].epochs);
             ap_bench_report(c, "compute_share", sh[i].compute, "ratio", g);
         }
+        if (n == 1) share1 = share;
         if (n > 1) {
             char g[200];
             snprintf(g, sizeof g, "%s,\"single_peer_samples_per_s\":%.1f", f, sps[1]);
             ap_bench_report(c, "scaling_efficiency", sps[1] > 0 ? sps[n] / (n * sps[1]) : 0,
                             "ratio", g);
+            snprintf(g, sizeof g, "%s,\"single_peer_compute_share\":%.3f", f, share1);
+            ap_bench_report(c, "time_efficiency", share1 > 0 ? share / share1 : 0, "ratio", g);
             ap_bench_report(c, "bytes_per_sample", bps[n], "B", f);
         }
     }

@@ -63,7 +63,9 @@ static void usage(void)
            "  --average-state-every N   epochs between state averaging (default 5)\n"
            "  --max-epochs N            stop at this global epoch (default: never)\n"
            "  --duration S              stop after S seconds (default: never)\n"
-           "  --slowdown X              sleep X times the compute time after each batch\n"
+           "  --slowdown X              sleep X times the batch's compute time after each batch\n"
+           "                            (its CPU time if less than its wall time, so that other\n"
+           "                            load on the machine does not lengthen the sleep)\n"
            "  --seed N                  data order seed (default 1)\n"
            "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
            "  --delayed-updates         average and step in the background while the next\n"
@@ -144,6 +146,13 @@ static int save_checkpoint(const char *path, ap_collab_t *c, ap_nn_model_t *m, u
     if (!rc) rc = ap_nn_checkpoint_write(path, buf, len);
     free(buf);
     return rc;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static double now_s(void)
@@ -372,7 +381,7 @@ static int run(const topts_t *o)
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
         float loss = 0;
         if (!o->aux) {
-            double tb = now_s();
+            double tb = now_s(), cb = cpu_s();
             ap_nn_model_zero_grad(m);
             int r;
             if (gpt) {
@@ -393,7 +402,10 @@ static int run(const topts_t *o)
                 break;
             }
             if (o->slowdown > 0) {
-                double dt = (now_s() - tb) * o->slowdown;
+                /* a slower accelerator: X times the work, not X times the
+                 * time other processes held the cores meanwhile */
+                double wall = now_s() - tb, cpu = cpu_s() - cb;
+                double dt = (cpu > 0 && cpu < wall ? cpu : wall) * o->slowdown;
                 struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
                 nanosleep(&ts, NULL);
             }
