@@ -53,6 +53,8 @@ AP_EXPORT bool ap_host_run_until(ap_host_t *h, bool (*pred)(void *arg), void *ar
  * not be closed cleanly (a leak: a bug). */
 AP_EXPORT int ap_host_free(ap_host_t *h);
 
+#define AP_NODE_MAX_ANNOUNCE 4 /* ap_node_opts_t.announce entries */
+
 typedef struct ap_node_opts {
     /* Identity: a full libsodium Ed25519 secret key (64 bytes), or a 32-byte
      * seed, or neither (fresh random key). sk wins over seed. Copied. */
@@ -67,8 +69,21 @@ typedef struct ap_node_opts {
      * = any; ap_rt_listen_addrs reads the bound one back): the node then talks
      * TCP + Noise XX (docs/transport.md) and dials ip4/ip6/dns4/dns6 + /tcp
      * multiaddrs, e.g. ap_rt_dial(rt, "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...").
-     * A node is either in-process or TCP. */
+     * A node is either in-process or TCP.
+     * A wildcard host (0.0.0.0 or ::) is not an address a peer can dial: the
+     * node advertises (ap_rt_listen_addrs) the host's interface addresses of
+     * that family instead, with the bound port: every one that is not
+     * loopback (nor IPv6 link-local), read again every 10 s; the loopback
+     * address only when the host has no other. */
     const char *listen;
+    /* Addresses to advertise instead of the listen addresses, e.g. a public
+     * address in front of a port forward, "/ip4/203.0.113.7/tcp/4001": TCP
+     * multiaddrs (ip4/ip6/dns4/dns6 + /tcp, port not 0); a trailing /p2p/ID
+     * must be this node's id and is dropped. At most AP_NODE_MAX_ANNOUNCE;
+     * copied. AP_EADDR if one is malformed, AP_EINVAL for an in-process or
+     * dial-only node. Every protocol then advertises these. */
+    const char *const *announce;
+    int nannounce;
     /* TCP + Noise without a listener: the node only dials out (a client
      * behind NAT; its listen address list is empty). listen must be NULL. */
     bool dial_only;

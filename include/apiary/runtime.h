@@ -50,10 +50,12 @@ AP_EXPORT const ap_peer_id_t *ap_rt_self(ap_rt_t *rt);
 AP_EXPORT void ap_rt_sign(ap_rt_t *rt, const uint8_t *msg, size_t len,
                           uint8_t sig[AP_ED25519_SIG_LEN]);
 
-/* The node's listen addresses as multiaddr text (e.g. "/ip4/127.0.0.1/tcp/4001",
- * or "/sim/17" in the simulator), including the trailing "/p2p/<id>" only if
- * with_id. Writes up to max entries of AP_RT_ADDR_MAX bytes into addrs and
- * returns how many exist (may be more than max). */
+/* The addresses other peers should dial to reach this node, as multiaddr
+ * text (e.g. "/ip4/10.0.0.2/tcp/4001", or "/sim/17" in the simulator): the
+ * announced addresses if the node has any, else the listen addresses with a
+ * wildcard host replaced by the host's interface addresses (node.h), most
+ * preferred first; with the trailing "/p2p/<id>" only if with_id. Writes up to max entries of
+ * AP_RT_ADDR_MAX bytes into addrs and returns how many exist (may be more than max). */
 AP_EXPORT int ap_rt_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, bool with_id);
 
 /* ---- time and randomness ------------------------------------------------ */

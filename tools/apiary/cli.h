@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "apiary/runtime.h"
+
 typedef struct ap_cli_cmd {
     const char *name;
     int (*main)(int argc, char **argv); /* argv[0] is the subcommand name */
@@ -36,5 +38,15 @@ bool ap_cli_int(const char *flag, const char *text, long long min, long long max
 bool ap_cli_num(const char *flag, const char *text, double min, double max, double *out);
 /* A count with an optional K/M/G suffix: 0, or AP_EINVAL (nothing printed). */
 int ap_cli_count(const char *text, uint64_t *out);
+
+/* --announce TEXT: checks that it is a TCP multiaddr peers can dial (a host
+ * and a port > 0) and appends it to list (*n < AP_NODE_MAX_ANNOUNCE entries);
+ * otherwise prints the expected form and returns false. */
+bool ap_cli_announce(const char *text, const char **list, int *n);
+/* Whether a node whose advertised addresses are addrs can be reached by its
+ * initial peers: false (and a message naming the fix) when every address is
+ * loopback but a peer is on another host. */
+bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int naddrs,
+                            char *const *peers, int npeers);
 
 #endif

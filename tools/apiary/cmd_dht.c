@@ -55,7 +55,7 @@ static void on_signal(int sig)
 
 typedef struct opts {
     const char *listen;
-    const char *announce[AP_DHT_MAX_ANNOUNCE];
+    const char *announce[AP_NODE_MAX_ANNOUNCE];
     int nannounce;
     char *peers[MAX_PEERS];
     int npeers;
@@ -111,9 +111,13 @@ static void node_close(node_t *n)
     memset(n, 0, sizeof *n);
 }
 
-/* Starts host, node and DHT; bootstraps through the initial peers. */
+/* Starts host, node and DHT; bootstraps through the initial peers.
+ * dflt_listen NULL (a one-shot get or store): without --listen the node
+ * only dials out and its DHT is a client, so it never advertises an address
+ * nobody could dial back. */
 static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
 {
+    bool client = o->client || (!dflt_listen && !o->listen);
     memset(n, 0, sizeof *n);
     ap_identity_t id;
     bool have_id = false;
@@ -132,24 +136,32 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
     if (!n->host) return AP_ENOMEM;
     int rc = ap_host_start(n->host);
     ap_node_opts_t no = {.ed25519_sk = have_id ? id.sk : NULL,
-                         .listen = o->listen ? o->listen : dflt_listen};
+                         .listen = o->listen ? o->listen : dflt_listen,
+                         .dial_only = !o->listen && !dflt_listen,
+                         .announce = o->announce,
+                         .nannounce = o->nannounce};
     if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
-        fprintf(stderr, "apiary dht: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
+        fprintf(stderr, "apiary dht: cannot listen on %s: %s\n",
+                no.listen ? no.listen : "(no listen address)", ap_strerror(rc));
         node_close(n);
         return rc;
     }
     ap_dht_config_t cfg;
     ap_dht_config_default(&cfg);
-    cfg.client_mode = o->client;
-    for (int i = 0; i < o->nannounce; i++) cfg.announce[i] = o->announce[i];
-    cfg.nannounce = o->nannounce;
+    cfg.client_mode = client;
     rc = ap_dht_new_sync(n->rt, &cfg, &n->dht);
     if (rc) {
         fprintf(stderr, "apiary dht: cannot start the DHT: %s\n", ap_strerror(rc));
         node_close(n);
         return rc;
+    }
+    char addrs[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int na = client ? 0 : ap_node_call_sync(n->rt, addr_fn, addrs);
+    if (!client && !ap_cli_check_reachable("dht", addrs, na, o->peers, o->npeers)) {
+        node_close(n);
+        return AP_EUNREACH;
     }
     if (o->npeers) {
         rc = ap_dht_bootstrap_sync(n->dht, (const char *const *)o->peers, (size_t)o->npeers);
@@ -181,7 +193,7 @@ static void print_bytes(const uint8_t *p, size_t n)
 static int run_get(const opts_t *o, const char *key)
 {
     node_t n;
-    int rc = node_open(&n, o, "/ip4/127.0.0.1/tcp/0");
+    int rc = node_open(&n, o, NULL);
     if (rc) return 1;
     ap_dht_result_t *res = NULL;
     rc = ap_dht_get_sync(n.dht, (const uint8_t *)key, strlen(key), o->latest, &res);
@@ -271,7 +283,7 @@ static int run_store(const opts_t *o, const char *key, const char *value)
         return 1;
     }
     node_t n;
-    int rc = node_open(&n, o, "/ip4/127.0.0.1/tcp/0");
+    int rc = node_open(&n, o, NULL);
     if (rc) return 1;
     int64_t now = 0;
     ap_node_call_sync(n.rt, wall_fn, &now);
@@ -303,11 +315,7 @@ static int run_node(const opts_t *o)
     ap_peer_id_str(ap_rt_self(n.rt), id);
     printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");
     printf("share one of these with --initial-peers:\n");
-    if (o->nannounce) {
-        for (int i = 0; i < o->nannounce; i++) printf("  %s/p2p/%s\n", o->announce[i], id);
-    } else {
-        for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
-    }
+    for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
     fflush(stdout);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -360,12 +368,7 @@ static int dht_main(int argc, char **argv)
             o.listen = optarg;
             break;
         case 'A':
-            if (o.nannounce == AP_DHT_MAX_ANNOUNCE) {
-                fprintf(stderr, "apiary dht: at most %d --announce addresses\n",
-                        AP_DHT_MAX_ANNOUNCE);
-                goto out;
-            }
-            o.announce[o.nannounce++] = optarg;
+            if (!ap_cli_announce(optarg, o.announce, &o.nannounce)) goto out;
             break;
         case 'P':
             if (add_peers(&o, optarg)) goto out;

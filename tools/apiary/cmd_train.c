@@ -34,7 +34,10 @@ static void usage(void)
            "(from all peers) make one global step, as if it were one big-batch run.\n"
            "  --run-id ID               name of the collaboration (default apiary)\n"
            "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
-           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0)\n"
+           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0: every\n"
+           "                            interface, advertised as the host's addresses)\n"
+           "  --announce MULTIADDR      address peers should dial instead, e.g. a port\n"
+           "                            forward /ip4/203.0.113.7/tcp/4001 (repeatable, <= 4)\n"
            "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
            "  --target-batch-size N     samples per global epoch (default 256)\n"
            "  --batch-size N            local batch (default 8)\n"
@@ -90,6 +93,8 @@ static void on_signal(int sig)
 
 typedef struct topts {
     const char *run_id, *listen, *identity, *model, *data, *ckdir;
+    const char *announce[AP_NODE_MAX_ANNOUNCE];
+    int nannounce;
     char *peers[MAX_PEERS];
     int npeers;
     uint64_t target, max_epochs;
@@ -243,12 +248,22 @@ static int run(const topts_t *o)
     ap_node_opts_t no = {.ed25519_sk = have_id ? id.sk : NULL,
                          .listen = o->listen   ? o->listen
                                    : o->client ? "/ip4/127.0.0.1/tcp/0"
-                                               : "/ip4/0.0.0.0/tcp/0"};
+                                               : "/ip4/0.0.0.0/tcp/0",
+                         .announce = o->announce,
+                         .nannounce = o->client ? 0 : o->nannounce};
     if (!rc) rc = ap_node_new(host, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
         fprintf(stderr, "apiary train: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
         if (host) ap_host_free(host);
+        ap_nn_model_free(m);
+        ap_nn_text_free(text);
+        return 1;
+    }
+    char addrs[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int na = ap_node_call_sync(rt, addr_fn, addrs);
+    if (!o->client && !ap_cli_check_reachable("train", addrs, na, o->peers, o->npeers)) {
+        ap_host_free(host);
         ap_nn_model_free(m);
         ap_nn_text_free(text);
         return 1;
@@ -316,8 +331,6 @@ static int run(const topts_t *o)
             }
         }
     }
-    char addrs[4][AP_RT_ADDR_MAX];
-    int na = rc ? 0 : ap_node_call_sync(rt, addr_fn, addrs);
     char pid[AP_PEER_ID_STR_MAX];
     ap_peer_id_str(ap_rt_self(rt), pid);
     if (!rc) {
@@ -570,6 +583,7 @@ static int train_main(int argc, char **argv)
         {"run-id", required_argument, NULL, 'r'},
         {"initial-peers", required_argument, NULL, 'p'},
         {"listen", required_argument, NULL, 'L'},
+        {"announce", required_argument, NULL, 'A'},
         {"identity", required_argument, NULL, 'i'},
         {"target-batch-size", required_argument, NULL, 't'},
         {"batch-size", required_argument, NULL, 'b'},
@@ -616,6 +630,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'L':
             o.listen = optarg;
+            break;
+        case 'A':
+            if (!ap_cli_announce(optarg, o.announce, &o.nannounce)) return 2;
             break;
         case 'i':
             o.identity = optarg;

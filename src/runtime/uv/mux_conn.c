@@ -157,6 +157,7 @@ ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up)
     c->t = t;
     c->dec = dec;
     c->state = MC_DIALING;
+    c->book_next = -1;
     c->next_sid = t->dialer ? 1 : 2;
     c->credit = AP_MUX_CONN_WINDOW;
     c->rx_credit = AP_MUX_CONN_WINDOW;
@@ -196,9 +197,47 @@ static void dial_done(ap_dial_t *d, int status, const ap_peer_id_t *peer)
     free(d);
 }
 
+static void dial_timeout(ap_rt_t *rt, void *arg);
+
+/* An implicit dial whose address failed before the connection came up moves
+ * on to the peer's next older address: a peer may advertise several (one
+ * per interface) of which only some are reachable from here. Streams and
+ * calls waiting on c stay queued. Returns whether a new dial started. */
+static bool conn_redial(ap_mconn_t *c, int status)
+{
+    ap_node_t *n = c->node;
+    if (c->state != MC_DIALING || !c->known_peer || c->book_next < 0 || status == AP_EEXIST ||
+        atomic_load(&n->closing))
+        return false;
+    ap_book_t *b = NULL;
+    for (size_t i = 0; i < n->nbook && !b; i++)
+        if (ap_peer_id_eq(&n->book[i].peer, &c->peer)) b = &n->book[i];
+    if (!b) return false;
+    for (int k = c->book_next < b->n ? c->book_next : b->n - 1; k >= 0; k--) {
+        ap_conn_t *t;
+        if (ap__addr_dial(n, b->addrs[k], &t) < 0) continue;
+        ap_debug("mux", "dial to %s failed (%s): trying %s", c->short_id, ap_err_name(status),
+                 b->addrs[k]);
+        c->t->vt->close(c->t);
+        c->t = t;
+        c->next_sid = t->dialer ? 1 : 2;
+        t->user = c;
+        t->cbs = (ap_conn_cbs_t){.on_up = on_up,
+                                 .on_read = ap__mconn_on_read,
+                                 .on_drain = on_drain,
+                                 .on_close = on_close};
+        c->book_next = k - 1;
+        if (c->dial_timer) ap_rt_timer_stop(&n->rt, c->dial_timer);
+        c->dial_timer = ap_rt_timer_start(&n->rt, AP_MUX_DIAL_TIMEOUT_US, 0, dial_timeout, c);
+        return true;
+    }
+    return false;
+}
+
 void ap__mconn_fail(ap_mconn_t *c, int status, const char *why)
 {
     if (c->state == MC_DEAD) return;
+    if (c->t && conn_redial(c, status)) return;
     ap_node_t *n = c->node;
     bool was_up = c->state == MC_UP;
     c->state = MC_DEAD;
@@ -397,6 +436,7 @@ int ap__mconn_get(ap_node_t *n, const ap_peer_id_t *peer, ap_mconn_t **out)
                 return AP_ENOMEM;
             }
             conn_set_peer(c, peer);
+            c->book_next = k - 1;
             c->dial_timer = ap_rt_timer_start(&n->rt, AP_MUX_DIAL_TIMEOUT_US, 0, dial_timeout, c);
             *out = c;
             return 0;

@@ -184,18 +184,7 @@ void ap__node_run_soon(ap_node_t *n)
 
 static int uv_listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max, bool with_id)
 {
-    ap_node_t *n = (ap_node_t *)rt;
-    if (!n->addr[0]) return 0; /* a dial-only TCP node */
-    if (max >= 1) {
-        if (with_id) {
-            char id[AP_PEER_ID_STR_MAX];
-            snprintf(addrs[0], AP_RT_ADDR_MAX, "%.180s/p2p/%s", n->addr,
-                     ap_peer_id_str(&rt->self, id));
-        } else {
-            snprintf(addrs[0], AP_RT_ADDR_MAX, "%s", n->addr);
-        }
-    }
-    return 1;
+    return ap__node_addrs((ap_node_t *)rt, addrs, max, with_id);
 }
 
 static void uv_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
@@ -307,6 +296,10 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
         rc = o.dial_only ? AP_EINVAL : AP_EADDR;
     else
         rc = tp->listen(n, o.listen);
+    if (rc >= 0 && o.nannounce) {
+        rc = ap__node_set_announce(n, o.announce, o.nannounce);
+        if (rc < 0) tp->stop(n);
+    }
     if (rc < 0) {
         ap__rt_fini(&n->rt);
         free(n);

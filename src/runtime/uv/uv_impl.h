@@ -223,6 +223,9 @@ struct ap_mconn {
     uint32_t unacked;
     size_t rx_buffered; /* bytes in reassembly + paused queues */
     uint64_t dial_timer;
+    /* implicit dial: the next older address in the peer's book to try if this
+     * one fails before the connection is up (-1: none left) */
+    int book_next;
     /* GOAWAY (docs/protocol.md): no new streams on this connection once
      * either is set; closed when both are set and no stream is left, or when
      * drain_timer fires */
@@ -256,7 +259,14 @@ struct ap_node {
     const struct ap_uv_transport *transport; /* the one it listens on (node.c's table) */
     unsigned mem_no;                         /* mem.c's state: the node's number */
     struct ap_tcpc *tcpc;                    /* tcp_conn.c's state, or NULL */
-    char addr[AP_RT_ADDR_MAX];
+    char addr[AP_RT_ADDR_MAX];               /* the bound listen address ("" dial-only) */
+    /* What peers are told (addrs.c): the announced addresses, or for a
+     * wildcard listen address the interface addresses read at ifaddr_at. */
+    char announce[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int nannounce;
+    char ifaddr[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int nifaddr;
+    uint64_t ifaddr_at;
     ap_mconn_t *conns;
     ap_book_t *book;
     size_t nbook, book_cap;
@@ -272,6 +282,10 @@ struct ap_node {
     ap_mconn_t *flushq;
     bool processing;
 };
+
+/* addrs.c */
+int ap__node_set_announce(ap_node_t *n, const char *const *addrs, int naddrs);
+int ap__node_addrs(ap_node_t *n, char (*addrs)[AP_RT_ADDR_MAX], int max, bool with_id);
 
 /* node.c */
 int ap__node_defer(ap_node_t *n, void (*fn)(ap_node_t *, void *, int), void *arg, int status);

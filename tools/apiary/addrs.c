@@ -1,0 +1,65 @@
+/* The `apiary` command-line tool: the address flags shared by every
+ * long-running command (--announce) and the check that a node listening only
+ * on loopback is not asked to join peers on other hosts. */
+#include "cli.h"
+
+#include "apiary/multiaddr.h"
+#include "apiary/node.h"
+
+#include <stdio.h>
+#include <string.h>
+
+bool ap_cli_announce(const char *text, const char **list, int *n)
+{
+    ap_multiaddr_t ma;
+    if (*n >= AP_NODE_MAX_ANNOUNCE) {
+        fprintf(stderr, "apiary: at most %d --announce addresses\n", AP_NODE_MAX_ANNOUNCE);
+        return false;
+    }
+    if (!text || ap_multiaddr_parse(&ma, text) != 0 || ma.host == AP_MA_HOST_NONE || !ma.has_tcp ||
+        ma.port == 0) {
+        fprintf(stderr,
+                "apiary: --announce needs an address peers can dial, /ip4/A.B.C.D/tcp/PORT, "
+                "/ip6/ADDR/tcp/PORT or /dns4/NAME/tcp/PORT with PORT > 0 (got '%s')\n",
+                text ? text : "");
+        return false;
+    }
+    list[(*n)++] = text;
+    return true;
+}
+
+static bool is_loopback(const char *addr)
+{
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) != 0) return false;
+    static const uint8_t v6lo[16] = {[15] = 1};
+    switch (ma.host) {
+    case AP_MA_HOST_IP4:
+        return ma.ip[0] == 127;
+    case AP_MA_HOST_IP6:
+        return memcmp(ma.ip, v6lo, 16) == 0;
+    case AP_MA_HOST_DNS4:
+    case AP_MA_HOST_DNS6:
+        return strcmp(ma.dns, "localhost") == 0;
+    default:
+        return false;
+    }
+}
+
+bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int naddrs,
+                            char *const *peers, int npeers)
+{
+    for (int i = 0; i < naddrs; i++)
+        if (!is_loopback(addrs[i])) return true;
+    for (int i = 0; i < npeers; i++) {
+        if (is_loopback(peers[i])) continue;
+        fprintf(stderr,
+                "apiary %s: this node is reachable only on loopback (%s) but initial peer %s is "
+                "on another host, which could not reach it back; listen on a host address "
+                "(--listen /ip4/0.0.0.0/tcp/PORT) or give the address peers should dial "
+                "(--announce /ip4/A.B.C.D/tcp/PORT)\n",
+                cmd, naddrs ? addrs[0] : "no address", peers[i]);
+        return false;
+    }
+    return true;
+}
