@@ -14,7 +14,11 @@ PKGS=(
   libopenblas-dev       # sgemm for the model kit
   libcmocka-dev         # unit tests
   iproute2              # network namespaces for shaped-link tests
+  nodejs                # tests only: the js-libp2p peer of the libp2p interop tests
 )
+# npm installs that peer's pinned packages (tests/interop/js); Debian ships it
+# apart from nodejs, other nodejs builds include it.
+if ! command -v npm >/dev/null 2>&1; then PKGS+=(npm); fi
 if [ -n "${APIARY_EXTRA_PKGS:-}" ]; then
   # shellcheck disable=SC2206
   PKGS+=(${APIARY_EXTRA_PKGS})

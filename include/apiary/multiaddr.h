@@ -6,10 +6,18 @@
  * Examples: "/ip4/127.0.0.1/tcp/31337/p2p/12D3KooW...", "/dns4/example.org/tcp/4001".
  * "/ipfs/" is accepted as the old spelling of "/p2p/" and printed as "/p2p/".
  *
+ * Relayed (circuit relay v2) addresses: any of the above, or nothing, then
+ *     /p2p-circuit [/p2p/TARGET]
+ * e.g. "/ip4/1.2.3.4/tcp/4001/p2p/RELAY/p2p-circuit/p2p/TARGET" (reach TARGET
+ * through RELAY) or "/p2p-circuit" (listen through any relay). They are
+ * parsed, printed and encoded; ap_multiaddr_to_sockaddr refuses them (a
+ * circuit is not dialled directly).
+ *
  * The binary form is the multiaddr one: for each component a uvarint
- * protocol code (ip4 4, tcp 6, ip6 41, dns4 54, dns6 55, p2p 421) then its
- * value: ip4 4 bytes, ip6 16 bytes, tcp 2 bytes big-endian, dns4/dns6/p2p a
- * uvarint length then the bytes (p2p: the PeerID multihash).
+ * protocol code (ip4 4, tcp 6, ip6 41, dns4 54, dns6 55, p2p-circuit 290,
+ * p2p 421) then its value: ip4 4 bytes, ip6 16 bytes, tcp 2 bytes big-endian,
+ * p2p-circuit nothing, dns4/dns6/p2p a uvarint length then the bytes (p2p:
+ * the PeerID multihash).
  *
  * Parsing is strict (canonical decimal ports, valid IP text, DNS names of
  * letters, digits, '-', '_' and '.', ids that are Ed25519 PeerIDs) and
@@ -29,8 +37,8 @@ extern "C" {
 #endif
 
 #define AP_MA_DNS_MAX    253 /* longest DNS name */
-#define AP_MA_TEXT_MAX   384 /* text form incl. NUL always fits */
-#define AP_MA_BINARY_MAX 320 /* binary form always fits */
+#define AP_MA_TEXT_MAX   448 /* text form incl. NUL always fits */
+#define AP_MA_BINARY_MAX 384 /* binary form always fits */
 
 typedef enum ap_ma_host {
     AP_MA_HOST_NONE = 0, /* "/p2p/ID" only */
@@ -47,7 +55,10 @@ typedef struct ap_multiaddr {
     bool has_tcp;
     uint16_t port; /* valid if has_tcp; 0 allowed (listen) */
     bool has_peer;
-    ap_peer_id_t peer; /* valid if has_peer */
+    ap_peer_id_t peer; /* valid if has_peer (for a circuit: the relay) */
+    bool circuit;      /* "/p2p-circuit" follows the parts above */
+    bool has_dst;
+    ap_peer_id_t dst; /* circuit only: "/p2p/TARGET" after "/p2p-circuit" */
 } ap_multiaddr_t;
 
 /* Parses the text form. AP_EADDR (with no log line: callers log) on anything
@@ -67,7 +78,7 @@ AP_EXPORT bool ap_multiaddr_eq(const ap_multiaddr_t *a, const ap_multiaddr_t *b)
 
 /* Fills a sockaddr_in/sockaddr_in6 (in *ss, a struct sockaddr_storage) for an
  * ip4/ip6 address with a /tcp port. AP_EADDR if the address has a DNS host,
- * no host or no /tcp. */
+ * no host, no /tcp, or is a circuit. */
 AP_EXPORT int ap_multiaddr_to_sockaddr(const ap_multiaddr_t *ma, void *ss, size_t ss_len);
 /* Builds "/ip4|ip6/.../tcp/PORT" from a sockaddr_in/sockaddr_in6. */
 AP_EXPORT int ap_multiaddr_from_sockaddr(ap_multiaddr_t *out, const void *sa);

@@ -15,4 +15,12 @@ size_t ap__uvarint_put(uint8_t *out, uint64_t v);
 int ap__uvarint_get(const uint8_t *in, size_t len, uint64_t *out);
 size_t ap__uvarint_len(uint64_t v);
 
+/* The multiformats unsigned-varint (libp2p length prefixes): the same
+ * encoding, but at most AP_MF_UVARINT_MAX bytes (values below 2^63) and
+ * always minimal. Returns bytes consumed (> 0); AP_EAGAIN when in[0..len)
+ * is a valid but incomplete prefix (read more bytes); AP_ECORRUPT for an
+ * overlong or non-minimal encoding. */
+#define AP_MF_UVARINT_MAX 9
+int ap__mf_uvarint_get(const uint8_t *in, size_t len, uint64_t *out);
+
 #endif

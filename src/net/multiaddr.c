@@ -11,7 +11,15 @@
 #include <sys/socket.h>
 #include <uv.h>
 
-enum { CODE_IP4 = 4, CODE_TCP = 6, CODE_IP6 = 41, CODE_DNS4 = 54, CODE_DNS6 = 55, CODE_P2P = 421 };
+enum {
+    CODE_IP4 = 4,
+    CODE_TCP = 6,
+    CODE_IP6 = 41,
+    CODE_DNS4 = 54,
+    CODE_DNS6 = 55,
+    CODE_CIRCUIT = 290,
+    CODE_P2P = 421,
+};
 
 /* ---- validation helpers ------------------------------------------------- */
 
@@ -90,15 +98,26 @@ int ap_multiaddr_parse(ap_multiaddr_t *out, const char *text)
     const char *p = text;
     const char *part;
     size_t n;
-    enum { S_HOST, S_TCP, S_P2P, S_END } st = S_HOST;
+    enum { S_HOST, S_TCP, S_P2P, S_END, S_CIRCUIT, S_DST_END } st = S_HOST;
     char tmp[AP_MA_TEXT_MAX];
     if (*p == 0) return AP_EADDR;
     while (next_part(&p, &part, &n)) {
         if (!part || n == 0) return AP_EADDR;
+        if (part_is(part, n, "p2p-circuit")) { /* the one component without a value */
+            if (st == S_CIRCUIT || st == S_DST_END) return AP_EADDR;
+            ma.circuit = true;
+            st = S_CIRCUIT;
+            continue;
+        }
         const char *val;
         size_t vn;
         if (!next_part(&p, &val, &vn) || !val || vn == 0) return AP_EADDR;
-        if (st == S_HOST && (part_is(part, n, "ip4") || part_is(part, n, "ip6"))) {
+        if (st == S_CIRCUIT && (part_is(part, n, "p2p") || part_is(part, n, "ipfs"))) {
+            if (!component(tmp, sizeof tmp, val, vn)) return AP_EADDR;
+            if (ap_peer_id_parse(&ma.dst, tmp) != 0) return AP_EADDR;
+            ma.has_dst = true;
+            st = S_DST_END;
+        } else if (st == S_HOST && (part_is(part, n, "ip4") || part_is(part, n, "ip6"))) {
             bool v6 = part[2] == '6';
             if (!component(tmp, sizeof tmp, val, vn)) return AP_EADDR;
             if (inet_pton(v6 ? AF_INET6 : AF_INET, tmp, ma.ip) != 1) return AP_EADDR;
@@ -114,7 +133,7 @@ int ap_multiaddr_parse(ap_multiaddr_t *out, const char *text)
             if (!parse_port(val, vn, &ma.port)) return AP_EADDR;
             ma.has_tcp = true;
             st = S_P2P;
-        } else if (st != S_END && (part_is(part, n, "p2p") || part_is(part, n, "ipfs"))) {
+        } else if (st <= S_P2P && (part_is(part, n, "p2p") || part_is(part, n, "ipfs"))) {
             if (!component(tmp, sizeof tmp, val, vn)) return AP_EADDR;
             if (ap_peer_id_parse(&ma.peer, tmp) != 0) return AP_EADDR;
             ma.has_peer = true;
@@ -123,7 +142,7 @@ int ap_multiaddr_parse(ap_multiaddr_t *out, const char *text)
             return AP_EADDR;
         }
     }
-    if (ma.host == AP_MA_HOST_NONE && !ma.has_peer) return AP_EADDR;
+    if (ma.host == AP_MA_HOST_NONE && !ma.has_peer && !ma.circuit) return AP_EADDR;
     *out = ma;
     return 0;
 }
@@ -163,6 +182,11 @@ int ap_multiaddr_print(const ap_multiaddr_t *ma, char *buf, size_t cap)
         char id[AP_PEER_ID_STR_MAX];
         APPEND("/p2p/%s", ap_peer_id_str(&ma->peer, id));
     }
+    if (ma->circuit) APPEND("/p2p-circuit");
+    if (ma->circuit && ma->has_dst) {
+        char id[AP_PEER_ID_STR_MAX];
+        APPEND("/p2p/%s", ap_peer_id_str(&ma->dst, id));
+    }
 #undef APPEND
     return (int)len;
 }
@@ -195,7 +219,7 @@ int ap_multiaddr_encode(const ap_multiaddr_t *ma, uint8_t *out, size_t cap)
         break;
     }
     case AP_MA_HOST_NONE:
-        if (!ma->has_peer) return AP_EADDR;
+        if (!ma->has_peer && !ma->circuit) return AP_EADDR;
         break;
     default:
         return AP_EADDR;
@@ -211,6 +235,13 @@ int ap_multiaddr_encode(const ap_multiaddr_t *ma, uint8_t *out, size_t cap)
         memcpy(tmp + n, ma->peer.b, AP_PEER_ID_LEN);
         n += AP_PEER_ID_LEN;
     }
+    if (ma->circuit) n += ap__uvarint_put(tmp + n, CODE_CIRCUIT);
+    if (ma->circuit && ma->has_dst) {
+        n += ap__uvarint_put(tmp + n, CODE_P2P);
+        n += ap__uvarint_put(tmp + n, AP_PEER_ID_LEN);
+        memcpy(tmp + n, ma->dst.b, AP_PEER_ID_LEN);
+        n += AP_PEER_ID_LEN;
+    }
     if (n > cap) return AP_ERANGE;
     memcpy(out, tmp, n);
     return (int)n;
@@ -222,14 +253,27 @@ int ap_multiaddr_decode(ap_multiaddr_t *out, const uint8_t *data, size_t len)
     if (len == 0 || len > AP_MA_BINARY_MAX) return AP_EADDR;
     ap_multiaddr_t ma;
     memset(&ma, 0, sizeof ma);
-    enum { S_HOST, S_TCP, S_P2P, S_END } st = S_HOST;
+    enum { S_HOST, S_TCP, S_P2P, S_END, S_CIRCUIT, S_DST_END } st = S_HOST;
     size_t off = 0;
     while (off < len) {
         uint64_t code, vlen;
         int k = ap__uvarint_get(data + off, len - off, &code);
         if (k < 0) return AP_EADDR;
         off += (size_t)k;
-        if (st == S_HOST && (code == CODE_IP4 || code == CODE_IP6)) {
+        if (code == CODE_CIRCUIT) {
+            if (st == S_CIRCUIT || st == S_DST_END) return AP_EADDR;
+            ma.circuit = true;
+            st = S_CIRCUIT;
+        } else if (st == S_CIRCUIT && code == CODE_P2P) {
+            k = ap__uvarint_get(data + off, len - off, &vlen);
+            if (k < 0) return AP_EADDR;
+            off += (size_t)k;
+            if (vlen > len - off) return AP_EADDR;
+            if (ap_peer_id_from_bytes(&ma.dst, data + off, (size_t)vlen) != 0) return AP_EADDR;
+            off += (size_t)vlen;
+            ma.has_dst = true;
+            st = S_DST_END;
+        } else if (st == S_HOST && (code == CODE_IP4 || code == CODE_IP6)) {
             size_t w = code == CODE_IP4 ? 4 : 16;
             if (len - off < w) return AP_EADDR;
             memcpy(ma.ip, data + off, w);
@@ -253,7 +297,7 @@ int ap_multiaddr_decode(ap_multiaddr_t *out, const uint8_t *data, size_t len)
             off += 2;
             ma.has_tcp = true;
             st = S_P2P;
-        } else if (st != S_END && code == CODE_P2P) {
+        } else if (st <= S_P2P && code == CODE_P2P) {
             k = ap__uvarint_get(data + off, len - off, &vlen);
             if (k < 0) return AP_EADDR;
             off += (size_t)k;
@@ -266,7 +310,7 @@ int ap_multiaddr_decode(ap_multiaddr_t *out, const uint8_t *data, size_t len)
             return AP_EADDR;
         }
     }
-    if (ma.host == AP_MA_HOST_NONE && !ma.has_peer) return AP_EADDR;
+    if (ma.host == AP_MA_HOST_NONE && !ma.has_peer && !ma.circuit) return AP_EADDR;
     *out = ma;
     return 0;
 }
@@ -276,6 +320,8 @@ bool ap_multiaddr_eq(const ap_multiaddr_t *a, const ap_multiaddr_t *b)
     if (a->host != b->host || a->has_tcp != b->has_tcp || a->has_peer != b->has_peer) return false;
     if (a->has_tcp && a->port != b->port) return false;
     if (a->has_peer && !ap_peer_id_eq(&a->peer, &b->peer)) return false;
+    if (a->circuit != b->circuit || (a->circuit && a->has_dst != b->has_dst)) return false;
+    if (a->circuit && a->has_dst && !ap_peer_id_eq(&a->dst, &b->dst)) return false;
     switch (a->host) {
     case AP_MA_HOST_IP4:
         return memcmp(a->ip, b->ip, 4) == 0;
@@ -293,7 +339,7 @@ bool ap_multiaddr_eq(const ap_multiaddr_t *a, const ap_multiaddr_t *b)
 
 int ap_multiaddr_to_sockaddr(const ap_multiaddr_t *ma, void *ss, size_t ss_len)
 {
-    if (!ma->has_tcp) return AP_EADDR;
+    if (!ma->has_tcp || ma->circuit) return AP_EADDR;
     if (ma->host == AP_MA_HOST_IP4) {
         if (ss_len < sizeof(struct sockaddr_in)) return AP_EINVAL;
         struct sockaddr_in *sin = ss;
@@ -383,7 +429,7 @@ static void resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 int ap_multiaddr_resolve(ap_uv_loop_t *loop, const ap_multiaddr_t *ma, ap_ma_resolve_fn cb,
                          void *arg, ap_ma_resolve_t **out)
 {
-    if (!loop || !ma || !cb || ma->host == AP_MA_HOST_NONE) return AP_EADDR;
+    if (!loop || !ma || !cb || ma->host == AP_MA_HOST_NONE || ma->circuit) return AP_EADDR;
     ap_ma_resolve_t *r = calloc(1, sizeof *r);
     if (!r) return AP_ENOMEM;
     r->in = *ma;

@@ -196,6 +196,72 @@ static void test_binary(void **state)
     assert_int_equal(ap_multiaddr_decode(&ma, out, 0), AP_EADDR);
 }
 
+static void test_circuit(void **state)
+{
+    (void)state;
+    uint8_t seed[32] = {9};
+    ap_identity_t other;
+    assert_ok(ap_identity_from_seed(&other, seed));
+    char dst[AP_PEER_ID_STR_MAX], a[600], b[600];
+    ap_peer_id_str(&other.id, dst);
+    snprintf(a, sizeof a, "/ip4/1.2.3.4/tcp/4001/p2p/%s/p2p-circuit/p2p/%s", idtext, dst);
+    roundtrip(a, NULL);
+    snprintf(a, sizeof a, "/p2p-circuit/p2p/%s", dst);
+    roundtrip(a, NULL);
+    roundtrip("/p2p-circuit", NULL);
+    snprintf(a, sizeof a, "/dns6/example.org/tcp/1/ipfs/%s/p2p-circuit/ipfs/%s", idtext, dst);
+    snprintf(b, sizeof b, "/dns6/example.org/tcp/1/p2p/%s/p2p-circuit/p2p/%s", idtext, dst);
+    roundtrip(a, b);
+
+    ap_multiaddr_t ma;
+    snprintf(a, sizeof a, "/ip4/1.2.3.4/tcp/4001/p2p/%s/p2p-circuit/p2p/%s", idtext, dst);
+    assert_ok(ap_multiaddr_parse(&ma, a));
+    assert_true(ma.circuit && ma.has_peer && ma.has_dst);
+    assert_true(ap_peer_id_eq(&ma.peer, &pid));
+    assert_true(ap_peer_id_eq(&ma.dst, &other.id));
+    /* the binary form: ... a5 03 26 <relay> a2 02 a5 03 26 <target> */
+    uint8_t bin[AP_MA_BINARY_MAX];
+    int n = ap_multiaddr_encode(&ma, bin, sizeof bin);
+    assert_int_equal(n, 5 + 3 + 41 + 2 + 41);
+    assert_int_equal(bin[49], 0xa2); /* 290 */
+    assert_int_equal(bin[50], 0x02);
+    assert_memory_equal(bin + 54, other.id.b, AP_PEER_ID_LEN);
+    /* a circuit is not dialled directly, nor resolved */
+    struct sockaddr_storage ss;
+    assert_int_equal(ap_multiaddr_to_sockaddr(&ma, &ss, sizeof ss), AP_EADDR);
+    /* circuit and direct forms of the same relay differ */
+    ap_multiaddr_t direct;
+    snprintf(b, sizeof b, "/ip4/1.2.3.4/tcp/4001/p2p/%s", idtext);
+    assert_ok(ap_multiaddr_parse(&direct, b));
+    assert_false(ap_multiaddr_eq(&ma, &direct));
+
+    /* the longest form still fits the documented buffers */
+    char dns[254];
+    memset(dns, 'a', 253);
+    for (int i = 63; i < 253; i += 64) dns[i] = '.';
+    dns[253] = 0;
+    snprintf(a, sizeof a, "/dns6/%s/tcp/65535/p2p/%s/p2p-circuit/p2p/%s", dns, idtext, dst);
+    assert_true(strlen(a) < AP_MA_TEXT_MAX);
+    roundtrip(a, NULL);
+
+    /* rejects: twice, a value, something after the target, tcp after it */
+    const char *bad_fmt[] = {"/p2p-circuit/p2p-circuit",        "/p2p-circuit/tcp/1",
+                             "/p2p-circuit/p2p/%s/p2p/%s",      "/p2p-circuit/ip4/1.2.3.4",
+                             "/p2p-circuit/p2p/%s/p2p-circuit", "/p2p-circuit/p2p"};
+    for (size_t i = 0; i < sizeof bad_fmt / sizeof *bad_fmt; i++) {
+        snprintf(a, sizeof a, bad_fmt[i], dst, dst);
+        if (ap_multiaddr_parse(&ma, a) == 0) fail_msg("accepted %s", a);
+    }
+    const uint8_t bad1[] = {0xa2, 0x02, 0xa2, 0x02};             /* circuit twice */
+    const uint8_t bad2[] = {0xa2, 0x02, 0x06, 0x00, 0x01};       /* tcp after circuit */
+    const uint8_t bad3[] = {0xa2, 0x02, 0x04, 127, 0, 0, 1};     /* host after circuit */
+    const uint8_t bad4[] = {0xa2, 0x02, 0xa5, 0x03, 0x26, 0x00}; /* truncated target */
+    assert_int_equal(ap_multiaddr_decode(&ma, bad1, sizeof bad1), AP_EADDR);
+    assert_int_equal(ap_multiaddr_decode(&ma, bad2, sizeof bad2), AP_EADDR);
+    assert_int_equal(ap_multiaddr_decode(&ma, bad3, sizeof bad3), AP_EADDR);
+    assert_int_equal(ap_multiaddr_decode(&ma, bad4, sizeof bad4), AP_EADDR);
+}
+
 static void test_sockaddr(void **state)
 {
     (void)state;
@@ -273,7 +339,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_roundtrip), cmocka_unit_test(test_rejects),
         cmocka_unit_test(test_binary),         cmocka_unit_test(test_sockaddr),
-        cmocka_unit_test(test_resolve),
+        cmocka_unit_test(test_resolve),        cmocka_unit_test(test_circuit),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1,0 +1,274 @@
+/* libp2p connections over real loopback sockets, Apiary to Apiary: the
+ * upgrade (multistream-select /noise, Noise SHA-256, yamux chosen in the
+ * handshake), ping and identify (every field), an unknown protocol answered
+ * "na", a wrong expected PeerID refused; then `apiary ping` and
+ * `apiary identify --json` against a host in this process. */
+#include "aptest.h"
+
+#include "apiary/identity.h"
+#include "p2p/identify.h"
+#include "p2p/p2p_conn.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <uv.h>
+
+typedef struct ctx {
+    uv_loop_t loop;
+    ap_p2p_conn_t *conn;
+    bool ready, closed;
+    int close_status;
+    int stream_status, stream_closed;
+    uint8_t buf[AP_IDENTIFY_MSG_MAX + 16];
+    size_t len;
+    bool fin;
+} ctx_t;
+
+static void ready(ap_p2p_conn_t *c, void *arg)
+{
+    ((ctx_t *)arg)->ready = true;
+}
+static void closed(ap_p2p_conn_t *c, void *arg, int st)
+{
+    ctx_t *x = arg;
+    x->closed = true;
+    x->close_status = st;
+}
+static const ap_p2p_conn_cbs_t cbs = {ready, closed};
+
+static void s_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+{
+    ctx_t *x = ap__p2p_stream_udata(s);
+    assert_true(n <= sizeof x->buf - x->len);
+    memcpy(x->buf + x->len, p, n);
+    x->len += n;
+}
+static void s_fin(ap_p2p_stream_t *s)
+{
+    ((ctx_t *)ap__p2p_stream_udata(s))->fin = true;
+}
+static void s_close(ap_p2p_stream_t *s, int st)
+{
+    ctx_t *x = ap__p2p_stream_udata(s);
+    x->stream_closed++;
+    x->stream_status = st;
+}
+static void ping_open(ap_p2p_stream_t *s)
+{
+    assert_ok(ap__p2p_stream_write(s, (const uint8_t *)"0123456789abcdef0123456789ABCDEF", 32));
+}
+
+static const ap_p2p_proto_t ping_c = {AP_PING_PROTO, ping_open, s_data, s_fin, s_close};
+static const ap_p2p_proto_t id_c = {AP_IDENTIFY_PROTO, NULL, s_data, s_fin, s_close};
+static const ap_p2p_proto_t nope_c = {"/nope/1.0.0", NULL, s_data, s_fin, s_close};
+
+#define RUN_UNTIL(x, cond)                                                                         \
+    do {                                                                                           \
+        for (int ap__i = 0; !(cond) && ap__i < 100000; ap__i++) uv_run(&(x)->loop, UV_RUN_ONCE);   \
+        assert_true(cond);                                                                         \
+    } while (0)
+
+static void ident(ap_identity_t *id, uint8_t b)
+{
+    uint8_t seed[32];
+    memset(seed, b, sizeof seed);
+    assert_ok(ap_identity_from_seed(id, seed));
+}
+
+static void test_apiary_to_apiary(void **state)
+{
+    (void)state;
+    static ctx_t x;
+    memset(&x, 0, sizeof x);
+    uv_loop_init(&x.loop);
+    ap_identity_t ida, idb;
+    ident(&ida, 1);
+    ident(&idb, 2);
+    ap_p2p_host_t *a = ap__p2p_host_new(&x.loop, &ida, "apiary-test/1");
+    ap_p2p_host_t *b = ap__p2p_host_new(&x.loop, &idb, "apiary-test/2");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_ok(ap__p2p_host_serve_basics(a));
+    ap_multiaddr_t ma, bound;
+    assert_ok(ap_multiaddr_parse(&ma, "/ip4/127.0.0.1/tcp/0"));
+    assert_ok(ap__p2p_host_listen(a, &ma, &bound));
+    assert_true(bound.port != 0);
+    bound.has_peer = true;
+    bound.peer = ida.id;
+    assert_ok(ap__p2p_dial(b, &bound, &cbs, &x, &x.conn));
+    RUN_UNTIL(&x, x.ready || x.closed);
+    assert_true(x.ready);
+    assert_true(ap_peer_id_eq(ap__p2p_conn_peer(x.conn), &ida.id));
+    bool early = false;
+    assert_string_equal(ap__p2p_conn_muxer(x.conn, &early), "/yamux/1.0.0");
+    assert_true(early); /* both listed yamux in the Noise handshake */
+
+    /* ping: 32 bytes echoed */
+    assert_ok(ap__p2p_stream_open(x.conn, &ping_c, &x, NULL));
+    RUN_UNTIL(&x, x.len == 32);
+    assert_memory_equal(x.buf, "0123456789abcdef0123456789ABCDEF", 32);
+
+    /* identify */
+    x.len = 0;
+    x.fin = false;
+    assert_ok(ap__p2p_stream_open(x.conn, &id_c, &x, NULL));
+    RUN_UNTIL(&x, x.fin);
+    size_t hl, bl;
+    assert_int_equal(ap__identify_frame(x.buf, x.len, &hl, &bl), 1);
+    assert_int_equal(hl + bl, x.len);
+    static ap_identify_t info;
+    assert_ok(ap__identify_decode(x.buf + hl, bl, &info));
+    assert_string_equal(info.agent_version, "apiary-test/1");
+    assert_string_equal(info.protocol_version, "ipfs/0.1.0");
+    assert_true(info.has_id && ap_peer_id_eq(&info.id, &ida.id));
+    assert_int_equal(info.key_type, 1);
+    assert_int_equal(info.nlisten, 1);
+    assert_int_equal(info.listen[0].port, bound.port);
+    assert_true(info.has_observed);
+    assert_memory_equal(info.observed.ip, "\x7f\x00\x00\x01", 4);
+    assert_int_equal(info.nprotocols, 2);
+    assert_string_equal(info.protocols[0], "/ipfs/id/1.0.0");
+    assert_string_equal(info.protocols[1], "/ipfs/ping/1.0.0");
+
+    /* an unknown protocol: na, that stream fails, the connection lives */
+    int before = x.stream_closed;
+    assert_ok(ap__p2p_stream_open(x.conn, &nope_c, &x, NULL));
+    RUN_UNTIL(&x, x.stream_closed > before && x.stream_status == AP_ENOPROTO);
+    assert_false(x.closed);
+    x.len = 0;
+    assert_ok(ap__p2p_stream_open(x.conn, &ping_c, &x, NULL));
+    RUN_UNTIL(&x, x.len == 32);
+
+    ap__p2p_conn_close(x.conn);
+    RUN_UNTIL(&x, x.closed);
+    assert_int_equal(x.close_status, 0);
+
+    /* a wrong expected PeerID is refused */
+    memset(&x.ready, 0, sizeof x - offsetof(ctx_t, ready));
+    bound.peer = idb.id;
+    assert_ok(ap__p2p_dial(b, &bound, &cbs, &x, &x.conn));
+    RUN_UNTIL(&x, x.closed);
+    assert_false(x.ready);
+    assert_int_equal(x.close_status, AP_EAUTH);
+
+    ap__p2p_host_free(a);
+    ap__p2p_host_free(b);
+    uv_run(&x.loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&x.loop), 0);
+}
+
+/* ---- the CLI against a host served from a thread ---------------------------- */
+
+typedef struct srv {
+    uv_loop_t loop;
+    uv_async_t stop;
+    ap_p2p_host_t *h;
+    ap_multiaddr_t bound;
+    pthread_t th;
+} srv_t;
+
+static void stop_cb(uv_async_t *a)
+{
+    srv_t *s = a->data;
+    ap__p2p_host_free(s->h);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *serve(void *arg)
+{
+    srv_t *s = arg;
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static char *run_cli(const char *args, int *status)
+{
+    const char *cli = getenv("APIARY_CLI");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", cli, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void test_cli(void **state)
+{
+    (void)state;
+    if (!getenv("APIARY_CLI")) {
+        print_message("skipped: APIARY_CLI is not set\n");
+        return;
+    }
+    static srv_t s;
+    uv_loop_init(&s.loop);
+    ap_identity_t id, other;
+    ident(&id, 7);
+    ident(&other, 8);
+    s.h = ap__p2p_host_new(&s.loop, &id, "apiary-test/cli");
+    assert_ok(ap__p2p_host_serve_basics(s.h));
+    ap_multiaddr_t ma;
+    assert_ok(ap_multiaddr_parse(&ma, "/ip4/127.0.0.1/tcp/0"));
+    assert_ok(ap__p2p_host_listen(s.h, &ma, &s.bound));
+    uv_async_init(&s.loop, &s.stop, stop_cb);
+    s.stop.data = &s;
+    assert_int_equal(pthread_create(&s.th, NULL, serve, &s), 0);
+
+    char addr[AP_MA_TEXT_MAX], pid[AP_PEER_ID_STR_MAX], args[1024];
+    s.bound.has_peer = true;
+    s.bound.peer = id.id;
+    ap_multiaddr_print(&s.bound, addr, sizeof addr);
+    ap_peer_id_str(&id.id, pid);
+    int st;
+    snprintf(args, sizeof args, "ping %s --count 3", addr);
+    char *out = run_cli(args, &st);
+    if (st != 0) fail_msg("apiary ping: status %d: %s", st, out);
+    int lines = 0;
+    for (char *p = out; (p = strstr(p, "bytes from ")); p++) lines++;
+    assert_int_equal(lines, 3);
+    assert_non_null(strstr(out, pid));
+
+    snprintf(args, sizeof args, "identify %s --json", addr);
+    out = run_cli(args, &st);
+    if (st != 0) fail_msg("apiary identify: status %d: %s", st, out);
+    assert_non_null(strstr(out, "\"agent_version\":\"apiary-test/cli\""));
+    assert_non_null(strstr(out, "\"key_type\":\"Ed25519\",\"key_matches_peer\":true"));
+    assert_non_null(strstr(out, "\"protocols\":[\"/ipfs/id/1.0.0\",\"/ipfs/ping/1.0.0\"]"));
+    assert_non_null(strstr(out, "\"observed_addr\":\"/ip4/127.0.0.1/tcp/"));
+    assert_non_null(strstr(out, pid));
+
+    /* the wrong PeerID: refused, exit status 1 */
+    s.bound.peer = other.id;
+    ap_multiaddr_print(&s.bound, addr, sizeof addr);
+    snprintf(args, sizeof args, "ping %s --count 1", addr);
+    out = run_cli(args, &st);
+    assert_int_equal(st, 1);
+    assert_null(strstr(out, "bytes from"));
+    /* nobody listening */
+    snprintf(args, sizeof args, "ping /ip4/127.0.0.1/tcp/1 --count 1");
+    out = run_cli(args, &st);
+    assert_int_equal(st, 1);
+    /* usage errors */
+    out = run_cli("ping /dns4/example.org", &st);
+    assert_int_equal(st, 2);
+
+    uv_async_send(&s.stop);
+    pthread_join(s.th, NULL);
+    assert_int_equal(uv_loop_close(&s.loop), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_apiary_to_apiary),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
