@@ -15,10 +15,16 @@
  *   store_eviction     one identity stores 2,000 records of 60 KB with a 23 h
  *                      TTL; the legitimate record (1 h TTL, stored first) must
  *                      still be found after (legit_record_found)
- *   stalled_handshakes 300 connections that send half a handshake message and
- *                      stall, reopened as they are closed
+ *   stalled_handshakes 300 connections from 8 other loopback addresses that send
+ *                      half a handshake message and stall, reopened as they are
+ *                      closed
  *   held_connections   1,100 authenticated, idle connections from fresh
  *                      identities
+ *   zero_window        3 connections, each opening 1,000 FIND RPCs with a receive
+ *                      window of 0 for a ~900 KB answer (raw mux frames on the
+ *                      library's own authenticated connection)
+ *   partial_requests   12 connections, each sending 64 requests that declare
+ *                      1 MiB and carry 1 MiB - 1 byte, never finished
  *   handover           60 fresh server-mode identities join through a target
  *                      holding 256 records of 60 KB, then leave
  *   exact_mode_kill    3 `apiary train` peers in exact mode (one batch per peer
@@ -39,6 +45,8 @@
 
 #include "dht.pb-c.h"
 #include "dht/wire.h"
+#include "runtime/uv/frame.h"
+#include "runtime/uv/mux_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -287,6 +295,126 @@ static void send_finds(ap_rt_t *rt, void *arg, ap_sync_t *done)
     ap_sync_complete(done, 0);
 }
 
+/* Raw mux frames on the library's own connection to the target: streams
+ * this side's mux never opened (their ids are taken from its counter, so
+ * whatever the target answers on them is ignored here as stale). */
+typedef struct inject {
+    ap_peer_id_t peer;
+    bool partial; /* else zero-window FINDs */
+    int n;        /* streams to open */
+    const uint8_t *req;
+    size_t req_len; /* zero window: the FIND request */
+    int sent;
+} inject_t;
+
+static void inject_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    inject_t *in = arg;
+    ap_node_t *n = (ap_node_t *)rt;
+    ap_mconn_t *c = n->conns;
+    while (c && !(c->state == MC_UP && ap_peer_id_eq(&c->peer, &in->peer))) c = c->next;
+    if (!c) {
+        ap_sync_complete(done, AP_EUNREACH);
+        return;
+    }
+    static uint8_t chunk[AP_MUX_FRAG];
+    for (int i = 0; i < in->n && c->nstreams + 2 < AP_MUX_MAX_STREAMS; i++) {
+        uint32_t sid = c->next_sid;
+        c->next_sid += 2;
+        if (!in->partial) {
+            ap__frame_put_open(&c->obuf, sid, true, 0, AP_DHT_PROTO);
+            ap__frame_put_data(&c->obuf, sid, true, (uint32_t)in->req_len, in->req, in->req_len);
+        } else {
+            const uint32_t total = 1u << 20;
+            ap__frame_put_open(&c->obuf, sid, true, 1u << 20, AP_DHT_PROTO);
+            uint32_t sentb = 0;
+            while (sentb < total - 1) {
+                uint32_t k = total - 1 - sentb < AP_MUX_FRAG ? total - 1 - sentb : AP_MUX_FRAG;
+                ap__frame_put_data(&c->obuf, sid, sentb == 0, total, chunk, k);
+                sentb += k;
+            }
+        }
+        in->sent++;
+    }
+    ap__mconn_want_flush(c);
+    ap_sync_complete(done, 0);
+}
+
+static size_t find_request(const char *key, uint8_t *buf, size_t cap)
+{
+    uint8_t kid[AP_DHT_ID_LEN];
+    ap_dht_key_id((const uint8_t *)key, strlen(key), kid);
+    ProtobufCBinaryData ids[1] = {{AP_DHT_ID_LEN, kid}};
+    Apiary__Dht__FindRequest f = APIARY__DHT__FIND_REQUEST__INIT;
+    f.key_ids = ids;
+    f.n_key_ids = 1;
+    Apiary__Dht__Request r = APIARY__DHT__REQUEST__INIT;
+    r.body_case = APIARY__DHT__REQUEST__BODY_FIND;
+    r.find = &f;
+    if (apiary__dht__request__get_packed_size(&r) > cap) return 0;
+    return apiary__dht__request__pack(&r, buf);
+}
+
+static int store_big_dict(hctx_t *cx)
+{
+    client_t c;
+    int rc = client_open(&c, cx->host, cx->t.addr, false);
+    if (rc) return rc;
+    static uint8_t v[64000];
+    memset(v, 'p', sizeof v);
+    char sub[16];
+    for (int i = 0; i < 14; i++) {
+        snprintf(sub, sizeof sub, "s%d", i);
+        store_rec(&c, "hostile-big-dict", sub, v, sizeof v, 600000);
+    }
+    client_close(&c);
+    return 0;
+}
+
+static int raw_attack(hctx_t *cx, bool partial, int nconns, int per_conn, int batch, double hold_s)
+{
+    const char *p2p = strstr(cx->t.addr, "/p2p/");
+    inject_t in = {.partial = partial};
+    if (!p2p || ap_peer_id_parse(&in.peer, p2p + 5)) return AP_EINVAL;
+    uint8_t req[256];
+    in.req = req;
+    in.req_len = find_request("hostile-big-dict", req, sizeof req);
+    client_t *cs = calloc((size_t)nconns, sizeof *cs);
+    if (!cs) return AP_ENOMEM;
+    int sent = 0;
+    double t0 = ap_bench_now();
+    for (int k = 0; k < nconns && target_alive(&cx->t); k++) {
+        if (client_open(&cs[k], cx->host, cx->t.addr, false)) continue;
+        for (int done = 0; done < per_conn && target_alive(&cx->t) && ap_bench_now() - t0 < 60;) {
+            in.n = per_conn - done < batch ? per_conn - done : batch;
+            in.sent = 0;
+            if (ap_node_call_sync(cs[k].rt, inject_fn, &in)) break;
+            done += in.n;
+            sent += in.sent;
+            sleep_s(partial ? 0.05 : 0.01); /* let the frames drain */
+        }
+    }
+    sleep_s(hold_s); /* nothing read, nothing finished */
+    for (int k = 0; k < nconns; k++) client_close(&cs[k]);
+    free(cs);
+    char f[64];
+    snprintf(f, sizeof f, "\"attack\":\"%s\"", partial ? "partial_requests" : "zero_window");
+    ap_bench_report(cx->b, "streams_opened", sent, "streams", f);
+    return 0;
+}
+
+static int attack_zero_window(hctx_t *cx)
+{
+    int rc = store_big_dict(cx);
+    if (rc) return rc;
+    return raw_attack(cx, false, 3, cx->quick ? 200 : 1000, 50, cx->quick ? 2 : 5);
+}
+
+static int attack_partial_requests(hctx_t *cx)
+{
+    return raw_attack(cx, true, cx->quick ? 3 : 12, cx->quick ? 16 : 64, 4, cx->quick ? 2 : 5);
+}
+
 static int attack_sigpipe(hctx_t *cx)
 {
     client_t c;
@@ -334,10 +462,19 @@ static int attack_store_eviction(hctx_t *cx)
     return 0;
 }
 
-static int tcp_open(int port)
+/* A connection to the target from attacker address 127.0.0.(2 + src % 8):
+ * the attackers come from other addresses than the legitimate client, as
+ * they would on the Internet (all of them are loopback). */
+static int tcp_open(int port, int src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 2 + (uint32_t)(src % 8));
+    if (bind(fd, (struct sockaddr *)&from, sizeof from) != 0) {
+        close(fd);
+        return -1;
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) {
@@ -353,7 +490,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
     int fds[N];
     bool sent[N];
     for (int i = 0; i < N; i++) {
-        fds[i] = tcp_open(cx->t.port);
+        fds[i] = tcp_open(cx->t.port, i);
         sent[i] = false;
     }
     double t0 = ap_bench_now(), dur = cx->quick ? 4 : 15;
@@ -370,7 +507,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
         for (int i = 0; i < N; i++) {
             if (fds[i] < 0 || (p[i].revents & (POLLHUP | POLLERR))) {
                 if (fds[i] >= 0) close(fds[i]);
-                fds[i] = reopened < max_reopen ? tcp_open(cx->t.port) : -1;
+                fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
                 sent[i] = false;
                 reopened++;
                 continue;
@@ -382,7 +519,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
                 char junk[256];
                 if (recv(fds[i], junk, sizeof junk, 0) == 0) {
                     close(fds[i]);
-                    fds[i] = reopened < max_reopen ? tcp_open(cx->t.port) : -1;
+                    fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
                     sent[i] = false;
                     reopened++;
                 }
@@ -553,6 +690,8 @@ static const attack_t attacks[] = {
     {"store_eviction", attack_store_eviction},
     {"stalled_handshakes", attack_stalled_handshakes},
     {"held_connections", attack_held_connections},
+    {"zero_window", attack_zero_window},
+    {"partial_requests", attack_partial_requests},
     {"handover", attack_handover},
 };
 

@@ -142,6 +142,11 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
     }
     ap__dht_storage_init(&dht->store, c->max_records, c->max_bytes, c->max_ttl_ms,
                          c->max_stores_per_peer_per_min);
+    ap__dht_storage_set_quota(
+        &dht->store, c->max_bytes_per_peer ? c->max_bytes_per_peer : c->max_bytes / 8,
+        c->max_records_per_peer ? c->max_records_per_peer : c->max_records / 8);
+    dht->ho_tokens = HANDOVER_BURST;
+    dht->ho_tokens_us = ap_rt_now_us(rt);
     ap__dht_storage_init(&dht->cache, c->cache_max_records, c->cache_max_bytes, c->max_ttl_ms, 0);
     if (!c->client_mode) {
         rc = ap_rt_rpc_register(rt, AP_DHT_PROTO, AP__DHT_MSG_MAX, ap__dht_on_request, dht);
@@ -170,6 +175,8 @@ void ap_dht_free(ap_dht_t *dht)
     if (dht->maint_timer) ap_rt_timer_stop(dht->rt, dht->maint_timer);
     if (dht->repub_timer) ap_rt_timer_stop(dht->rt, dht->repub_timer);
     if (dht->repub_soon_timer) ap_rt_timer_stop(dht->rt, dht->repub_soon_timer);
+    if (dht->ho_timer) ap_rt_timer_stop(dht->rt, dht->ho_timer);
+    dht->ho_timer = 0;
     if (dht->registered) ap_rt_rpc_unregister(dht->rt, AP_DHT_PROTO);
     ap__dht_boot_cancel_all(dht);
     ap__dht_lookup_cancel_all(dht);

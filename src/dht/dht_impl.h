@@ -16,7 +16,13 @@
 
 #define MOD                  "dht"
 #define MAX_VALIDATORS       8
-#define HANDOVER_MAX_RECORDS 256 /* per new contact */
+#define HANDOVER_MAX_RECORDS 256                /* per new contact */
+#define HANDOVER_DELAY_US    2000000ull         /* a new contact must stay this long */
+#define HANDOVER_PENDING_MAX 64                 /* new contacts waiting for their hand-over */
+#define HANDOVER_RECENT      256                /* peers handed to recently (per-peer limit) */
+#define HANDOVER_PEER_US     (600ull * 1000000) /* one hand-over per peer per 10 min */
+#define HANDOVER_RATE        (4.0 * 1048576)    /* bytes per second, node-wide */
+#define HANDOVER_BURST       (16.0 * 1048576)   /* bytes */
 
 typedef struct lookup lookup_t;
 typedef struct call call_t;
@@ -47,6 +53,21 @@ struct ap_dht {
     int nannounce;
     uint64_t repub_timer;      /* periodic republish scan */
     uint64_t repub_soon_timer; /* one-shot scan after a replica was found dead */
+    /* hand-over (dht_maintain.c): only to contacts that stay, within a byte
+     * budget for the node, at most once per peer per HANDOVER_PEER_US */
+    struct {
+        ap_peer_id_t peer;
+        uint64_t due_us;
+        bool used;
+    } ho_pending[HANDOVER_PENDING_MAX];
+    struct {
+        ap_peer_id_t peer;
+        uint64_t at_us;
+    } ho_recent[HANDOVER_RECENT];
+    size_t ho_recent_next;
+    uint64_t ho_timer;
+    double ho_tokens; /* bytes */
+    uint64_t ho_tokens_us;
 };
 
 /* ---- lookups (dht_lookup.c) ---- */

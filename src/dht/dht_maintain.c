@@ -115,7 +115,11 @@ void ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer, const ap_
 /* ---- hand-over --------------------------------------------------------------
  * When a new contact enters the table, every record this node holds whose key
  * is nearer to the newcomer than to this node is sent to it: the newcomer is
- * now among the key's nearest nodes. */
+ * now among the key's nearest nodes. Bounded, since a fresh identity costs an
+ * attacker nothing: only a contact still in the table HANDOVER_DELAY_US
+ * later gets it (one that pings and leaves gets nothing), each peer at most
+ * once per HANDOVER_PEER_US, and all hand-overs together within a byte
+ * budget (HANDOVER_RATE per second, HANDOVER_BURST at once). */
 
 typedef struct handover {
     ap_dht_t *dht;
@@ -139,9 +143,36 @@ static void handover_entry(void *arg, ap__dht_sentry_t *e)
     }
 }
 
+static bool ho_recent(ap_dht_t *dht, const ap_peer_id_t *peer, uint64_t now)
+{
+    for (size_t i = 0; i < HANDOVER_RECENT; i++)
+        if (dht->ho_recent[i].at_us && now - dht->ho_recent[i].at_us < HANDOVER_PEER_US &&
+            ap_peer_id_eq(&dht->ho_recent[i].peer, peer))
+            return true;
+    return false;
+}
+
+/* Keeps the first records that fit the node's byte budget. */
+static size_t ho_budget(ap_dht_t *dht, const handover_t *h, uint64_t now)
+{
+    double dt = (double)(now - dht->ho_tokens_us) / 1e6;
+    dht->ho_tokens_us = now;
+    dht->ho_tokens += dt * HANDOVER_RATE;
+    if (dht->ho_tokens > HANDOVER_BURST) dht->ho_tokens = HANDOVER_BURST;
+    size_t n = 0;
+    for (; n < h->n; n++) {
+        double b = (double)(h->recs[n].key_len + h->recs[n].subkey_len + h->recs[n].value_len + 64);
+        if (b > dht->ho_tokens) break;
+        dht->ho_tokens -= b;
+    }
+    return n;
+}
+
 static void handover(ap_dht_t *dht, const ap_peer_id_t *peer)
 {
     if (dht->cfg.client_mode || ap__dht_storage_records(&dht->store) == 0) return;
+    uint64_t now = ap_rt_now_us(dht->rt);
+    if (ho_recent(dht, peer, now)) return;
     ap__dht_storage_expire(&dht->store, ap_rt_wall_ms(dht->rt));
     handover_t h = {.dht = dht};
     ap_dht_peer_node_id(peer, h.id);
@@ -150,7 +181,19 @@ static void handover(ap_dht_t *dht, const ap_peer_id_t *peer)
     h.has_sig = malloc(HANDOVER_MAX_RECORDS * sizeof *h.has_sig);
     if (h.recs && h.sigs && h.has_sig) {
         ap__dht_storage_foreach(&dht->store, handover_entry, &h);
+        size_t all = h.n;
+        h.n = ho_budget(dht, &h, now);
+        if (h.n < all) {
+            static ap_log_limit_t lim;
+            char s[AP_PEER_SHORT_LEN];
+            ap_log_limited(&lim, AP_LOG_INFO, MOD,
+                           "peer %s: handing over %zu of %zu records (node hand-over budget)",
+                           ap__dht_short_id(peer, s), h.n, all);
+        }
         if (h.n) {
+            dht->ho_recent[dht->ho_recent_next].peer = *peer;
+            dht->ho_recent[dht->ho_recent_next].at_us = now;
+            dht->ho_recent_next = (dht->ho_recent_next + 1) % HANDOVER_RECENT;
             char s[AP_PEER_SHORT_LEN];
             ap_debug(MOD, "peer %s: handing over %zu records", ap__dht_short_id(peer, s), h.n);
             ap__dht_store_records_bg(dht, peer, h.recs,
@@ -162,13 +205,60 @@ static void handover(ap_dht_t *dht, const ap_peer_id_t *peer)
     free(h.has_sig);
 }
 
+static void ho_arm(ap_dht_t *dht);
+
+static void ho_timer_cb(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    ap_dht_t *dht = arg;
+    dht->ho_timer = 0;
+    uint64_t now = ap_rt_now_us(dht->rt);
+    for (size_t i = 0; i < HANDOVER_PENDING_MAX; i++) {
+        if (!dht->ho_pending[i].used || dht->ho_pending[i].due_us > now) continue;
+        dht->ho_pending[i].used = false;
+        ap_peer_id_t p = dht->ho_pending[i].peer;
+        const ap__dht_contact_t *c = ap__dht_routing_lookup(&dht->table, &p);
+        if (c && c->failures == 0 && ap_rt_is_connected(dht->rt, &p)) handover(dht, &p);
+    }
+    ho_arm(dht);
+}
+
+static void ho_arm(ap_dht_t *dht)
+{
+    if (dht->ho_timer) return;
+    uint64_t now = ap_rt_now_us(dht->rt), first = UINT64_MAX;
+    for (size_t i = 0; i < HANDOVER_PENDING_MAX; i++)
+        if (dht->ho_pending[i].used && dht->ho_pending[i].due_us < first)
+            first = dht->ho_pending[i].due_us;
+    if (first == UINT64_MAX) return;
+    dht->ho_timer = ap_rt_timer_start(dht->rt, first > now ? first - now : 0, 0, ho_timer_cb, dht);
+}
+
+/* A new contact: its hand-over waits to see whether it stays. */
+static void handover_later(ap_dht_t *dht, const ap_peer_id_t *peer)
+{
+    if (dht->cfg.client_mode || ap__dht_storage_records(&dht->store) == 0) return;
+    size_t freeslot = HANDOVER_PENDING_MAX;
+    for (size_t i = 0; i < HANDOVER_PENDING_MAX; i++) {
+        if (dht->ho_pending[i].used && ap_peer_id_eq(&dht->ho_pending[i].peer, peer)) return;
+        if (!dht->ho_pending[i].used && freeslot == HANDOVER_PENDING_MAX) freeslot = i;
+    }
+    if (freeslot == HANDOVER_PENDING_MAX)
+        return; /* many newcomers at once: republishing
+                    covers the rest */
+    dht->ho_pending[freeslot].used = true;
+    dht->ho_pending[freeslot].peer = *peer;
+    dht->ho_pending[freeslot].due_us = ap_rt_now_us(dht->rt) + HANDOVER_DELAY_US;
+    ho_arm(dht);
+}
+
 /* A peer answered us or contacted us (not in client mode). */
 void ap__dht_peer_seen(ap_dht_t *dht, const ap_peer_id_t *peer, const char *addr)
 {
     ap__dht_contact_t *check = NULL;
     int r = ap__dht_routing_seen(&dht->table, peer, addr, ap_rt_now_us(dht->rt), &check);
     if (r == AP__RT_ADDED) {
-        handover(dht, peer);
+        handover_later(dht, peer);
     } else if (r == AP__RT_PENDING && check) {
         ap_peer_id_t c = check->peer; /* liveness check of the least recently seen */
         ping_peer(dht, &c);

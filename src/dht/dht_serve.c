@@ -37,7 +37,7 @@ static void handle_store(ap_dht_t *dht, ap_rpc_req_t *req, const ap_peer_id_t *f
         int rc = ap__dht_record_from_pb(s->records[i], &r, &sig, &has_sig);
         if (!rc) rc = ap__dht_storage_charge(&dht->store, from, mono);
         if (!rc) rc = ap__dht_validate(dht, &r, sig, has_sig, from);
-        if (!rc) rc = ap__dht_storage_put(&dht->store, &r, sig, has_sig, now);
+        if (!rc) rc = ap__dht_storage_put_from(&dht->store, from, &r, sig, has_sig, now);
         if (rc == 0 || rc == AP_ESTALE) {
             /* a peer just stored this key here: it is the one republishing
              * it now (Kademlia's republish optimization) */

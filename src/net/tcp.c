@@ -45,6 +45,7 @@ void ap__tcp_maybe_finish(ap_tcp_t *t)
     void *arg = t->done_arg;
     free(t->table);
     free(t->rbuf);
+    ap_admit_close(&t->admit);
     ap__secure_creds_clear(&t->creds);
     free(t);
     if (done) done(arg);
@@ -180,6 +181,10 @@ void ap__tcp_conn_abort(ap_tcp_conn_t *c, int status)
         c->counted_hs = false;
         t->nhandshaking--;
     }
+    if (c->admitted) {
+        c->admitted = false;
+        ap_admit_gone(&t->admit, (uint64_t)(uintptr_t)c);
+    }
     if (c->st == C_OPEN) t->stats.open--;
     c->st = C_CLOSING;
     c->close_status = status;
@@ -194,8 +199,15 @@ void ap__tcp_conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    ap_warn(MOD, "closing %sconnection %s %s: %s (%s)", c->st == C_OPEN ? "" : "unauthenticated ",
-            c->outbound ? "to" : "from", c->who, why, ap_err_name(err));
+    /* anyone can open connections and send junk: those lines are rate-limited */
+    static ap_log_limit_t unauth = {.burst = 32, .window_ms = 10000}; /* then ~3 lines/s */
+    if (c->st == C_OPEN)
+        ap_warn(MOD, "closing connection %s %s: %s (%s)", c->outbound ? "to" : "from", c->who, why,
+                ap_err_name(err));
+    else
+        ap_log_limited(&unauth, AP_LOG_WARN, MOD,
+                       "closing unauthenticated connection %s %s: %s (%s)",
+                       c->outbound ? "to" : "from", c->who, why, ap_err_name(err));
     if (c->st != C_OPEN) c->t->stats.handshakes_failed++;
     c->t->stats.closed_bad_input++;
     ap__tcp_conn_abort(c, err);
@@ -401,6 +413,10 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
         return rc ? rc : AP_ENOMEM;
     }
     memset(t->rbuf, 0, c->read_buf_size); /* pre-fault once */
+    ap_admit_config_t ac = {.hs_full = (uint32_t)c->max_handshakes,
+                            .hs_start = (uint32_t)c->max_handshakes / 4,
+                            .max_conns = (uint32_t)c->max_conns};
+    ap_admit_init(&t->admit, &ac);
     uint64_t shortest = min_u64(min_u64(c->keepalive_ms, c->dead_ms), c->handshake_timeout_ms);
     if (c->idle_ms) shortest = min_u64(shortest, c->idle_ms);
     t->sweep_ms = shortest / 4;

@@ -6,6 +6,7 @@
 #include "apiary/error.h"
 #include "apiary/log.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,10 @@ static void hs_finish(ap_tcp_conn_t *c)
     if (c->counted_hs) {
         c->counted_hs = false;
         t->nhandshaking--;
+    }
+    if (c->admitted) {
+        c->admitted = false;
+        ap_admit_gone(&t->admit, (uint64_t)(uintptr_t)c);
     }
     t->stats.handshakes_ok++;
     ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
@@ -140,6 +145,21 @@ int ap__tcp_hs_start(ap_tcp_conn_t *c)
     return 0;
 }
 
+/* The remote address as 16 bytes (IPv4 as ::ffff:a.b.c.d). */
+static void remote_ip16(ap_tcp_conn_t *c, uint8_t ip[16])
+{
+    memset(ip, 0, 16);
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) != 0) return;
+    if (ss.ss_family == AF_INET) {
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        memcpy(ip, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    }
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     ap_tcp_t *t = server->data;
@@ -153,11 +173,30 @@ static void on_connection(uv_stream_t *server, int status)
     ap__tcp_set_who_addr(c);
     /* Accept and drop over the caps, so the backlog never fills with
      * connections nobody will serve. */
-    if (t->nconns > t->cfg.max_conns || t->nhandshaking >= t->cfg.max_handshakes) {
-        ap_debug(MOD, "refusing connection from %s: %zu connections, %zu handshakes", c->who,
-                 t->nconns - 1, t->nhandshaking);
+    if (t->nconns > t->cfg.max_conns) {
+        ap_debug(MOD, "refusing connection from %s: %zu connections", c->who, t->nconns - 1);
         ap__tcp_conn_abort(c, AP_ELIMIT);
         return;
+    }
+    /* Pending handshakes: per source address and in total, random early
+     * drop past a soft limit, a stalled one closed for a newcomer at the
+     * hard limit (base/admit.h): stalled handshakes cannot lock peers out. */
+    uint8_t ip[16];
+    remote_ip16(c, ip);
+    uint64_t victim = 0;
+    ap_admit_verdict_t v = ap_admit_inbound(&t->admit, (uint64_t)(uintptr_t)c, ip,
+                                            ap__tcp_now_ms(t), randombytes_random(), &victim);
+    if (v == AP_ADMIT_DROP) {
+        ap_debug(MOD, "refusing connection from %s: %u handshakes pending", c->who,
+                 ap_admit_stats(&t->admit)->pending);
+        ap__tcp_conn_abort(c, AP_ELIMIT);
+        return;
+    }
+    c->admitted = true;
+    if (v == AP_ADMIT_EVICT) {
+        ap_tcp_conn_t *old = (ap_tcp_conn_t *)(uintptr_t)victim;
+        ap_debug(MOD, "closing the stalled handshake from %s for %s", old->who, c->who);
+        ap__tcp_conn_abort(old, AP_ELIMIT);
     }
     c->counted_hs = true;
     t->nhandshaking++;

@@ -7,6 +7,7 @@
 #ifndef AP_NET_TCP_IMPL_H
 #define AP_NET_TCP_IMPL_H
 
+#include "base/admit.h"
 #include "base/buf.h"
 #include "net/secure.h"
 #include "net/tcp.h"
@@ -61,6 +62,7 @@ struct ap_tcp_conn {
     uv_write_t wreq;
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
+    bool admitted; /* an inbound handshake counted by t->admit */
     bool has_expected;
     bool in_read;        /* inside read_cb: the open tail waits (see flush) */
     size_t rx_unflushed; /* bytes processed in this read since writes went out */
@@ -98,6 +100,7 @@ struct ap_tcp {
     uint8_t *rbuf;
     ap_tcp_conn_t *conns;
     size_t nconns, nhandshaking;
+    ap_admit_t admit; /* inbound handshakes per source address (tcp_admit.c) */
     ap_tcp_conn_t **table;
     size_t table_cap, table_n;
     dial_req_t *resolving, *deferred;

@@ -286,16 +286,21 @@ static void ignore_sigpipe(void)
 
 /* Memory returns: after a burst (a peer's responses, a flood of records, a
  * state download) glibc keeps the freed pages in its arenas, and the RSS
- * stays at its peak. Every 2 s, when more than 32 MiB lie free in the
- * arenas, give them back. */
+ * stays at its peak. Every 2 s, give the free pages back: malloc_trim walks
+ * only the free chunks of every arena (the loop thread's included), so it
+ * costs little when there is nothing to return. */
 #define TRIM_PERIOD_MS 2000
-#define TRIM_FREE_MIN  (32u << 20)
 
 static void on_trim(uv_timer_t *t)
 {
-    (void)t;
-    struct mallinfo2 mi = mallinfo2();
-    if (mi.fordblks + mi.fsmblks > TRIM_FREE_MIN) malloc_trim(0);
+    ap_host_t *h = t->data;
+    /* a node whose message cache saw no use for a whole period is idle:
+     * its recycled buffers go back too */
+    for (ap_node_t *n = h->nodes; n; n = n->next) {
+        if (n->msg_allocs == n->msg_allocs_seen && n->msg_cache) ap__mux_free_cache(n);
+        n->msg_allocs_seen = n->msg_allocs;
+    }
+    malloc_trim(0);
 }
 
 ap_host_t *ap_host_new(void)
@@ -316,6 +321,7 @@ ap_host_t *ap_host_new(void)
     h->timer.data = h;
     uv_timer_init(&h->loop, &h->wake);
     uv_timer_init(&h->loop, &h->trim);
+    h->trim.data = h;
     uv_timer_start(&h->trim, on_trim, TRIM_PERIOD_MS, TRIM_PERIOD_MS);
     uv_unref((uv_handle_t *)&h->trim); /* never keeps the loop alive */
     h->owner = uv_thread_self();

@@ -64,6 +64,7 @@ static bool ms_frame_one(ap_mstream_t *s)
     if (!m->exempt) s->credit -= (int64_t)k;
     c->credit -= (int64_t)k;
     s->sbuf -= k;
+    if (s->resp_charged) ap__ms_resp_release(s, k);
     if (!m->exempt) s->inflight += k; /* until the receiver acknowledges it */
     if (m->off == m->len) {
         s->sq = m->next;
@@ -240,9 +241,22 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
             ap__ms_finish(s, AP_EMSGSIZE);
             return c->state == MC_DEAD;
         }
-        if (c->rx_buffered + total > AP_MUX_PEER_BUF_MAX) {
-            ap_warn("mux", "peer %s exceeds the receive buffer cap; resetting stream", c->short_id);
-            ap__mconn_send_reset(c, f->sid, AP_ELIMIT, "receive buffer full");
+        /* per connection, and a fair share of the node's budget: at most half
+         * of what is free, so many connections cannot take it all */
+        if (c->rx_buffered + total > AP_MUX_PEER_BUF_MAX ||
+            total > (AP_MUX_NODE_BUF_MAX - c->node->rx_buffered) / 2) {
+            bool node_full = c->rx_buffered + total <= AP_MUX_PEER_BUF_MAX;
+            static ap_log_limit_t lim;
+            ap_log_limited(&lim, AP_LOG_WARN, "mux",
+                           "peer %s: a %u-byte message over the %s receive buffer cap (%zu of "
+                           "%u MiB held); resetting stream",
+                           c->short_id, total, node_full ? "node's" : "connection's",
+                           node_full ? c->node->rx_buffered : c->rx_buffered,
+                           (node_full ? AP_MUX_NODE_BUF_MAX : AP_MUX_PEER_BUF_MAX) >> 20);
+            c->node->refused_rx++;
+            ap__mconn_send_reset(c, f->sid, AP_ELIMIT,
+                                 node_full ? "node receive buffers full"
+                                           : "connection receive buffer full");
             ap__ms_finish(s, AP_ELIMIT);
             return c->state == MC_DEAD;
         }
@@ -257,9 +271,12 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
         s->rx_total = total;
         s->rx_have = 0;
         s->rx_active = true;
+        s->progress_us = ap__host_now_us(c->node->host);
         s->rx_exempt = exempt;
         s->rx_charged += total;
         c->rx_buffered += total;
+        c->node->rx_buffered += total;
+        ap__mux_sweep_start(c->node);
     } else if (!s->rx_active) {
         PROTO_ERR(c, "DATA continuation without START on stream %u", f->sid);
     }
@@ -272,6 +289,7 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
     ap_msg_t *m = (ap_msg_t *)s->rx;
     if (nb) memcpy(m->data + s->rx_have, data, nb);
     s->rx_have += (uint32_t)nb;
+    if (nb) s->progress_us = ap__host_now_us(c->node->host);
     if (s->rx_have < s->rx_total) {
         ap__ms_ack(s, false);
         return c->state == MC_DEAD;

@@ -61,5 +61,12 @@ void ap__ms_deliver(ap_mstream_t *s, ap_msg_t *m);
  * handler (RPC). */
 void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello);
 void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req);
+/* k bytes of s's queued response were framed (or dropped): released from
+ * the connection's and the node's response budget. */
+void ap__ms_resp_release(ap_mstream_t *s, size_t k);
+/* Starts the node's stall sweep if it is not running: a partial message or
+ * a queued response that makes no progress for AP_MUX_STALL_US is reset, its
+ * memory released. */
+void ap__mux_sweep_start(ap_node_t *n);
 
 #endif

@@ -55,6 +55,7 @@ static size_t msg_cap(size_t len)
 ap_msg_t *ap__mux_msg_alloc(ap_node_t *n, size_t len)
 {
     size_t cap = msg_cap(len);
+    n->msg_allocs++;
     ap_msg_t *m = NULL;
     if (cap >= MSG_POOL_MIN) {
         for (ap_msg_t **pp = &n->msg_cache; *pp; pp = &(*pp)->next) {
@@ -172,7 +173,13 @@ void ap__ms_finish(ap_mstream_t *s, int status)
         if (c->goaway_sent && c->nstreams == 0) ap__mconn_want_flush(c); /* may be drained */
     }
     if (c) c->rx_buffered -= s->rx_charged;
+    n->rx_buffered -= s->rx_charged;
     s->rx_charged = 0;
+    if (s->resp_charged) {
+        s->conn = c; /* the connection's share too */
+        ap__ms_resp_release(s, s->resp_charged);
+        s->conn = NULL;
+    }
     if (s->kind == MS_CALL) ap__idmap_del(&n->calls, s->call_id);
     if (s->open_timer) ap_rt_timer_stop(&n->rt, s->open_timer);
     s->open_timer = 0;
@@ -304,6 +311,7 @@ void ap__ms_deliver(ap_mstream_t *s, ap_msg_t *m)
     if (!s->finished && s->conn) {
         s->rx_charged -= m->len;
         s->conn->rx_buffered -= m->len;
+        n->rx_buffered -= m->len;
     }
     ap__mux_msg_free(n, m);
 }
@@ -340,6 +348,7 @@ void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     void *larg = l->arg;
     s->rx_charged -= hello->len;
     c->rx_buffered -= hello->len;
+    c->node->rx_buffered -= hello->len;
     s->accepting = true;
     int rc = fn(&n->rt, larg, &s->pub, &s->pub.peer, hello->data, hello->len);
     s->accepting = false;
@@ -384,6 +393,7 @@ void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
     }
     s->rx_charged -= req->len;
     s->conn->rx_buffered -= req->len;
+    n->rx_buffered -= req->len;
     r->pub.rt = &n->rt;
     r->pub.peer = s->pub.peer;
     r->pub.data = req->data;
@@ -424,6 +434,23 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
         ap__ms_finish(s, AP_ENOMEM);
         return;
     }
+    /* A response waits for the caller's credit: what a peer that reads
+     * nothing can make us hold is bounded per connection and per node. */
+    if (c->resp_queued + len > AP_MUX_CONN_RESP_MAX ||
+        len > (AP_MUX_NODE_RESP_MAX - n->resp_queued) / 2) {
+        bool node_full = c->resp_queued + len <= AP_MUX_CONN_RESP_MAX;
+        static ap_log_limit_t lim;
+        ap_log_limited(&lim, AP_LOG_WARN, "mux",
+                       "peer %s: %s response queue full (%zu bytes waiting for the peer to "
+                       "read); refusing a %zu-byte response on %s",
+                       c->short_id, node_full ? "the node's" : "its connection's",
+                       node_full ? n->resp_queued : c->resp_queued, len, s->proto);
+        n->refused_resp++;
+        ap__mux_msg_free(n, m);
+        ap__mconn_send_reset(c, s->sid, AP_ELIMIT, "response queue full");
+        ap__ms_finish(s, AP_ELIMIT);
+        return;
+    }
     s->accepted = true;
     ap__mconn_ctl_rc(c, ap__frame_put_window(&c->obuf, s->sid, true, 0));
     if (s->finished) {
@@ -432,8 +459,74 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     }
     s->sq = s->sq_tail = m;
     s->sbuf = len;
+    s->resp_charged = len;
+    c->resp_queued += len;
+    n->resp_queued += len;
+    s->progress_us = ap__host_now_us(n->host);
+    if (len) ap__mux_sweep_start(n);
     s->lclose = true;
     ap__ms_schedule(s);
+}
+
+void ap__ms_resp_release(ap_mstream_t *s, size_t k)
+{
+    if (k > s->resp_charged) k = s->resp_charged;
+    s->resp_charged -= k;
+    if (s->conn) s->conn->resp_queued -= k;
+    s->node->resp_queued -= k;
+    s->progress_us = ap__host_now_us(s->node->host);
+}
+
+/* ---- stall sweep ---------------------------------------------------------------- */
+
+static uint64_t stall_us(const ap_node_t *n)
+{
+    return n->stall_us ? n->stall_us : AP_MUX_STALL_US;
+}
+
+static bool stalled(const ap_mstream_t *s, uint64_t now)
+{
+    /* a paused receiver withholds credit on purpose: its partial message is
+     * not the peer's stall */
+    bool waiting = (s->rx_active && !s->paused) || s->resp_charged;
+    return waiting && now - s->progress_us >= stall_us(s->node);
+}
+
+static void sweep_cb(ap_rt_t *rt, void *arg)
+{
+    (void)arg;
+    ap_node_t *n = NODE(rt);
+    uint64_t now = ap__host_now_us(n->host);
+    n->sweep_timer = 0; /* one-shot: re-armed below while anything is held */
+    for (ap_mconn_t *c = n->conns; c; c = c->next) {
+        if (c->state == MC_DEAD) continue;
+        ap_mstream_t *v[64];
+        size_t k = 0;
+        ap_mstream_t *it;
+        for (size_t pos = 0; k < 64 && (it = ap__idmap_next(&c->streams, &pos));)
+            if (stalled(it, now)) v[k++] = it;
+        for (size_t i = 0; i < k; i++) {
+            ap_mstream_t *s = v[i];
+            static ap_log_limit_t lim;
+            ap_log_limited(&lim, AP_LOG_INFO, "mux",
+                           "peer %s: %s on %s made no progress for %u s; resetting it", c->short_id,
+                           s->rx_active ? "a partial message" : "a queued response", s->proto,
+                           (unsigned)(stall_us(n) / 1000000u));
+            n->stalled_reset++;
+            ap__mconn_send_reset(c, s->sid, AP_ETIMEDOUT,
+                                 s->rx_active ? "message stalled" : "response not read");
+            ap__ms_finish(s, AP_ETIMEDOUT);
+            if (c->state == MC_DEAD) break;
+        }
+    }
+    if (n->rx_buffered || n->resp_queued) ap__mux_sweep_start(n);
+}
+
+void ap__mux_sweep_start(ap_node_t *n)
+{
+    if (n->sweep_timer) return;
+    uint64_t period = stall_us(n) / 4 < AP_MUX_SWEEP_US ? stall_us(n) / 4 : AP_MUX_SWEEP_US;
+    n->sweep_timer = ap_rt_timer_start(&n->rt, period, 0, sweep_cb, NULL);
 }
 
 static void drain_cb(ap_node_t *n, void *arg, int status)

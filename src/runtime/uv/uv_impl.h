@@ -13,10 +13,17 @@
 #include <uv.h>
 
 /* ---- limits (docs/protocol.md) ------------------------------------------- */
-#define AP_MUX_FRAG            32768u       /* DATA bytes per frame (scheduling quantum) */
-#define AP_MUX_CONN_WINDOW     (16u << 20)  /* connection-level credit */
-#define AP_MUX_MAX_STREAMS     1024         /* live streams + calls per connection */
-#define AP_MUX_PEER_BUF_MAX    (64u << 20)  /* received bytes buffered per connection */
+#define AP_MUX_FRAG         32768u      /* DATA bytes per frame (scheduling quantum) */
+#define AP_MUX_CONN_WINDOW  (16u << 20) /* connection-level credit */
+#define AP_MUX_MAX_STREAMS  1024        /* live streams + calls per connection */
+#define AP_MUX_PEER_BUF_MAX (64u << 20) /* received bytes buffered per connection */
+/* Node-wide: one message (response) may take at most half of what is free,
+ * so many connections together cannot take it all. */
+#define AP_MUX_NODE_BUF_MAX    (256u << 20) /* received bytes buffered, all connections */
+#define AP_MUX_CONN_RESP_MAX   (32u << 20)  /* RPC response bytes queued per connection */
+#define AP_MUX_NODE_RESP_MAX   (256u << 20) /* RPC response bytes queued, all connections */
+#define AP_MUX_STALL_US        (20000000u)  /* stalled partial message / queued response: reset */
+#define AP_MUX_SWEEP_US        (2000000u)   /* how often stalls are looked for */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
 #define AP_MUX_DIRECT_MIN      (4096u)      /* DATA fragments this big skip the frame buffer */
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
@@ -175,7 +182,9 @@ struct ap_mstream {
     uint32_t rx_window; /* credit we grant */
     int64_t rx_credit;  /* credit the peer still holds */
     uint32_t unacked;
-    size_t rx_charged; /* this stream's share of conn->rx_buffered */
+    size_t rx_charged;    /* this stream's share of conn->rx_buffered */
+    size_t resp_charged;  /* SERVE: response bytes not yet framed (conn/node->resp_queued) */
+    uint64_t progress_us; /* last DATA in or out of a partial message / queued response */
     /* close */
     int status;
     char errmsg[AP_FRAME_RESET_MSG_MAX + 1];
@@ -222,6 +231,7 @@ struct ap_mconn {
     int64_t rx_credit; /* connection credit the peer holds */
     uint32_t unacked;
     size_t rx_buffered; /* bytes in reassembly + paused queues */
+    size_t resp_queued; /* RPC response bytes queued, not yet framed */
     uint64_t dial_timer;
     /* implicit dial: the next older address in the peer's book to try if this
      * one fails before the connection is up (-1: none left) */
@@ -277,10 +287,16 @@ struct ap_node {
     struct ap_uv_req *reqs; /* RPC requests handed to handlers, unanswered */
     ap_msg_t *msg_cache;    /* recycled message buffers (mux_stream.c) */
     size_t msg_cache_bytes;
-    ap_defer_t *dq, *dq_tail;           /* deferred callbacks */
-    ap_mstream_t *closeq, *closeq_tail; /* streams waiting for on_close */
+    uint64_t msg_allocs, msg_allocs_seen; /* an idle cache is released (host.c) */
+    ap_defer_t *dq, *dq_tail;             /* deferred callbacks */
+    ap_mstream_t *closeq, *closeq_tail;   /* streams waiting for on_close */
     ap_mconn_t *flushq;
     bool processing;
+    /* what peers make this node hold (mux_stream.c): bounded node-wide */
+    size_t rx_buffered, resp_queued;
+    uint64_t sweep_timer; /* stalled partial messages and responses */
+    uint64_t stall_us;    /* 0 = AP_MUX_STALL_US (tests shorten it) */
+    uint64_t refused_rx, refused_resp, stalled_reset;
 };
 
 /* addrs.c */
