@@ -62,11 +62,11 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dht
     char blog[600], addr[1100] = "", line[1100];
     snprintf(blog, sizeof blog, "%s/boot%d%s.log", dir, n, delayed ? "d" : "");
     char *bargv[] = {(char *)exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    pid_t boot = ap_cli_spawn_logged(exe, bargv, blog);
+    pid_t boot = ap_proc_spawn_log(exe, bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
-        if (ap_cli_last_line(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        if (ap_proc_last_line(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", line + 2);
         }
@@ -108,14 +108,14 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dht
                               : NULL,
                       delayed && dhtmm ? "--dht-matchmaking" : NULL,
                       NULL};
-        pids[i] = ap_cli_spawn_logged(exe, av, logs[i]);
+        pids[i] = ap_proc_spawn_log(exe, av, logs[i]);
     }
     for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
     kill(boot, SIGTERM);
     waitpid(boot, NULL, 0);
     double samples = 0, bytes = 0, el = 0;
     for (int i = 0; i < n; i++) {
-        if (!ap_cli_last_line(logs[i], "summary:", line, sizeof line)) return -1;
+        if (!ap_proc_last_line(logs[i], "summary:", line, sizeof line)) return -1;
         double lsps = 0, secs = 0;
         unsigned long long sent = 0;
         const char *p = strstr(line, "local ");

@@ -26,8 +26,8 @@ static void test_train_processes(void **state)
     char *bargv[] = {(char *)ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
     pid_t boot = ap_test_spawn_log(bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        ap_test_sleep_ms(100);
-        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_proc_sleep_ms(100);
+        if (ap_proc_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
         }
@@ -70,16 +70,16 @@ static void test_train_processes(void **state)
                       NULL};
         if (i == 2) {
             /* the latecomer joins once the others are a few epochs in */
-            for (int w = 0; w < 300 && !ap_test_grep_file(logs[0], "epoch 3 ", NULL, 0); w++)
-                ap_test_sleep_ms(100);
+            for (int w = 0; w < 300 && !ap_proc_grep_file(logs[0], "epoch 3 ", NULL, 0); w++)
+                ap_proc_sleep_ms(100);
         }
         pids[i] = ap_test_spawn_log(av, logs[i]);
-        if (i == 0) ap_test_sleep_ms(500);
+        if (i == 0) ap_proc_sleep_ms(500);
     }
-    for (int i = 0; i < 3; i++) assert_int_equal(ap_test_wait_exit(pids[i], 90), 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(ap_proc_wait_exit(pids[i], 90), 0);
     unsigned long long ep[3] = {0};
     for (int i = 0; i < 3; i++) {
-        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "summary:", line, sizeof line));
         assert_int_equal(sscanf(strstr(line, "epochs"), "epochs %llu", &ep[i]), 1);
         print_message("peer%d %s", i, line);
     }
@@ -87,7 +87,7 @@ static void test_train_processes(void **state)
     /* The latecomer caught up by downloading state: at start-up ("caught up: loaded
      * epoch ...") or, when the donors were busy then, as a laggard later on. */
     unsigned long long loads = 0;
-    assert_true(ap_test_grep_file(logs[2], "summary:", line, sizeof line));
+    assert_true(ap_proc_grep_file(logs[2], "summary:", line, sizeof line));
     assert_non_null(strstr(line, "state loads"));
     assert_int_equal(sscanf(strstr(line, "state loads"), "state loads %llu", &loads), 1);
     assert_true(loads >= 1);
@@ -114,8 +114,8 @@ static void test_train_processes(void **state)
                   ck,
                   NULL};
     pids[3] = ap_test_spawn_log(rv, logs[3]);
-    assert_int_equal(ap_test_wait_exit(pids[3], 60), 0);
-    assert_true(ap_test_grep_file(logs[3], "resumed from", line, sizeof line));
+    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 0);
+    assert_true(ap_proc_grep_file(logs[3], "resumed from", line, sizeof line));
     /* a GPT reading the MLP's checkpoint refuses it and trains on */
     char *gv[] = {(char *)ap_test_cli(),
                   "train",
@@ -137,11 +137,11 @@ static void test_train_processes(void **state)
                   ck,
                   NULL};
     pids[3] = ap_test_spawn_log(gv, logs[3]);
-    assert_int_equal(ap_test_wait_exit(pids[3], 60), 0);
-    assert_true(ap_test_grep_file(logs[3], "refused", NULL, 0));
-    assert_true(ap_test_grep_file(logs[3], "summary: epochs 1", NULL, 0));
+    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 0);
+    assert_true(ap_proc_grep_file(logs[3], "refused", NULL, 0));
+    assert_true(ap_proc_grep_file(logs[3], "summary: epochs 1", NULL, 0));
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
 }
 
 int main(void)
