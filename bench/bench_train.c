@@ -127,7 +127,7 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dht
         samples += lsps * secs;
         shares_t *t = &sh[i];
         memset(t, 0, sizeof *t);
-        if (ap_cli_last_line(logs[i], "time:", line, sizeof line))
+        if (ap_proc_last_line(logs[i], "time:", line, sizeof line))
             sscanf(line,
                    "time: compute %lf | group %lf | averaging %lf | download %lf | idle %lf | "
                    "overshoot %lf | epochs %llu",

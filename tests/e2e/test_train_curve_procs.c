@@ -44,8 +44,8 @@ static void test_curve_processes(void **state)
     char *bargv[] = {(char *)ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
     pid_t boot = ap_test_spawn_log(bargv, blog);
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        ap_test_sleep_ms(100);
-        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_proc_sleep_ms(100);
+        if (ap_proc_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
         }
@@ -80,11 +80,11 @@ static void test_curve_processes(void **state)
                       "0.2",
                       NULL};
         pids[i] = ap_test_spawn_log(av, logs[i]);
-        if (i == 0) ap_test_sleep_ms(500);
+        if (i == 0) ap_proc_sleep_ms(500);
     }
-    for (int i = 0; i < NP; i++) assert_int_equal(ap_test_wait_exit(pids[i], 300), 0);
+    for (int i = 0; i < NP; i++) assert_int_equal(ap_proc_wait_exit(pids[i], 300), 0);
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
     for (int i = 0; i < NP; i++) {
         double loss[64];
         int n = read_curve(logs[i], loss, 64);
