@@ -163,12 +163,17 @@ AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
-    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
-    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
+    const char *run_id;         /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size; /* samples per global epoch (> 0) */
+    ap_avg_role_t role;         /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim; /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;     /* learning rate per global epoch (warm-up, decay) */
+    double max_grad_norm;       /* clip the averaged gradient (0 = no clipping) */
+    /* What the model is (ap_nn_model_kind, 0 = not given; ap_nn_model_shape):
+     * part of the run's configuration every peer must share with optim, lr
+     * and max_grad_norm; the optimizer's arithmetic does not read it. */
+    uint32_t model_kind;
+    uint32_t model_shape[AP_NN_SHAPE_WORDS];
     uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
     double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
     uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
@@ -239,7 +244,7 @@ typedef struct ap_collab_stats {
     uint64_t epoch;                /* global epoch this peer is in */
     uint64_t local_samples;        /* accumulated in this epoch */
     double global_samples;         /* estimate for this epoch, all peers */
-    double global_sps;             /* sum of the peers' speeds */
+    double global_sps;             /* sum of the fresh training peers' speeds (any epoch) */
     double eta_s;                  /* estimated seconds until the epoch is due */
     uint32_t peers;                /* fresh records in the run (any epoch) */
     uint32_t last_group_size;      /* members of the last averaging round */
@@ -261,6 +266,12 @@ typedef struct ap_collab_stats {
     /* samples of an epoch whose round was over without them (late peer:
      * missed the group, or behind the others), discarded */
     uint64_t samples_dropped;
+    /* Where the caller's time went while a submit's callback was held
+     * (microseconds, cumulative; with delayed updates the background part
+     * of a round is not counted): from READY to the start of its round
+     * (matchmaking), in the gradient and state rounds and the step, and
+     * downloading the state as a laggard. */
+    uint64_t group_wait_us, averaging_us, download_us;
     /* donors that failed a state download (each is then left out of
      * downloads for a back-off doubling per failure, 1 s .. 60 s) */
     uint64_t state_donor_failures;

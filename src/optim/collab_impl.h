@@ -112,6 +112,9 @@ struct ap_collab {
     int64_t epoch_start_ms;
     double sps;
     uint64_t last_submit_us, started_us;
+    /* where a held submit's time goes (stats group/averaging/download_us):
+     * when this peer became ready, its round began, its download began */
+    uint64_t mark_ready_us, mark_round_us, mark_dl_us;
     bool started;
 
     /* the latest view of the run */
@@ -194,6 +197,7 @@ bool ap__collab_at_local_cap(const struct ap_collab *c);
 typedef void (*ap__step_fn)(struct ap_collab *c);
 typedef struct ap__estimate {
     double global, sps, eta_s;
+    double sps_all;    /* every fresh training peer's speed, any epoch, me included */
     uint64_t reported; /* samples reported (not extrapolated) in my epoch, me included */
     uint64_t max_epoch;
     uint32_t peers;

@@ -26,6 +26,7 @@ void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
     e->global = (double)c->local_samples;
     e->reported = c->local_samples;
     e->sps = c->sps;
+    e->sps_all = c->cfg.role == AP_AVG_AUX ? 0 : c->sps;
     e->max_epoch = c->epoch;
     e->peers = 1;
     for (size_t i = 0; i < c->nview; i++) {
@@ -34,6 +35,7 @@ void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
         e->peers++;
         if (p->epoch > e->max_epoch && p->role != AP_AVG_AUX) e->max_epoch = p->epoch;
         if (p->role == AP_AVG_AUX) continue;
+        e->sps_all += p->samples_per_s;
         double sps = p->samples_per_s > 0 ? p->samples_per_s : c->sps; /* unknown: like mine */
         if (p->epoch + 1 == c->epoch) {
             e->sps += sps; /* finishing the previous round: joins this epoch soon */
@@ -56,7 +58,7 @@ void ap__collab_update_stats(ap_collab_t *c)
     c->st.epoch = c->epoch;
     c->st.local_samples = c->local_samples;
     c->st.global_samples = e.global;
-    c->st.global_sps = e.sps;
+    c->st.global_sps = e.sps_all;
     c->st.eta_s = e.eta_s;
     c->st.peers = e.peers;
 }

@@ -21,8 +21,8 @@ static void start_boot(const char *dir, pid_t *boot, char *addr, size_t n)
     *boot = ap_test_spawn_log(bargv, blog);
     addr[0] = 0;
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        ap_test_sleep_ms(100);
-        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_proc_sleep_ms(100);
+        if (ap_proc_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, n, "%s", strstr(line, "/ip4/"));
         }
@@ -47,24 +47,24 @@ static void test_odd_compression_exits(void **state)
                       /* the pair: default compression and no --seed */
                       i == 2 ? "--compression" : NULL, "fp16", "--seed", "7", NULL};
         if (i == 2) /* the odd one joins the running pair */
-            for (int w = 0; w < 300 && !ap_test_grep_file(logs[0], "epoch 2 ", NULL, 0); w++)
-                ap_test_sleep_ms(100);
+            for (int w = 0; w < 300 && !ap_proc_grep_file(logs[0], "epoch 2 ", NULL, 0); w++)
+                ap_proc_sleep_ms(100);
         pids[i] = ap_test_spawn_log(av, logs[i]);
-        if (i == 0) ap_test_sleep_ms(500);
+        if (i == 0) ap_proc_sleep_ms(500);
     }
     /* the odd one stops at once, non-zero, saying what differs */
-    assert_int_equal(ap_test_wait_exit(pids[2], 60), 1);
-    assert_true(ap_test_grep_file(logs[2], "refused by the run", line, sizeof line));
+    assert_int_equal(ap_proc_wait_exit(pids[2], 60), 1);
+    assert_true(ap_proc_grep_file(logs[2], "refused by the run", line, sizeof line));
     print_message("odd peer: %s", line);
     assert_non_null(strstr(line, "compression: fp16 here, none at "));
-    assert_true(ap_test_grep_file(logs[2], "seed 7 (--seed)", NULL, 0));
-    assert_false(ap_test_grep_file(logs[2], "epoch 1 ", NULL, 0));
+    assert_true(ap_proc_grep_file(logs[2], "seed 7 (--seed)", NULL, 0));
+    assert_false(ap_proc_grep_file(logs[2], "epoch 1 ", NULL, 0));
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(ap_test_wait_exit(pids[i], 90), 0);
-        assert_true(ap_test_grep_file(logs[i], "refusing peer", line, sizeof line));
+        assert_int_equal(ap_proc_wait_exit(pids[i], 90), 0);
+        assert_true(ap_proc_grep_file(logs[i], "refusing peer", line, sizeof line));
         print_message("peer%d: %s", i, line);
         assert_non_null(strstr(line, "compression: none here, fp16 at "));
-        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "summary:", line, sizeof line));
         unsigned long long ep = 0, partial = 9;
         assert_int_equal(sscanf(strstr(line, "epochs"), "epochs %llu", &ep), 1);
         assert_int_equal(sscanf(strstr(line, "partial epochs"), "partial epochs %llu", &partial),
@@ -72,12 +72,12 @@ static void test_odd_compression_exits(void **state)
         print_message("peer%d %s", i, line);
         assert_true(ep >= 24);
         assert_int_equal(partial, 0);
-        assert_false(ap_test_grep_file(logs[i], "(partial)", NULL, 0));
+        assert_false(ap_proc_grep_file(logs[i], "(partial)", NULL, 0));
     }
     /* no --seed: each peer's data order comes from its PeerID */
     char s0[128] = "", s1[128] = "";
-    assert_true(ap_test_grep_file(logs[0], "data order: seed", s0, sizeof s0));
-    assert_true(ap_test_grep_file(logs[1], "data order: seed", s1, sizeof s1));
+    assert_true(ap_proc_grep_file(logs[0], "data order: seed", s0, sizeof s0));
+    assert_true(ap_proc_grep_file(logs[1], "data order: seed", s1, sizeof s1));
     assert_non_null(strstr(s0, "from the PeerID"));
     assert_string_not_equal(s0, s1);
     /* so the same model (same parameters after each step) sees other
@@ -86,8 +86,8 @@ static void test_odd_compression_exits(void **state)
     for (int e = 1; e <= 4; e++) {
         char key[32], l0[1024], l1[1024];
         snprintf(key, sizeof key, "epoch %d | loss", e);
-        if (!ap_test_grep_file(logs[0], key, l0, sizeof l0) ||
-            !ap_test_grep_file(logs[1], key, l1, sizeof l1))
+        if (!ap_proc_grep_file(logs[0], key, l0, sizeof l0) ||
+            !ap_proc_grep_file(logs[1], key, l1, sizeof l1))
             continue;
         double a = -1, b = -1;
         sscanf(strstr(l0, "loss"), "loss %lf", &a);
@@ -96,7 +96,7 @@ static void test_odd_compression_exits(void **state)
     }
     assert_true(differ >= 1);
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
 }
 
 int main(void)

@@ -60,11 +60,25 @@ static void usage(void)
         "  --fresh                   with --checkpoint-dir: move a checkpoint that cannot be\n"
         "                            loaded aside (renamed PATH.refused-<UTC time>) and start\n"
         "                            fresh\n"
-        "  --lr X                    Adam learning rate (default 3e-3)\n"
+        "  --layers N, --embd C, --heads H, --ctx T, --share-layers\n"
+        "                            the GPT's shape (default 2 blocks, width 128, 4 heads,\n"
+        "                            context 64; the same on every peer)\n"
+        "  --optim NAME              lamb (default), adamw, adam or sgd (same on every peer)\n"
+        "  --lr X                    peak learning rate (default: lamb 5e-2, adam/adamw 2e-3,\n"
+        "                            sgd 0.1)\n"
+        "  --warmup N                global epochs of linear warm-up to --lr (default 3)\n"
+        "  --schedule NAME           after warm-up: constant (default), linear or cosine\n"
+        "                            decay to --lr/10 at --decay-epochs\n"
+        "  --decay-epochs N          epoch where linear/cosine reach the minimum (default:\n"
+        "                            --max-epochs)\n"
+        "  --clip X                  clip the averaged gradient's global norm to X (default\n"
+        "                            1.0; 0 = off)\n"
         "  --average-state-every N   epochs between state averaging (default 5)\n"
         "  --max-epochs N            stop at this global epoch (default: never)\n"
         "  --duration S              stop after S seconds (default: never)\n"
-        "  --slowdown X              sleep X times the compute time after each batch\n"
+        "  --slowdown X              sleep X times the batch's compute time after each batch\n"
+        "                            (its CPU time if less than its wall time, so that other\n"
+        "                            load on the machine does not lengthen the sleep)\n"
         "  --seed N                  data order seed (default: derived from this peer's PeerID,\n"
         "                            so every peer sees other batches; with --data-shard, 1);\n"
         "                            the same N on a peer gives the same batches again\n"
@@ -98,7 +112,12 @@ typedef struct topts {
     uint64_t target, max_epochs;
     int batch;
     bool client, aux, delayed, dhtmm, fresh, seed_set;
-    double up, down, lr, slowdown, duration, mm_window;
+    double up, down, lr, slowdown, duration, mm_window, clip;
+    int layers, embd, heads, ctx, warmup;
+    bool share;
+    ap_nn_optim_kind_t optim;
+    ap_nn_lr_kind_t sched;
+    uint64_t decay_epochs;
     uint8_t codec;
     uint32_t state_every;
     uint64_t seed;
@@ -144,6 +163,13 @@ static int save_checkpoint(const char *path, ap_collab_t *c, ap_nn_model_t *m, u
     if (!rc) rc = ap_nn_checkpoint_write(path, buf, len);
     free(buf);
     return rc;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static double now_s(void)
@@ -290,14 +316,20 @@ static int run(const topts_t *o)
     /* the model and its data */
     ap_nn_model_t *m = NULL;
     ap_nn_text_t *text = NULL;
-    int T = 64, rc;
+    int T = o->ctx, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
     char model_desc[AP_OPTIM_MODEL_MAX] = "";
     if (gpt) {
-        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, 2, 4, 128, o->batch);
+        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, o->layers, o->heads, o->embd, o->batch);
+        gc.share_layers = o->share;
         snprintf(model_desc, sizeof model_desc, "gpt layers %d heads %d embd %d ctx %d%s",
                  gc.n_layer, gc.n_head, gc.n_embd, gc.ctx, gc.share_layers ? " shared" : "");
         rc = ap_nn_gpt_new(&gc, &m);
+        if (rc)
+            fprintf(stderr,
+                    "apiary train: cannot build the GPT (%d blocks, width %d, %d heads, "
+                    "context %d): %s\n",
+                    o->layers, o->embd, o->heads, o->ctx, ap_strerror(rc));
         if (!rc) {
             const char *path = o->data ? o->data : ap_nn_default_corpus();
             rc = ap_nn_text_open(path, &text);
@@ -379,9 +411,16 @@ static int run(const topts_t *o)
     cfg.run_id = o->run_id;
     cfg.target_batch_size = o->target;
     cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
-    cfg.lr.base = cfg.lr.min = (float)o->lr;
-    cfg.max_grad_norm = 1.0;
+    cfg.optim = ap_nn_optim_defaults(o->optim);
+    cfg.lr = (ap_nn_lr_schedule_t){.kind = o->sched,
+                                   .base = (float)o->lr,
+                                   .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
+                                                                        : (float)(o->lr / 10),
+                                   .warmup = (uint64_t)o->warmup,
+                                   .total = o->decay_epochs ? o->decay_epochs : o->max_epochs};
+    cfg.max_grad_norm = o->clip;
+    cfg.model_kind = (uint32_t)ap_nn_model_kind(m);
+    ap_nn_model_shape(m, cfg.model_shape);
     cfg.average_state_every = o->state_every;
     cfg.up = o->up;
     cfg.down = o->down;
@@ -441,6 +480,11 @@ static int run(const topts_t *o)
                : o->client ? "client-only"
                            : "normal",
                o->run_id, pr->count, (unsigned long long)o->target);
+        printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
+               ap_nn_optim_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
+        if (o->sched != AP_NN_LR_CONSTANT)
+            printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
+        printf(", clip %g\n", o->clip);
         for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
         fflush(stdout);
         printf("data order: seed %llu (%s)\n", (unsigned long long)seed,
@@ -480,14 +524,29 @@ static int run(const topts_t *o)
     float *x = malloc(sizeof(float) * (size_t)o->batch * 16);
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
-    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
+    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0, loads = 0;
+    if (c) {
+        ap_collab_stats_t st0;
+        ap_collab_get_stats_sync(c, &st0);
+        loads = st0.state_loads;
+    }
+    /* the printed loss: the mean over this peer's batches of the epoch */
+    double loss_sum = 0;
+    uint64_t loss_n = 0;
+    /* where the time goes: computing batches (with --slowdown's sleep) and
+     * the epochs' overshoot (samples averaged past the target) */
+    double compute_s = 0, overshoot_sum = 0;
+    /* the printed global rate: samples the last epoch's step averaged over
+     * the epoch's wall time (a dead peer adds nothing from its death on) */
+    double epoch_t = t0, global_rate = 0, stepped_samples = 0, first_step_t = 0, last_step_t = 0;
+    uint64_t overshoot_n = 0;
     if (fatal) ckpath[0] = 0; /* nothing is written by a peer that was stopped */
     while (!rc && !fatal && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
         float loss = 0;
         if (!o->aux) {
-            double tb = now_s();
+            double tb = now_s(), cb = cpu_s();
             ap_nn_model_zero_grad(m);
             int r;
             if (gpt) {
@@ -508,10 +567,14 @@ static int run(const topts_t *o)
                 break;
             }
             if (o->slowdown > 0) {
-                double dt = (now_s() - tb) * o->slowdown;
+                /* a slower accelerator: X times the work, not X times the
+                 * time other processes held the cores meanwhile */
+                double wall = now_s() - tb, cpu = cpu_s() - cb;
+                double dt = (cpu > 0 && cpu < wall ? cpu : wall) * o->slowdown;
                 struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
                 nanosleep(&ts, NULL);
             }
+            compute_s += now_s() - tb;
             ap_train_watch_submit(watch, true);
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
@@ -528,6 +591,8 @@ static int run(const topts_t *o)
                 break;
             }
             local_samples += (uint64_t)o->batch;
+            loss_sum += loss;
+            loss_n++;
         } else {
             struct timespec ts = {0, 200 * 1000 * 1000};
             nanosleep(&ts, NULL);
@@ -547,12 +612,28 @@ static int run(const topts_t *o)
             ap_node_call_sync(rt, rtstats_fn, &rs);
             char sent[32];
             human_bytes(rs.bytes_sent, sent, sizeof sent);
+            if (st.epoch == last_epoch + 1 && st.last_epoch_samples > 0 &&
+                st.state_loads == loads) {
+                overshoot_sum += (double)st.last_epoch_samples / (double)o->target - 1.0;
+                overshoot_n++;
+                if (now > epoch_t) global_rate = (double)st.last_epoch_samples / (now - epoch_t);
+                if (!first_step_t)
+                    first_step_t = now;
+                else
+                    stepped_samples += (double)st.last_epoch_samples;
+                last_step_t = now;
+            }
+            epoch_t = now;
+            loads = st.state_loads;
+            char lossbuf[32] = "-";
+            if (loss_n) snprintf(lossbuf, sizeof lossbuf, "%.4f", loss_sum / (double)loss_n);
+            loss_sum = 0;
+            loss_n = 0;
             if (tty) printf("\r\033[K");
-            printf("epoch %llu | loss %.4f | global %.0f samples/s | peers %u | group %u%s | "
+            printf("epoch %llu | loss %s | global %.0f samples/s | peers %u | group %u%s | "
                    "sent %s | t %.0fs\n",
-                   (unsigned long long)st.epoch, st.last_loss, st.global_sps, st.peers,
-                   st.last_group_size, st.last_averaged_fraction < 1 ? " (partial)" : "", sent,
-                   now - t0);
+                   (unsigned long long)st.epoch, lossbuf, global_rate, st.peers, st.last_group_size,
+                   st.last_averaged_fraction < 1 ? " (partial)" : "", sent, now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
             if (ckpath[0]) {
@@ -564,10 +645,12 @@ static int run(const topts_t *o)
                     printf("checkpoint: epoch %llu saved to %s\n", (unsigned long long)ce, ckpath);
             }
         } else if (tty && now - last_status > 0.25) {
-            printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
+            printf("\r\033[Kepoch %llu | %.0f/%llu samples | peers' speed %.0f samples/s | loss "
+                   "%.4f | peers %u "
                    "| eta %.1fs",
                    (unsigned long long)st.epoch, st.global_samples, (unsigned long long)o->target,
-                   st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
+                   st.global_sps, loss_n ? loss_sum / (double)loss_n : 0.0, st.peers,
+                   isfinite(st.eta_s) ? st.eta_s : -1.0);
             fflush(stdout);
             last_status = now;
         }
@@ -595,12 +678,24 @@ static int run(const topts_t *o)
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
                "refused records %llu | computed during rounds %llu | dropped late %llu | %.0fs\n",
-               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
+               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0,
+               last_step_t > first_step_t ? stepped_samples / (last_step_t - first_step_t)
+                                          : global_rate,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
                (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
                el);
+        /* the shares of this peer's wall time (apiary bench train reads them) */
+        if (el > 0) {
+            double g = st.group_wait_us / 1e6, a = st.averaging_us / 1e6, d = st.download_us / 1e6;
+            double rest = el - compute_s - g - a - d;
+            printf("time: compute %.3f | group %.3f | averaging %.3f | download %.3f | idle %.3f "
+                   "| overshoot %.3f | epochs %llu\n",
+                   compute_s / el, g / el, a / el, d / el, rest > 0 ? rest / el : 0.0,
+                   overshoot_n ? overshoot_sum / (double)overshoot_n : 0.0,
+                   (unsigned long long)overshoot_n);
+        }
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
@@ -626,11 +721,31 @@ static int train_main(int argc, char **argv)
                  .model = "gpt",
                  .target = 256,
                  .batch = 8,
-                 .lr = 3e-3,
+                 .lr = 0,
+                 .clip = 1.0,
+                 .layers = 2,
+                 .embd = 128,
+                 .heads = 4,
+                 .ctx = 64,
+                 .warmup = 3,
+                 .optim = AP_NN_LAMB,
+                 .sched = AP_NN_LR_CONSTANT,
                  .state_every = 5,
                  .seed = 1,
                  .mm_window = 0.5,
                  .nshards = 1};
+    enum {
+        O_LAYERS = 256,
+        O_EMBD,
+        O_HEADS,
+        O_CTX,
+        O_SHARE,
+        O_OPTIM,
+        O_WARMUP,
+        O_SCHED,
+        O_DECAY,
+        O_CLIP
+    };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
         {"initial-peers", required_argument, NULL, 'p'},
@@ -659,6 +774,16 @@ static int train_main(int argc, char **argv)
         {"data-shard", required_argument, NULL, 'H'},
         {"dht-matchmaking", no_argument, NULL, 'M'},
         {"fresh", no_argument, NULL, 'F'},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"embd", required_argument, NULL, O_EMBD},
+        {"heads", required_argument, NULL, O_HEADS},
+        {"ctx", required_argument, NULL, O_CTX},
+        {"share-layers", no_argument, NULL, O_SHARE},
+        {"optim", required_argument, NULL, O_OPTIM},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"schedule", required_argument, NULL, O_SCHED},
+        {"decay-epochs", required_argument, NULL, O_DECAY},
+        {"clip", required_argument, NULL, O_CLIP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -744,7 +869,7 @@ static int train_main(int argc, char **argv)
             o.ckdir = optarg;
             break;
         case 'l':
-            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &o.lr)) return 2;
+            if (!ap_cli_num("--lr", optarg, 1e-9, 10, &o.lr)) return 2;
             break;
         case 's': {
             long long v_;
@@ -801,6 +926,47 @@ static int train_main(int argc, char **argv)
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;
+        case O_LAYERS:
+        case O_EMBD:
+        case O_HEADS:
+        case O_CTX: {
+            static const char *const names[] = {"--layers", "--embd", "--heads", "--ctx"};
+            static const long long maxv[] = {64, 4096, 64, 4096};
+            int k = ch - O_LAYERS;
+            long long v_;
+            if (!ap_cli_int(names[k], optarg, 1, maxv[k], &v_)) return 2;
+            int *dst[] = {&o.layers, &o.embd, &o.heads, &o.ctx};
+            *dst[k] = (int)v_;
+        } break;
+        case O_SHARE:
+            o.share = true;
+            break;
+        case O_OPTIM:
+            if (ap_nn_optim_kind_from_name(optarg, &o.optim)) {
+                fprintf(stderr, "apiary train: --optim %s: use lamb, adamw, adam or sgd\n", optarg);
+                return 2;
+            }
+            break;
+        case O_SCHED:
+            if (ap_nn_lr_kind_from_name(optarg, &o.sched)) {
+                fprintf(stderr, "apiary train: --schedule %s: use constant, linear or cosine\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_WARMUP: {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 1000000000, &v_)) return 2;
+            o.warmup = (int)v_;
+        } break;
+        case O_DECAY: {
+            long long v_;
+            if (!ap_cli_int("--decay-epochs", optarg, 1, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.decay_epochs = (uint64_t)v_;
+        } break;
+        case O_CLIP:
+            if (!ap_cli_num("--clip", optarg, 0, 1e6, &o.clip)) return 2;
+            break;
         case 'h':
             usage();
             return 0;
@@ -823,6 +989,33 @@ static int train_main(int argc, char **argv)
     }
     if (o.nshards > 1 && strcmp(o.model, "mlp") != 0) {
         fprintf(stderr, "apiary train: --data-shard is for --model mlp (the synthetic stream)\n");
+        return 2;
+    }
+    if (o.lr == 0) o.lr = o.optim == AP_NN_LAMB ? 5e-2 : o.optim == AP_NN_SGD ? 0.1 : 2e-3;
+    if (o.embd % o.heads) {
+        fprintf(stderr, "apiary train: --embd %d is not a multiple of --heads %d\n", o.embd,
+                o.heads);
+        return 2;
+    }
+    if (o.sched != AP_NN_LR_CONSTANT) {
+        uint64_t total = o.decay_epochs ? o.decay_epochs : o.max_epochs;
+        if (!total) {
+            fprintf(stderr,
+                    "apiary train: --schedule %s decays to its minimum at an epoch: give "
+                    "--decay-epochs N or --max-epochs N\n",
+                    ap_nn_lr_kind_name(o.sched));
+            return 2;
+        }
+        if (total <= (uint64_t)o.warmup) {
+            fprintf(stderr,
+                    "apiary train: the decay ends at epoch %llu, within the %d warm-up epochs: "
+                    "give more --decay-epochs or fewer --warmup\n",
+                    (unsigned long long)total, o.warmup);
+            return 2;
+        }
+    }
+    if (!(o.lr > 0) || !(o.mm_window > 0)) {
+        fprintf(stderr, "apiary train: --lr and --matchmaking-window must be > 0\n");
         return 2;
     }
     if (o.fresh && !o.ckdir) {
