@@ -19,6 +19,7 @@ $(BUILD)/CMakeCache.txt: | deps
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
+	@echo "built in $(BUILD)/. Compile against it: cc app.c \$$(PKG_CONFIG_PATH=$(BUILD) pkg-config --cflags --libs apiary)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)

@@ -1,6 +1,6 @@
 /* `apiary avg-worker` (internal): one member of a real-process all-reduce
  * group, driven by `apiary bench allreduce` and the shaped-link bench through
- * a group file and a stdin barrier. Protocol: bench/allreduce_procs.h. */
+ * a group file and a stdin barrier. Protocol: testing/allreduce_procs.h. */
 #include "allreduce_procs.h"
 #include "cli.h"
 
@@ -26,7 +26,7 @@ static void usage(FILE *f)
         f, "usage: apiary avg-worker --group FILE --key FILE --elems N [options]\n\n"
            "INTERNAL: one process of `apiary bench allreduce` (and the shaped-link bench).\n"
            "Runs an all-reduce group member over TCP + Noise; the group file lists every\n"
-           "member (bench/allreduce_procs.h). Prints JSON lines to stdout and, before each\n"
+           "member (testing/allreduce_procs.h). Prints JSON lines to stdout and, before each\n"
            "round, waits for one line on stdin (the barrier) unless --no-sync.\n\n"
            "  --group FILE         'member MULTIADDR ROLE UP DOWN [WEIGHT]' lines, in group order\n"
            "  --key FILE           this member's key file (its PeerID is in the group)\n"

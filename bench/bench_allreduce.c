@@ -1,6 +1,6 @@
 /* `apiary bench allreduce`: the butterfly all-reduce on real processes over
  * TCP + Noise on 127.0.0.1 (P `apiary avg-worker` processes, spawned and
- * synchronised by bench/allreduce_procs.c), for P = 2, 4, 8, 16M and 64M
+ * synchronised by testing/allreduce_procs.c), for P = 2, 4, 8, 16M and 64M
  * float32 elements, codecs none, fp16, uniform8, blockwise8.
  *   round_s          median wall time of a measured round (barrier release to
  *                    the last worker's report), fields peers, elems, codec

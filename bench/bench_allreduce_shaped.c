@@ -1,5 +1,5 @@
 /* `apiary bench allreduce-shaped`: the butterfly all-reduce between real
- * processes on shaped links (network namespaces, veth + htb: bench/netns.h),
+ * processes on shaped links (network namespaces, veth + htb: testing/netns.h),
  * against the DeDLOC model's lower bound.
  *
  *   equal links:  4 and 8 peers at 100 Mbit/s up and down, 4 M floats;

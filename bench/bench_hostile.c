@@ -632,7 +632,7 @@ static int exact_mode_kill(ap_bench_ctx_t *b, bool quick)
                       "--matchmaking-window",
                       "0.3",
                       NULL};
-        pids[i] = ap_cli_spawn_logged(exe, av, logs[i]);
+        pids[i] = ap_proc_spawn_log(exe, av, logs[i]);
     }
     bool setup = false;
     for (int w = 0; w < 600 && !setup; w++) {

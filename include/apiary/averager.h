@@ -190,6 +190,12 @@ typedef void (*ap_allreduce_done_fn)(ap_rt_t *rt, void *arg, const ap_allreduce_
 AP_EXPORT int ap_avg_service_new(ap_rt_t *rt, ap_avg_service_t **out);
 AP_EXPORT int ap_avg_service_free(ap_avg_service_t *svc);
 
+/* Blocking forms for a user thread (NOT the loop thread) of a node of the
+ * real driver (include/apiary/node.h): they run ap_avg_service_new / _free
+ * on rt's loop and wait. rt is the node the service lives on. */
+AP_EXPORT int ap_avg_service_new_sync(ap_rt_t *rt, ap_avg_service_t **out);
+AP_EXPORT int ap_avg_service_free_sync(ap_rt_t *rt, ap_avg_service_t *svc);
+
 /* Starts one all-reduce round on this node.
  *  g:       the group; this node must be in it (else AP_EINVAL). Copied.
  *  data:    n_elems float32 values, owned by the caller, which must keep it
@@ -259,6 +265,12 @@ AP_EXPORT int ap_averager_new(ap_avg_service_t *svc, const size_t *sizes, size_t
                               const ap_averager_opts_t *opts, ap_averager_t **out);
 /* AP_EBUSY while a step runs. Loop thread. */
 AP_EXPORT int ap_averager_free(ap_averager_t *av);
+/* Blocking forms for a user thread of a node of the real driver: run
+ * ap_averager_new / _free on the loop of rt (the service's node) and wait. */
+AP_EXPORT int ap_averager_new_sync(ap_rt_t *rt, ap_avg_service_t *svc, const size_t *sizes,
+                                   size_t ntensors, const ap_averager_opts_t *opts,
+                                   ap_averager_t **out);
+AP_EXPORT int ap_averager_free_sync(ap_rt_t *rt, ap_averager_t *av);
 /* Tensor i (owned by the averager, valid until ap_averager_free); NULL if out
  * of range. Write it only while no step runs. */
 AP_EXPORT float *ap_averager_tensor(ap_averager_t *av, size_t i, size_t *n_elems);
@@ -336,6 +348,12 @@ AP_EXPORT int ap_avg_matchmaker_new(ap_avg_service_t *svc, ap_dht_t *dht,
 /* AP_EBUSY while a search runs. Loop thread. */
 AP_EXPORT int ap_avg_matchmaker_free(ap_avg_matchmaker_t *mm);
 
+/* Blocking forms for a user thread of a node of the real driver: run
+ * ap_avg_matchmaker_new / _free on the loop of rt (the service's node). */
+AP_EXPORT int ap_avg_matchmaker_new_sync(ap_rt_t *rt, ap_avg_service_t *svc, ap_dht_t *dht,
+                                         ap_avg_matchmaker_t **out);
+AP_EXPORT int ap_avg_matchmaker_free_sync(ap_rt_t *rt, ap_avg_matchmaker_t *mm);
+
 typedef struct ap_avg_search ap_avg_search_t;
 /* status 0: g is the group (valid during the call only; this peer is in it).
  * Else AP_ETIMEDOUT (no group of min_group_size by the deadline),
@@ -362,6 +380,19 @@ AP_EXPORT int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const
                                double weight, ap_avg_step_fn cb, void *arg, ap_avg_step_t **out);
 /* The group the step ran in (valid once RUNNING; NULL before): its size. */
 AP_EXPORT size_t ap_avg_step_group_size(const ap_avg_step_t *st);
+
+/* Blocking form of ap_averager_step for a user thread (NOT the loop thread)
+ * of a node of the real driver: looks for a group and averages in it, then
+ * returns. m is copied (its key must stay valid until this returns). If
+ * look_us > 0 the search's deadline is look_us after the step starts on the
+ * loop (m->deadline_at_us is then ignored: a user thread cannot read the
+ * loop's clock); else m->deadline_at_us is used as given. Returns the start
+ * error or the step's status (0: *res tells the averaged fraction;
+ * AP_ETIMEDOUT: no group formed). res and group_size may be NULL. Write the
+ * tensors only while no step runs, i.e. between calls. */
+AP_EXPORT int ap_averager_step_sync(ap_rt_t *rt, ap_averager_t *av, ap_avg_matchmaker_t *mm,
+                                    const ap_avg_match_t *m, uint64_t look_us, double weight,
+                                    ap_allreduce_result_t *res, size_t *group_size);
 
 #ifdef __cplusplus
 }

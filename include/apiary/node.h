@@ -120,6 +120,13 @@ AP_EXPORT int ap_node_call_sync(ap_rt_t *rt, ap_sync_fn fn, void *arg);
 /* Completes a call_sync with status. Any thread; exactly once per call. */
 AP_EXPORT void ap_sync_complete(ap_sync_t *done, int status);
 
+/* ap_rt_listen_addrs from a user thread (through ap_node_call_sync): the
+ * node's listen addresses, with "/p2p/<id>" if with_id, up to max entries;
+ * returns how many exist (may be more than max), or a negative error as
+ * ap_node_call_sync. Any thread but the loop thread. */
+AP_EXPORT int ap_node_listen_addrs_sync(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max,
+                                        bool with_id);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,13 +4,13 @@
  * and fp16 (and uniform8: identical bytes at every receiver); then a group of a normal peer, a
  * client that never listens and an aux). The test does not trust the bench's own check: each worker
  * dumps its final vector, and the test recomputes the weighted mean of the inputs (the data formula
- * of bench/allreduce_procs.h, weights 1 + index) and holds every element to it: exact to the float
- * rounding for none, within fp16's error bound (data and result rounded) for fp16; every receiver
- * must hold the same bytes. No timing is asserted. */
+ * of testing/allreduce_procs.h, weights 1 + index) and holds every element to it: exact to the
+ * float rounding for none, within fp16's error bound (data and result rounded) for fp16; every
+ * receiver must hold the same bytes. No timing is asserted. */
 #include "aptest.h"
 #include "procs.h"
 
-#include "../../bench/allreduce_procs.h"
+#include "allreduce_procs.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -73,8 +73,8 @@ static void test_store_cli(void **state)
     char *av[] = {(char *)ap_test_cli(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
     pid_t node = ap_test_spawn_log(av, log);
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        ap_test_sleep_ms(100);
-        if (ap_test_grep_file(log, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_proc_sleep_ms(100);
+        if (ap_proc_grep_file(log, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
         }
@@ -114,7 +114,7 @@ static void test_store_cli(void **state)
     assert_int_equal(sh(out, sizeof out, cmd), 1);
     assert_non_null(strstr(out, "65536-byte value limit"));
     kill(node, SIGTERM);
-    assert_int_equal(ap_test_wait_exit(node, 10), 0);
+    assert_int_equal(ap_proc_wait_exit(node, 10), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
 }

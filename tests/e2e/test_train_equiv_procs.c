@@ -43,8 +43,8 @@ static pid_t start_boot(const char *dir, char *addr, size_t n)
     pid_t boot = ap_test_spawn_log(bargv, blog);
     addr[0] = 0;
     for (int i = 0; i < 100 && !addr[0]; i++) {
-        ap_test_sleep_ms(100);
-        if (ap_test_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
+        ap_proc_sleep_ms(100);
+        if (ap_proc_grep_file(blog, "  /ip4/127.0.0.1/tcp/", line, sizeof line)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(addr, n, "%s", strstr(line, "/ip4/"));
         }
@@ -64,12 +64,13 @@ static ap_nn_model_t *train_mlp(int max_batch)
     return m;
 }
 
-/* Loads a checkpoint of `apiary train --model mlp` (with its Adam state). */
+/* Loads a checkpoint of `apiary train --model mlp` (with the state of its
+ * default optimizer, LAMB). */
 static ap_nn_model_t *load_ckpt(const char *path, uint64_t *epoch)
 {
     ap_nn_model_t *m = train_mlp(512);
     ap_nn_params_t *pr = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAM);
+    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_LAMB);
     ap_nn_optim_t *o = NULL;
     assert_ok(ap_nn_optim_new(&oc, pr->count, pr->views, pr->nviews, &o));
     assert_ok(ap_nn_checkpoint_load(path, m, o, epoch));
@@ -129,6 +130,8 @@ static void test_equivalence_processes(void **state)
                   "0",
                   "--checkpoint-dir",
                   sck,
+                  "--seed", /* the shards' stream (their default seed) */
+                  "1",
                   NULL};
     pid_t single = ap_test_spawn_log(sv, slog);
 
@@ -172,25 +175,25 @@ static void test_equivalence_processes(void **state)
                       NULL};
         pids[i] = ap_test_spawn_log(av, logs[i]);
     }
-    assert_int_equal(ap_test_wait_exit(single, 120), 0);
-    for (int i = 0; i < NPEERS; i++) assert_int_equal(ap_test_wait_exit(pids[i], 120), 0);
+    assert_int_equal(ap_proc_wait_exit(single, 120), 0);
+    for (int i = 0; i < NPEERS; i++) assert_int_equal(ap_proc_wait_exit(pids[i], 120), 0);
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
 
     /* every epoch of every peer: a complete group of 4 averaging exactly 4·b */
     for (int i = 0; i < NPEERS; i++) {
-        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "summary:", line, sizeof line));
         print_message("peer%d %s", i, line);
         assert_non_null(strstr(line, "partial epochs 0 "));
         /* a download at start-up (epoch 0: the same initialisation) is
          * harmless; none later (no peer fell behind or missed a group) */
-        assert_false(ap_test_grep_file(logs[i], "behind: epoch", NULL, 0));
-        assert_false(ap_test_grep_file(logs[i], "missed the averaging group", NULL, 0));
+        assert_false(ap_proc_grep_file(logs[i], "behind: epoch", NULL, 0));
+        assert_false(ap_proc_grep_file(logs[i], "missed the averaging group", NULL, 0));
         for (int e = 1; e <= EPOCHS; e++) {
             char want[96];
             snprintf(want, sizeof want, "epoch %d reached (%d peers, %d samples)", e, NPEERS,
                      NPEERS * B);
-            if (!ap_test_grep_file(logs[i], want, NULL, 0)) {
+            if (!ap_proc_grep_file(logs[i], want, NULL, 0)) {
                 print_message("peer%d: no \"%s\" in %s\n", i, want, logs[i]);
                 fail();
             }
@@ -276,21 +279,21 @@ static void test_delayed_checkpoints_processes(void **state)
                       NULL};
         pids[i] = ap_test_spawn_log(av, logs[i]);
     }
-    for (int i = 0; i < 2; i++) assert_int_equal(ap_test_wait_exit(pids[i], 90), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(ap_proc_wait_exit(pids[i], 90), 0);
     unsigned long long saved = 0;
     for (int i = 0; i < 2; i++) {
-        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "summary:", line, sizeof line));
         print_message("peer%d %s", i, line);
         /* a checkpoint per epoch (plus one at exit), not starved */
         int n = 0;
         for (int e = 1; e <= 6; e++) {
             char want[64];
             snprintf(want, sizeof want, "checkpoint: epoch %d saved", e);
-            n += ap_test_grep_file(logs[i], want, NULL, 0);
+            n += ap_proc_grep_file(logs[i], want, NULL, 0);
         }
         print_message("peer%d: %d of 6 epochs checkpointed\n", i, n);
         assert_true(n >= 5);
-        assert_true(ap_test_grep_file(logs[i], "(at exit)", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "(at exit)", line, sizeof line));
         assert_int_equal(sscanf(strstr(line, "epoch"), "epoch %llu", &saved), 1);
         assert_true(saved >= 6);
     }
@@ -324,15 +327,15 @@ static void test_delayed_checkpoints_processes(void **state)
     snprintf(to, sizeof to, "%s/dckpt-resume.ckpt", cks[0]);
     assert_int_equal(link(from, to), 0);
     pid_t r = ap_test_spawn_log(rv, logs[2]);
-    assert_int_equal(ap_test_wait_exit(r, 90), 0);
-    assert_true(ap_test_grep_file(logs[2], "resumed from", line, sizeof line));
+    assert_int_equal(ap_proc_wait_exit(r, 90), 0);
+    assert_true(ap_proc_grep_file(logs[2], "resumed from", line, sizeof line));
     print_message("%s", line);
     unsigned long long at = 0;
     assert_int_equal(sscanf(strstr(line, "at epoch"), "at epoch %llu", &at), 1);
     assert_int_equal(at, saved);
-    assert_true(ap_test_grep_file(logs[2], "summary: epochs 8", NULL, 0));
+    assert_true(ap_proc_grep_file(logs[2], "summary: epochs 8", NULL, 0));
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
 }
 
 int main(void)

@@ -1,5 +1,5 @@
 /* Collaborative training across hosts: three network namespaces on a bridge
- * (bench/netns.h), each with its own address and its own loopback, so no
+ * (testing/netns.h), each with its own address and its own loopback, so no
  * address is shared by chance. An `apiary dht` bootstrap node in host 0 and
  * an `apiary train` peer (MLP) in each of hosts 1 and 2, all on the default
  * wildcard listen address: the bootstrap must print its host address (not
@@ -11,7 +11,7 @@
 #include "aptest.h"
 #include "procs.h"
 
-#include "../../bench/netns.h"
+#include "netns.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -41,8 +41,8 @@ static void wait_line(const char *log, const char *needle, char *out, size_t n, 
 {
     out[0] = 0;
     for (int i = 0; i < seconds * 10 && !out[0]; i++) {
-        if (ap_test_grep_file(log, needle, out, n)) break;
-        ap_test_sleep_ms(100);
+        if (ap_proc_grep_file(log, needle, out, n)) break;
+        ap_proc_sleep_ms(100);
     }
 }
 
@@ -71,7 +71,7 @@ static void test_train_across_hosts(void **state)
         ap_netns_free(ns);
         fail_msg("the bootstrap did not print its host address %s", want);
     }
-    assert_false(ap_test_grep_file(blog, "0.0.0.0", NULL, 0));
+    assert_false(ap_proc_grep_file(blog, "0.0.0.0", NULL, 0));
     line[strcspn(line, "\n")] = 0;
     snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
 
@@ -107,7 +107,7 @@ static void test_train_across_hosts(void **state)
         pids[i] = spawn_in(ns, (size_t)i, av, logs[i]);
     }
     int st[NH] = {0};
-    for (int i = 1; i < NH; i++) st[i] = ap_test_wait_exit(pids[i], 90);
+    for (int i = 1; i < NH; i++) st[i] = ap_proc_wait_exit(pids[i], 90);
 
     /* on loopback only, with a remote initial peer: refused at start */
     char llog[300];
@@ -125,17 +125,17 @@ static void test_train_across_hosts(void **state)
                   "--duration",
                   "20",
                   NULL};
-    int lst = ap_test_wait_exit(spawn_in(ns, 1, lv, llog), 30);
+    int lst = ap_proc_wait_exit(spawn_in(ns, 1, lv, llog), 30);
     char alog[300];
     snprintf(alog, sizeof alog, "%s/announce.log", dir);
     char *badv[] = {(char *)ap_test_cli(), "train", "--announce", "/ip4/10.0.0.1", NULL};
-    int ast = ap_test_wait_exit(spawn_in(ns, 1, badv, alog), 30);
+    int ast = ap_proc_wait_exit(spawn_in(ns, 1, badv, alog), 30);
     kill(boot, SIGTERM);
-    ap_test_wait_exit(boot, 10);
+    ap_proc_wait_exit(boot, 10);
 
     for (int i = 1; i < NH; i++) {
         assert_int_equal(st[i], 0);
-        assert_true(ap_test_grep_file(logs[i], "summary:", line, sizeof line));
+        assert_true(ap_proc_grep_file(logs[i], "summary:", line, sizeof line));
         print_message("peer%d %s", i, line);
         unsigned long long ep = 0;
         assert_int_equal(sscanf(strstr(line, "epochs"), "epochs %llu", &ep), 1);
@@ -143,16 +143,16 @@ static void test_train_across_hosts(void **state)
         /* its address is its host's, never the wildcard */
         char mine[64];
         snprintf(mine, sizeof mine, "listening on /ip4/%s/tcp/", ap_netns_ip(ns, (size_t)i));
-        assert_true(ap_test_grep_file(logs[i], mine, NULL, 0));
-        assert_false(ap_test_grep_file(logs[i], "0.0.0.0", NULL, 0));
+        assert_true(ap_proc_grep_file(logs[i], mine, NULL, 0));
+        assert_false(ap_proc_grep_file(logs[i], "0.0.0.0", NULL, 0));
         /* the two peers averaged with each other, across the bridge */
-        assert_true(ap_test_grep_file(logs[i], "| group 2 |", NULL, 0));
+        assert_true(ap_proc_grep_file(logs[i], "| group 2 |", NULL, 0));
     }
     assert_int_equal(lst, 1);
-    assert_true(ap_test_grep_file(llog, "reachable only on loopback", NULL, 0));
+    assert_true(ap_proc_grep_file(llog, "reachable only on loopback", NULL, 0));
     assert_int_equal(ast, 2);
-    assert_true(ap_test_grep_file(alog, "--announce needs", NULL, 0));
-    ap_netns_free(ns); /* on a failed assertion, at exit (bench/netns.h) */
+    assert_true(ap_proc_grep_file(alog, "--announce needs", NULL, 0));
+    ap_netns_free(ns); /* on a failed assertion, at exit (testing/netns.h) */
 }
 
 int main(void)

@@ -1,5 +1,5 @@
 /* The all-reduce between processes on shaped links: four namespaces on a
- * bridge (bench/netns.h), every link 20 Mbit/s each way (htb), one process
+ * bridge (testing/netns.h), every link 20 Mbit/s each way (htb), one process
  * per member talking TCP + Noise XX from inside its namespace. Members: two
  * NORMAL, one CLIENT, one AUX. Two rounds (the second on warm connections):
  * every receiver must end with exactly the weighted mean (float32 codec,
@@ -9,8 +9,8 @@
  * at GB/s. Skipped (cmocka skip) when not root or without netns/veth/htb. */
 #include "aptest.h"
 
-#include "../../bench/allreduce_netns.h"
-#include "../../bench/netns.h"
+#include "allreduce_netns.h"
+#include "netns.h"
 
 #include "apiary/log.h"
 

@@ -4,11 +4,13 @@
  * Midway one peer is killed (SIGKILL) and a fresh one joins and catches up by
  * downloading the state. Prints the loss as it falls and a summary. */
 #include "cli.h"
+#include "curve_svg.h"
 #include "proc.h"
 
 #include "apiary/nn.h"
 
 #include <errno.h>
+#include <math.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -104,14 +106,14 @@ static int demo_main(int argc, char **argv)
     proc_t boot = {0};
     snprintf(boot.log, sizeof boot.log, "%s/bootstrap.log", dir);
     char *bargv[] = {exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
-    boot.pid = ap_cli_spawn_logged(exe, bargv, boot.log);
+    boot.pid = ap_proc_spawn_log(exe, bargv, boot.log);
     boot.alive = boot.pid > 0;
     char addr[1100] = "";
     for (int i = 0; i < 100 && !addr[0]; i++) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
         char line[1024];
-        if (ap_cli_last_line(boot.log, "  /ip4/127.0.0.1/tcp/", line, sizeof line))
+        if (ap_proc_last_line(boot.log, "  /ip4/127.0.0.1/tcp/", line, sizeof line))
             snprintf(addr, sizeof addr, "%s", line + 2);
     }
     if (!addr[0]) {
@@ -156,7 +158,7 @@ static int demo_main(int argc, char **argv)
                       extra1,                                                                      \
                       extra2,                                                                      \
                       NULL};                                                                       \
-        p[i].pid = ap_cli_spawn_logged(exe, av, p[i].log);                                         \
+        p[i].pid = ap_proc_spawn_log(exe, av, p[i].log);                                           \
         p[i].alive = p[i].pid > 0;                                                                 \
         p[i].started = now_s();                                                                    \
         printf("%5.1fs  started %s (%s), pid %d\n", now_s() - t0, p[i].name, roles[i],             \
@@ -200,13 +202,13 @@ static int demo_main(int argc, char **argv)
             if (nsample < 64) peers_over_time[nsample++] = alive;
             char line[1024] = "";
             int src = p[0].alive ? 0 : 4;
-            if (ap_cli_last_line(p[src].log, "epoch ", line, sizeof line))
+            if (ap_proc_last_line(p[src].log, "epoch ", line, sizeof line))
                 printf("%5.1fs  %d peers | %s: %s\n", t, alive, p[src].name, line);
             else
                 printf("%5.1fs  %d peers | joining...\n", t, alive);
             if (joined && !caught_said && log_has(p[4].log, "caught up")) {
                 char cl[1024];
-                if (ap_cli_last_line(p[4].log, "caught up", cl, sizeof cl))
+                if (ap_proc_last_line(p[4].log, "caught up", cl, sizeof cl))
                     printf("         peer4 %s\n", cl);
                 caught_said = true;
             }
@@ -244,12 +246,33 @@ static int demo_main(int argc, char **argv)
     printf("\nsummary (per process):\n");
     for (int i = 0; i < np; i++) {
         char s[1024];
-        if (ap_cli_last_line(p[i].log, "summary:", s, sizeof s))
+        if (ap_proc_last_line(p[i].log, "summary:", s, sizeof s))
             printf("  %-6s %-15s %s\n", p[i].name, roles[i], s + 9);
         else
             printf("  %-6s %-15s %s\n", p[i].name, roles[i],
                    p[i].killed ? "killed with SIGKILL (no summary)" : "no summary (see its log)");
     }
+    /* the loss curves, drawn */
+    ap_cli_curve_t *curves = calloc((size_t)np, sizeof *curves);
+    char svg[600];
+    snprintf(svg, sizeof svg, "%s/loss.svg", dir);
+    double final = NAN;
+    if (curves) {
+        for (int i = 0; i < np; i++) {
+            ap_cli_curve_read(p[i].log, &curves[i]);
+            curves[i].name = p[i].name;
+        }
+        const ap_cli_curve_t *fc = curves[0].n ? &curves[0] : np > 4 ? &curves[4] : NULL;
+        if (fc && fc->n) final = fc->loss[fc->n - 1];
+        char ref[64];
+        snprintf(ref, sizeof ref, "0.6 ln 256 = %.2f", 0.6 * log(256.0));
+        if (ap_cli_curve_svg(svg, curves, np, 0.6 * log(256.0), ref))
+            printf("loss curve: %s\n", svg);
+        else
+            fprintf(stderr, "apiary demo: cannot write %s\n", svg);
+        free(curves);
+    }
+    if (isfinite(final)) printf("final loss %.4f (%.2f x ln 256)\n", final, final / log(256.0));
     printf("peers alive over time (every 5 s):");
     for (int i = 0; i < nsample; i++) printf(" %d", peers_over_time[i]);
     printf("\n");
