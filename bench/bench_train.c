@@ -4,7 +4,19 @@
  *   samples_per_s       global samples/s of N peers (field peers)
  *   scaling_efficiency  samples/s(N) / (N * samples/s(1)), baseline = the
  *                       single peer measured in the same run (peers 2, 4)
+ *   time_efficiency     the peers' mean compute share / the single peer's
+ *                       (peers 2, 4): the wall time the collaboration costs
+ *                       (waiting for groups, rounds, downloads, reports),
+ *                       independent of how much CPU other load leaves to the
+ *                       run, which scaling_efficiency also measures
  *   bytes_per_sample    bytes sent by all peers / samples (peers 2, 4)
+ *   compute_share       per peer (field peer): the share of its wall time spent
+ *                       computing batches; fields group (waiting for a group),
+ *                       averaging (rounds + step), download (state), idle (the
+ *                       rest: reports, reads, held submits) and overshoot
+ *                       (mean samples averaged per epoch past the target,
+ *                       relative to it); synchronous time only: with delayed
+ *                       updates the background rounds are not counted
  *   samples_per_cpu_s   samples / CPU seconds (user + system) of the peer
  *                       and bootstrap processes of that run (getrusage of
  *                       the children): robust to other load on the machine
@@ -37,8 +49,14 @@ static double children_cpu_s(void)
            ru.ru_stime.tv_usec / 1e6;
 }
 
+/* One peer's shares of its wall time (its "time:" summary line). */
+typedef struct shares {
+    double compute, group, averaging, download, idle, overshoot;
+    unsigned long long epochs;
+} shares_t;
+
 static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dhtmm, double dur,
-                 double *sps, double *bps, double *spc)
+                 double *sps, double *bps, double *spc, shares_t *sh)
 {
     double cpu0 = children_cpu_s();
     char blog[600], addr[1100] = "", line[1100];
@@ -107,6 +125,14 @@ static int run_n(const char *exe, const char *dir, int n, bool delayed, bool dht
             sscanf(q, "bytes sent %llu", &sent) != 1 || sscanf(r, "| %lfs", &secs) != 1)
             return -1;
         samples += lsps * secs;
+        shares_t *t = &sh[i];
+        memset(t, 0, sizeof *t);
+        if (ap_proc_last_line(logs[i], "time:", line, sizeof line))
+            sscanf(line,
+                   "time: compute %lf | group %lf | averaging %lf | download %lf | idle %lf | "
+                   "overshoot %lf | epochs %llu",
+                   &t->compute, &t->group, &t->averaging, &t->download, &t->idle, &t->overshoot,
+                   &t->epochs);
         bytes += (double)sent;
         if (secs > el) el = secs;
     }
@@ -127,6 +153,8 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     if (!mkdtemp(dir)) return 1;
     double dur = c->quick ? 15 : 60;
     double sps[5] = {0}, bps[5] = {0}, spc[5] = {0};
+    shares_t sh[8];
+    double share1 = 0; /* the single peer's compute share */
     bool dhtmm = false;
     for (int i = 1; i < argc; i++) { /* argv[0] is the bench's name */
         if (strcmp(argv[i], "--dht-matchmaking") == 0) {
@@ -142,7 +170,7 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
     for (int k = 0; k < 5; k++) {
         int n = ns[k];
         bool delayed = k >= 3;
-        if (run_n(exe, dir, n, delayed, dhtmm, dur, &sps[n], &bps[n], &spc[n]) != 0) {
+        if (run_n(exe, dir, n, delayed, dhtmm, dur, &sps[n], &bps[n], &spc[n], sh) != 0) {
             fprintf(stderr, "bench train: the %d-peer run failed (logs in %s)\n", n, dir);
             return 1;
         }
@@ -151,11 +179,26 @@ static int bench_train(ap_bench_ctx_t *c, int argc, char **argv)
                  delayed ? "true" : "false", dhtmm ? ",\"dht_matchmaking\":true" : "");
         ap_bench_report(c, "samples_per_s", sps[n], "samples/s", f);
         ap_bench_report(c, "samples_per_cpu_s", spc[n], "samples/cpu-s", f);
+        /* per peer: where its wall time went, and the epochs' overshoot */
+        double share = 0;
+        for (int i = 0; i < n; i++) {
+            share += sh[i].compute / n;
+            char g[400];
+            snprintf(g, sizeof g,
+                     "%s,\"peer\":%d,\"group\":%.3f,\"averaging\":%.3f,\"download\":%.3f,"
+                     "\"idle\":%.3f,\"overshoot\":%.3f,\"epochs\":%llu",
+                     f, i, sh[i].group, sh[i].averaging, sh[i].download, sh[i].idle,
+                     sh[i].overshoot, sh[i].epochs);
+            ap_bench_report(c, "compute_share", sh[i].compute, "ratio", g);
+        }
+        if (n == 1) share1 = share;
         if (n > 1) {
             char g[200];
             snprintf(g, sizeof g, "%s,\"single_peer_samples_per_s\":%.1f", f, sps[1]);
             ap_bench_report(c, "scaling_efficiency", sps[1] > 0 ? sps[n] / (n * sps[1]) : 0,
                             "ratio", g);
+            snprintf(g, sizeof g, "%s,\"single_peer_compute_share\":%.3f", f, share1);
+            ap_bench_report(c, "time_efficiency", share1 > 0 ? share / share1 : 0, "ratio", g);
             ap_bench_report(c, "bytes_per_sample", bps[n], "B", f);
         }
     }

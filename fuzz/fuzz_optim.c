@@ -1,7 +1,8 @@
 /* Fuzz target: the collaborative optimizer's decoders of untrusted bytes.
  * First byte selects:
  *   even: a progress record (ap_progress_decode): accepted records must obey
- *         the documented invariants and survive a re-encode round trip;
+ *         the documented invariants (also of the run configuration they
+ *         carry) and survive a re-encode round trip;
  *   odd:  a state download from a fuzzed donor on the simulator: the rest of
  *         the input is a sequence of [u16 length][bytes] stream messages the
  *         donor sends (header, chunks, checksum). Whatever it sends, the
@@ -108,6 +109,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ap_progress_t q;
             if (len < 0 || ap_progress_decode(buf, (size_t)len, now, 5000, &q) != 0) abort();
             if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms) abort();
+            /* the run configuration: printable bounded model, finite
+             * numbers, the digest of the fields, all kept */
+            if (q.has_config != p.has_config || q.refused != p.refused) abort();
+            if (p.has_config) {
+                uint8_t d[AP_OPTIM_DIGEST_LEN];
+                char why[AP_OPTIM_CONFIG_MSG_MAX];
+                ap_run_config_digest(&p.config, d);
+                if (memcmp(d, p.config_digest, sizeof d) ||
+                    memcmp(q.config_digest, p.config_digest, sizeof d) ||
+                    ap_run_config_diff(&p.config, "a", &q.config, "b", why, sizeof why) != 0 ||
+                    strlen(p.config.model) >= AP_OPTIM_MODEL_MAX || !isfinite(p.config.lr) ||
+                    !isfinite(p.config.clip))
+                    abort();
+            }
         }
     } else {
         fuzz_download(data + 1, size - 1);

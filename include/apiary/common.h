@@ -10,7 +10,9 @@
 extern "C" {
 #endif
 
-/* AP_EXPORT marks the public API; everything else is hidden in libapiary.so. */
+/* AP_EXPORT marks the public API; everything else is hidden in libapiary.so.
+ * AP_NODISCARD: the result must be checked (verify and decode functions:
+ * ignoring it would use bytes that were not checked). */
 #if defined(__GNUC__)
 #define AP_EXPORT       __attribute__((visibility("default")))
 #define AP_NODISCARD    __attribute__((warn_unused_result))

@@ -144,12 +144,13 @@ AP_EXPORT int ap_compress_parse(const uint8_t *in, size_t len, ap_compress_hdr_t
 /* Decodes one chunk into dst[offset .. offset+count) of a tensor of dst_count
  * elements (AP_ERANGE if it does not fit). Sparse codecs write zeros to the
  * unsent elements of the chunk. hdr (may be NULL) receives the header. */
-AP_EXPORT int ap_compress_decode(const uint8_t *in, size_t len, float *dst, size_t dst_count,
-                                 ap_compress_hdr_t *hdr);
+AP_EXPORT AP_NODISCARD int ap_compress_decode(const uint8_t *in, size_t len, float *dst,
+                                              size_t dst_count, ap_compress_hdr_t *hdr);
 /* Same, but adds alpha * decoded to dst instead of overwriting (sparse codecs
  * touch only the sent elements). For aggregating peers' contributions. */
-AP_EXPORT int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha, float *dst,
-                                     size_t dst_count, ap_compress_hdr_t *hdr);
+AP_EXPORT AP_NODISCARD int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha,
+                                                  float *dst, size_t dst_count,
+                                                  ap_compress_hdr_t *hdr);
 
 /* ---- whole tensors, chunked and multi-threaded ---------------------------
  * A tensor of n elements is cut into ceil(n / chunk) chunks (chunk 0 =
@@ -167,8 +168,8 @@ AP_EXPORT int ap_compress_encode_tensor(const ap_codec_cfg_t *cfg, const float *
                                         size_t chunk, uint8_t *out, size_t cap, size_t *lens);
 /* Decodes nchunks messages (msgs[i], lens[i]) into dst[0..n) in parallel.
  * Returns the first error; dst is then partially written. */
-AP_EXPORT int ap_compress_decode_tensor(const uint8_t *const *msgs, const size_t *lens,
-                                        size_t nchunks, float *dst, size_t n);
+AP_EXPORT AP_NODISCARD int ap_compress_decode_tensor(const uint8_t *const *msgs, const size_t *lens,
+                                                     size_t nchunks, float *dst, size_t n);
 
 /* ---- error feedback ------------------------------------------------------
  * Keeps a residual e per tensor: each encode sends C(x + e) and sets

@@ -47,7 +47,8 @@ extern "C" {
     XX(ESYS, 30, "system error")                                                                   \
     XX(EQUOTA, 31, "per-peer quota exceeded")                                                      \
     XX(EFULL, 32, "storage full")                                                                  \
-    XX(ERATE, 33, "rate limit exceeded")
+    XX(ERATE, 33, "rate limit exceeded")                                                           \
+    XX(ECONFIG, 34, "configuration differs from the run's")
 
 enum ap_errno {
     AP_OK = 0,

@@ -47,7 +47,7 @@ AP_EXPORT int ap_identity_from_seed(ap_identity_t *out, const uint8_t seed[AP_ID
 AP_EXPORT void ap_identity_encode(const ap_identity_t *id, uint8_t out[AP_IDENTITY_FILE_LEN]);
 /* Strictly decodes the file form (exactly AP_IDENTITY_FILE_LEN bytes).
  * AP_ECORRUPT on anything else; *out is untouched then. */
-AP_EXPORT int ap_identity_decode(ap_identity_t *out, const uint8_t *data, size_t len);
+AP_EXPORT AP_NODISCARD int ap_identity_decode(ap_identity_t *out, const uint8_t *data, size_t len);
 
 /* Loads a key file. Errors (each also logs one line naming the path):
  *   AP_ENOTFOUND  the file does not exist

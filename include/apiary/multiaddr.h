@@ -72,7 +72,8 @@ AP_EXPORT int ap_multiaddr_print(const ap_multiaddr_t *ma, char *buf, size_t cap
  * Returns the length or AP_ERANGE. */
 AP_EXPORT int ap_multiaddr_encode(const ap_multiaddr_t *ma, uint8_t *out, size_t cap);
 /* Decodes the binary form (untrusted bytes). AP_EADDR on anything invalid. */
-AP_EXPORT int ap_multiaddr_decode(ap_multiaddr_t *out, const uint8_t *data, size_t len);
+AP_EXPORT AP_NODISCARD int ap_multiaddr_decode(ap_multiaddr_t *out, const uint8_t *data,
+                                               size_t len);
 
 AP_EXPORT bool ap_multiaddr_eq(const ap_multiaddr_t *a, const ap_multiaddr_t *b);
 

@@ -189,6 +189,14 @@ AP_EXPORT ap_nn_params_t *ap_nn_model_params(ap_nn_model_t *m);
 AP_EXPORT int ap_nn_model_gpt_config(const ap_nn_model_t *m, ap_nn_gpt_config_t *cfg);
 AP_EXPORT int ap_nn_model_mlp_config(const ap_nn_model_t *m, ap_nn_mlp_config_t *cfg);
 
+/* The model's kind and shape as AP_NN_SHAPE_WORDS numbers (the words a
+ * checkpoint stores: GPT vocab, ctx, layers, heads, width, shared blocks,
+ * stage; MLP sizes; unused words 0): two models of the same kind with equal
+ * words have the same parameters' layout. For comparing configurations
+ * between peers. */
+#define AP_NN_SHAPE_WORDS 16
+AP_EXPORT void ap_nn_model_shape(const ap_nn_model_t *m, uint32_t w[AP_NN_SHAPE_WORDS]);
+
 /* Deterministic initialisation from seed: weights N(0, 0.02) (GPT; residual
  * projections scaled by 1/sqrt(2L)) or Kaiming-uniform (MLP), biases 0,
  * layer-norm gains 1. */

@@ -38,6 +38,12 @@ typedef struct ap_nn_optim_config {
     float weight_decay;
 } ap_nn_optim_config_t;
 
+/* Names for command lines and logs: "sgd", "adam", "adamw", "lamb".
+ * ap_nn_optim_kind_name returns "?" for an unknown kind; _from_name returns
+ * 0 or AP_EINVAL (*out untouched). */
+AP_EXPORT const char *ap_nn_optim_kind_name(ap_nn_optim_kind_t kind);
+AP_EXPORT int ap_nn_optim_kind_from_name(const char *name, ap_nn_optim_kind_t *out);
+
 /* PyTorch defaults for a kind (SGD: momentum 0.9; Adam*: 0.9, 0.999, 1e-8;
  * LAMB: 0.9, 0.999, 1e-6; weight decay 0, or 0.01 for AdamW/LAMB). */
 AP_EXPORT ap_nn_optim_config_t ap_nn_optim_defaults(ap_nn_optim_kind_t kind);
@@ -84,6 +90,10 @@ typedef struct ap_nn_lr_schedule {
     uint64_t warmup; /* steps of linear warm-up from base/warmup to base */
     uint64_t total;  /* steps at which the decay reaches min (then stays) */
 } ap_nn_lr_schedule_t;
+
+/* "constant", "linear", "cosine" (as ap_nn_optim_kind_name / _from_name). */
+AP_EXPORT const char *ap_nn_lr_kind_name(ap_nn_lr_kind_t kind);
+AP_EXPORT int ap_nn_lr_kind_from_name(const char *name, ap_nn_lr_kind_t *out);
 
 /* Learning rate for step (0-based). */
 AP_EXPORT float ap_nn_lr_at(const ap_nn_lr_schedule_t *s, uint64_t step);
@@ -132,8 +142,8 @@ AP_EXPORT int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params
 /* Writes an encoded checkpoint (buf, len; borrowed) to path atomically (temp
  * file, fsync, rename). AP_EIO on failure (logged). */
 AP_EXPORT int ap_nn_checkpoint_write(const char *path, const uint8_t *buf, size_t len);
-AP_EXPORT int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m,
-                                      ap_nn_optim_t *o, uint64_t *step);
+AP_EXPORT AP_NODISCARD int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m,
+                                                   ap_nn_optim_t *o, uint64_t *step);
 
 #ifdef __cplusplus
 }

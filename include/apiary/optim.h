@@ -77,6 +77,47 @@ extern "C" {
 /* Cap on the samples/s a progress record may claim. */
 #define AP_OPTIM_MAX_SPS 1e9
 
+/* ---- the run's configuration ---------------------------------------------------
+ *
+ * What every peer of a run must share. It travels in every progress record
+ * (the fields; readers compare their 16-byte digest) and, as its digest, in
+ * the key of the DHT matchmaker's groups (so join requests only reach peers of the same
+ * configuration). A reader refuses the record of a peer whose configuration
+ * differs from its own, naming the first differing field and both values;
+ * such a peer is in no group, no estimate and no download. A peer that finds
+ * itself alone against the run (no live peer agrees with it, and it is
+ * starting, or a peer that differs is in a later epoch) stops with
+ * AP_ECONFIG (ap_collab_refusal says why) after one record marked refused,
+ * so the others log the difference too. docs/training.md, "Peers must
+ * agree". */
+
+#define AP_OPTIM_MODEL_MAX      64 /* bytes of the model description, with the NUL */
+#define AP_OPTIM_DIGEST_LEN     16
+#define AP_OPTIM_CONFIG_MSG_MAX 256 /* bytes of a difference's description */
+
+typedef struct ap_run_config {
+    char model[AP_OPTIM_MODEL_MAX]; /* the application's name of the model's shape ("" = none) */
+    uint64_t n_params, state_count;
+    uint32_t codec; /* ap_avg_codec_t of the gradient rounds */
+    uint64_t target_batch_size;
+    uint32_t optim;   /* ap_nn_optim_kind_t */
+    uint32_t lr_kind; /* ap_nn_lr_kind_t */
+    float lr, lr_min, weight_decay;
+    uint64_t warmup, lr_total;
+    double clip;
+    uint32_t state_every;
+    bool exact, dht_matchmaking;
+} ap_run_config_t;
+
+/* BLAKE2b-128 of the configuration's canonical encoding. */
+AP_EXPORT void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_OPTIM_DIGEST_LEN]);
+/* 0 if a and b agree; else 1 and out (cap bytes, NUL-terminated) names the
+ * first differing field with both values: "<field>: <a> <a_name>, <b>
+ * <b_name>" (e.g. "compression: fp16 here, none at 12D3KooW..."). */
+AP_EXPORT int ap_run_config_diff(const ap_run_config_t *a, const char *a_name,
+                                 const ap_run_config_t *b, const char *b_name, char *out,
+                                 size_t cap);
+
 /* ---- progress records ------------------------------------------------------ */
 
 typedef struct ap_progress {
@@ -90,6 +131,10 @@ typedef struct ap_progress {
     double up, down;  /* declared bandwidth, bytes/s */
     bool donor;       /* serves state downloads */
     int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
+    bool refused;     /* the peer stopped: the run refused its configuration */
+    bool has_config;  /* config and config_digest are set (always, from ap_collab) */
+    uint8_t config_digest[AP_OPTIM_DIGEST_LEN]; /* of config (set by encode and decode) */
+    ap_run_config_t config;
 } ap_progress_t;
 
 /* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
@@ -104,22 +149,31 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *                 an epoch start after the report, a ready time outside
  *                 [epoch start, report], a bad role or bandwidth;
  *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
- *                 duration (samples > 2·sps·(elapsed + 1 s) + 1).
+ *                 duration (samples > 2·sps·(elapsed + 1 s) + 1);
+ *   AP_ECORRUPT   also: a configuration with a model description that is too
+ *                 long or not printable; AP_ERANGE: a non-finite learning
+ *                 rate, weight decay or clipping norm.
+ * A record without a configuration decodes with has_config false.
  * peer is not part of the encoding (it is the owner of the subkey). */
-AP_EXPORT int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
-                                 int64_t max_skew_ms, ap_progress_t *out);
+AP_EXPORT AP_NODISCARD int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
+                                              int64_t max_skew_ms, ap_progress_t *out);
 
 /* ---- the collaborative optimizer --------------------------------------------- */
 
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;            /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size;    /* samples per global epoch (> 0) */
-    ap_avg_role_t role;            /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim;    /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;        /* learning rate per global epoch */
-    double max_grad_norm;          /* clip the averaged gradient (0 = no clipping) */
+    const char *run_id;         /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size; /* samples per global epoch (> 0) */
+    ap_avg_role_t role;         /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_optim_config_t optim; /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;     /* learning rate per global epoch (warm-up, decay) */
+    double max_grad_norm;       /* clip the averaged gradient (0 = no clipping) */
+    /* What the model is (ap_nn_model_kind, 0 = not given; ap_nn_model_shape):
+     * part of the run's configuration every peer must share with optim, lr
+     * and max_grad_norm; the optimizer's arithmetic does not read it. */
+    uint32_t model_kind;
+    uint32_t model_shape[AP_NN_SHAPE_WORDS];
     uint32_t average_state_every;  /* epochs between state averaging (0 = never) */
     double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
     uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
@@ -174,6 +228,11 @@ typedef struct ap_collab_config {
      * that became ready after the epoch's window closed still counts as late.
      * Creates a matchmaker on the runtime (one per node). */
     bool dht_matchmaking;
+    /* The model's shape as the application names it (e.g. "gpt L2 H4 E128
+     * T64"), part of the run's configuration every peer must share; at most
+     * AP_OPTIM_MODEL_MAX - 1 printable bytes, copied. NULL = none (the
+     * parameter count still must match). */
+    const char *model_desc;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -185,7 +244,7 @@ typedef struct ap_collab_stats {
     uint64_t epoch;                /* global epoch this peer is in */
     uint64_t local_samples;        /* accumulated in this epoch */
     double global_samples;         /* estimate for this epoch, all peers */
-    double global_sps;             /* sum of the peers' speeds */
+    double global_sps;             /* sum of the fresh training peers' speeds (any epoch) */
     double eta_s;                  /* estimated seconds until the epoch is due */
     uint32_t peers;                /* fresh records in the run (any epoch) */
     uint32_t last_group_size;      /* members of the last averaging round */
@@ -207,9 +266,19 @@ typedef struct ap_collab_stats {
     /* samples of an epoch whose round was over without them (late peer:
      * missed the group, or behind the others), discarded */
     uint64_t samples_dropped;
+    /* Where the caller's time went while a submit's callback was held
+     * (microseconds, cumulative; with delayed updates the background part
+     * of a round is not counted): from READY to the start of its round
+     * (matchmaking), in the gradient and state rounds and the step, and
+     * downloading the state as a laggard. */
+    uint64_t group_wait_us, averaging_us, download_us;
     /* donors that failed a state download (each is then left out of
      * downloads for a back-off doubling per failure, 1 s .. 60 s) */
     uint64_t state_donor_failures;
+    /* progress records refused because the peer's run configuration differs
+     * (each peer logged once per configuration) */
+    uint64_t peers_refused;
+    bool refused; /* the run refused this peer's configuration (ap_collab_refusal) */
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */
@@ -231,8 +300,10 @@ AP_EXPORT void ap_collab_free(ap_collab_t *c);
  * load_state_on_start, downloads the state (epoch, parameters, optimizer
  * state) from them, else keeps params as they are (the caller initialised
  * them; every first peer must use the same initialisation). Then reports
- * progress and starts the refresh timer. cb runs once; status 0, or the
- * download error (params untouched then; the peer may still train). An AUX
+ * progress and starts the refresh timer. cb runs once; status 0, AP_ECONFIG
+ * (every other peer of the run has another configuration: this peer must
+ * not train; ap_collab_refusal names the field), or the download error
+ * (params untouched then; the peer may still train). An AUX
  * peer then follows the epochs by itself and joins every round. */
 AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
 
@@ -241,7 +312,9 @@ AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
  * and, if the epoch is due, runs the averaging round and the optimizer step
  * (params change), or, if this peer is behind the others, downloads their
  * state. cb runs once when the caller may compute the next batch; status 0,
- * AP_ECANCELED (freed) or AP_EBUSY (a submit is pending: cb is not called).
+ * AP_ECANCELED (freed), AP_ECONFIG (the run refused this peer's
+ * configuration: see ap_collab_refusal; every later submit returns it too)
+ * or AP_EBUSY (a submit is pending: cb is not called).
  * Not for AUX peers (AP_ESTATE). */
 AP_EXPORT int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
                                ap_collab_fn cb, void *arg);
@@ -274,6 +347,13 @@ AP_EXPORT int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m
                                           size_t *len, uint64_t *epoch);
 
 AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out);
+/* This peer's run configuration (what its records carry). */
+AP_EXPORT void ap_collab_run_config(const ap_collab_t *c, ap_run_config_t *out);
+/* Why the run refused this peer (its configuration differs: the field and
+ * both values), once an operation ended with AP_ECONFIG; NULL otherwise.
+ * Owned by the collab, valid until it is freed; readable from the user's
+ * thread after the *_sync call that returned AP_ECONFIG. */
+AP_EXPORT const char *ap_collab_refusal(const ap_collab_t *c);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
 /* The optimizer state (owned by the collab; read-only for the caller). */
 AP_EXPORT const ap_nn_optim_t *ap_collab_optim(const ap_collab_t *c);

@@ -46,8 +46,8 @@ AP_EXPORT uint64_t ap_peer_id_hash(const ap_peer_id_t *id);
 
 /* Verifies an Ed25519 signature by the peer named by id. 0 if valid, AP_EAUTH
  * otherwise. */
-AP_EXPORT int ap_peer_verify(const ap_peer_id_t *id, const uint8_t *msg, size_t len,
-                             const uint8_t sig[AP_ED25519_SIG_LEN]);
+AP_EXPORT AP_NODISCARD int ap_peer_verify(const ap_peer_id_t *id, const uint8_t *msg, size_t len,
+                                          const uint8_t sig[AP_ED25519_SIG_LEN]);
 
 #ifdef __cplusplus
 }

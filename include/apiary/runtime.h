@@ -1,10 +1,10 @@
 /* Apiary — the runtime interface.
  *
- * Every protocol (DHT, averaging, collaborative optimizer, SWARM, BTARD) is
+ * Every protocol (DHT, averaging, collaborative optimizer) is
  * written against this interface and nothing else: no sockets, no libuv
  * handles, no time(), no rand(). Two drivers implement it:
- *   - the real driver (runtime_uv.h): libuv loop, TCP + Noise + stream mux;
- *   - the simulator (runtime_sim.h): N nodes in one thread, virtual time,
+ *   - the real driver (apiary/node.h): libuv loop, TCP + Noise + stream mux;
+ *   - the simulator (apiary/sim.h): N nodes in one thread, virtual time,
  *     simulated links, partitions, crashes; deterministic from one seed.
  *
  * THREADING. An ap_rt_t belongs to one loop thread. Every function here must
@@ -93,7 +93,7 @@ AP_EXPORT bool ap_rt_timer_stop(ap_rt_t *rt, uint64_t timer_id);
 
 typedef void (*ap_post_fn)(ap_rt_t *rt, void *arg);
 /* Runs fn(rt, arg) soon on the loop thread. Callable from ANY thread: this is
- * how a user's thread talks to a node (see ap_rt_call_sync in runtime_uv.h).
+ * how a user's thread talks to a node (see ap_node_call_sync in apiary/node.h).
  * Posted functions run in the order posted. AP_ESHUTDOWN if the node is
  * closing (fn will not run). */
 AP_EXPORT int ap_rt_post(ap_rt_t *rt, ap_post_fn fn, void *arg);

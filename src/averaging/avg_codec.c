@@ -102,6 +102,13 @@ CX(bf16, AP_CODEC_BF16)
 CX(uniform8, AP_CODEC_UNIFORM8)
 CX(blockwise8, AP_CODEC_BLOCKWISE8)
 
+/* The averaging codec ids are the compression codec ids (one wire space). */
+_Static_assert(AP_AVG_CODEC_F32 == (int)AP_CODEC_NONE, "codec ids agree");
+_Static_assert(AP_AVG_CODEC_FP16 == (int)AP_CODEC_FP16, "codec ids agree");
+_Static_assert(AP_AVG_CODEC_BF16 == (int)AP_CODEC_BF16, "codec ids agree");
+_Static_assert(AP_AVG_CODEC_UNIFORM8 == (int)AP_CODEC_UNIFORM8, "codec ids agree");
+_Static_assert(AP_AVG_CODEC_BLOCKWISE8 == (int)AP_CODEC_BLOCKWISE8, "codec ids agree");
+
 static const ap__avg_codec_t codecs[] = {
     {AP_AVG_CODEC_F32, "none", f32_size, f32_encode, f32_decode, F32_CHECK_RAW},
     {AP_AVG_CODEC_FP16, "fp16", fp16_size, fp16_encode, fp16_decode, NULL},

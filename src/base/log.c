@@ -15,12 +15,15 @@ static ap_log_sink_fn g_sink;
 static void *g_sink_arg;
 
 static const char *level_names[] = {"DEBUG", "INFO", "WARN", "ERROR", "OFF"};
+_Static_assert(sizeof level_names / sizeof level_names[0] == AP_LOG_OFF + 1,
+               "one name per ap_log_level_t");
 
 int ap_log_parse_level(const char *s, ap_log_level_t *out)
 {
     static const char *names[] = {"debug", "info", "warn", "error", "off"};
+    _Static_assert(sizeof names / sizeof names[0] == AP_LOG_OFF + 1, "one name per level");
     if (!s) return AP_EINVAL;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i <= AP_LOG_OFF; i++) {
         if (strcasecmp(s, names[i]) == 0) {
             *out = (ap_log_level_t)i;
             return 0;

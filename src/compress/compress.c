@@ -35,8 +35,10 @@ void ap__compress_force_scalar(bool scalar)
 
 /* ---- names ------------------------------------------------------------------ */
 
-static const char *const codec_names[AP_CODEC__COUNT] = {
+static const char *const codec_names[] = {
     "none", "fp16", "bf16", "meanstd16", "uniform8", "quantile8", "blockwise8", "topk", "randk"};
+_Static_assert(sizeof codec_names / sizeof codec_names[0] == AP_CODEC__COUNT,
+               "one name per ap_codec_id_t");
 
 const char *ap_codec_name(ap_codec_id_t id)
 {

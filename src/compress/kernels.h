@@ -70,7 +70,7 @@ typedef struct ap__kernels {
     bool (*absmax)(const float *src, size_t n, float *amax);
     /* blockwise codes for one block given amax (see compress.c) */
     void (*bw_codes)(const float *src, size_t n, float amax, uint8_t *codes);
-    /* ---- the all-reduce's weighted sums (averaging/allreduce.c) ----
+    /* ---- the all-reduce's weighted sums (averaging/allreduce_reduce.c) ----
      * x points at n little-endian float32 values at any alignment (a chunk
      * in a received message). Each element is computed in double exactly as
      * the C expression in the comment (every product rounded, then the sum:

@@ -171,6 +171,11 @@ size_t ap_nn_model_bytes(const ap_nn_model_t *m, size_t *params_grads, size_t *a
     return pg + a + s;
 }
 
+void ap_nn_model_shape(const ap_nn_model_t *m, uint32_t w[AP_NN_SHAPE_WORDS])
+{
+    ap__nn_config_words(m, w);
+}
+
 void ap__nn_config_words(const ap_nn_model_t *m, uint32_t w[16])
 {
     memset(w, 0, 16 * sizeof *w);

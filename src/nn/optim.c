@@ -244,6 +244,50 @@ double ap_nn_clip_grad_norm(float *g, size_t n, double max_norm)
     return norm;
 }
 
+static const struct {
+    const char *name;
+    int kind;
+} optim_names[] = {{"sgd", AP_NN_SGD},
+                   {"adam", AP_NN_ADAM},
+                   {"adamw", AP_NN_ADAMW},
+                   {"lamb", AP_NN_LAMB}},
+  lr_names[] = {
+      {"constant", AP_NN_LR_CONSTANT}, {"linear", AP_NN_LR_LINEAR}, {"cosine", AP_NN_LR_COSINE}};
+
+const char *ap_nn_optim_kind_name(ap_nn_optim_kind_t kind)
+{
+    for (size_t i = 0; i < sizeof optim_names / sizeof optim_names[0]; i++)
+        if (optim_names[i].kind == (int)kind) return optim_names[i].name;
+    return "?";
+}
+
+int ap_nn_optim_kind_from_name(const char *name, ap_nn_optim_kind_t *out)
+{
+    for (size_t i = 0; name && i < sizeof optim_names / sizeof optim_names[0]; i++)
+        if (strcmp(optim_names[i].name, name) == 0) {
+            *out = (ap_nn_optim_kind_t)optim_names[i].kind;
+            return 0;
+        }
+    return AP_EINVAL;
+}
+
+const char *ap_nn_lr_kind_name(ap_nn_lr_kind_t kind)
+{
+    for (size_t i = 0; i < sizeof lr_names / sizeof lr_names[0]; i++)
+        if (lr_names[i].kind == (int)kind) return lr_names[i].name;
+    return "?";
+}
+
+int ap_nn_lr_kind_from_name(const char *name, ap_nn_lr_kind_t *out)
+{
+    for (size_t i = 0; name && i < sizeof lr_names / sizeof lr_names[0]; i++)
+        if (strcmp(lr_names[i].name, name) == 0) {
+            *out = (ap_nn_lr_kind_t)lr_names[i].kind;
+            return 0;
+        }
+    return AP_EINVAL;
+}
+
 float ap_nn_lr_at(const ap_nn_lr_schedule_t *s, uint64_t step)
 {
     if (s->warmup > 0 && step < s->warmup) return s->base * (float)(step + 1) / (float)s->warmup;

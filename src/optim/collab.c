@@ -126,6 +126,18 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
         ap_warn(OPT_MOD, "collab: bad configuration (run id, target batch size, role or size)");
         return AP_EINVAL;
     }
+    size_t ml = cfg->model_desc ? strlen(cfg->model_desc) : 0;
+    bool printable = ml < AP_OPTIM_MODEL_MAX;
+    for (size_t i = 0; printable && i < ml; i++)
+        printable = cfg->model_desc[i] >= 0x20 && cfg->model_desc[i] <= 0x7e;
+    if (!printable || !isfinite(cfg->lr.base) || !isfinite(cfg->lr.min) ||
+        !isfinite(cfg->optim.weight_decay) || !isfinite(cfg->max_grad_norm)) {
+        ap_warn(OPT_MOD,
+                "collab: bad configuration (model description longer than %d bytes or "
+                "not printable, or a non-finite learning rate, weight decay or clip)",
+                AP_OPTIM_MODEL_MAX - 1);
+        return AP_EINVAL;
+    }
     ap_collab_t *c = calloc(1, sizeof *c);
     if (!c) return AP_ENOMEM;
     c->rt = rt;
@@ -148,6 +160,10 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
         return rc;
     }
     c->total = n + c->opt->state_count;
+    ap__collab_make_run_config(c, &c->runcfg);
+    c->cfg.model_desc = c->runcfg.model;
+    ap_run_config_digest(&c->runcfg, c->cfg_digest);
+    for (int i = 0; i < 8; i++) snprintf(c->cfg_hex + 2 * i, 3, "%02x", c->cfg_digest[i]);
     c->acc_bytes = n * sizeof(float);
     c->buf_bytes = c->total * sizeof(float);
     c->acc = ap__big_alloc(c->acc_bytes);
@@ -238,8 +254,19 @@ static void start_loaded(ap_collab_t *c, int status, uint64_t epoch, uint64_t op
     start_ready(c, status);
 }
 
+static void refused_stored(ap_collab_t *c)
+{
+    ap__collab_finish_user(c, AP_ECONFIG); /* not started: the peer must not train */
+}
+
 static void start_fetched(ap_collab_t *c)
 {
+    if (c->refused) {
+        /* One record (marked refused), stored before the start fails, lets
+         * the others name the difference in their logs too. */
+        ap__collab_report(c, refused_stored);
+        return;
+    }
     int64_t now = ap_rt_wall_ms(c->rt);
     bool donors = false;
     uint64_t maxe = 0;
@@ -278,6 +305,7 @@ void ap_collab_release(ap_collab_t *c)
 int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
                      ap_collab_fn cb, void *arg)
 {
+    if (c->refused) return AP_ECONFIG;
     if (c->cfg.role == AP_AVG_AUX || !c->started) return AP_ESTATE;
     if (c->cb || (c->phase != PH_IDLE && !c->bg)) return AP_EBUSY;
     if (!grad || samples == 0) return AP_EINVAL;
@@ -339,6 +367,7 @@ void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out)
     *out = c->st;
     out->epoch = c->epoch;
     out->local_samples = c->local_samples;
+    out->refused = c->refused;
 }
 
 int ap_collab_apply_update(ap_collab_t *c)

@@ -10,8 +10,9 @@
 #define AP__STATE_CHUNK  16384 /* floats per state chunk message (64 KiB) */
 #define AP__MAX_SERVING  8     /* concurrent state uploads per donor */
 #define AP__MAX_RANGES   64    /* download ranges (parts and re-requests) */
-#define AP__PROGRESS_MAX 256   /* bytes of an encoded progress record */
+#define AP__PROGRESS_MAX 512   /* bytes of an encoded progress record (with the run config) */
 #define AP__VIEW_MAX     4096  /* progress records kept per fetch */
+#define AP__REFUSED_LOG  64    /* peers of another configuration remembered (logged once) */
 
 typedef enum collab_phase {
     PH_IDLE = 0,
@@ -111,6 +112,9 @@ struct ap_collab {
     int64_t epoch_start_ms;
     double sps;
     uint64_t last_submit_us, started_us;
+    /* where a held submit's time goes (stats group/averaging/download_us):
+     * when this peer became ready, its round began, its download began */
+    uint64_t mark_ready_us, mark_round_us, mark_dl_us;
     bool started;
 
     /* the latest view of the run */
@@ -138,7 +142,19 @@ struct ap_collab {
     uint64_t mm_timer;
     ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
     ap_avg_search_t *search; /* the running search (NULL = none) */
-    char mm_key[AP_OPTIM_RUN_ID_MAX + 32];
+    char mm_key[AP_OPTIM_RUN_ID_MAX + 64];
+
+    /* the run's configuration (progress records, matchmaking key) */
+    ap_run_config_t runcfg;
+    uint8_t cfg_digest[AP_OPTIM_DIGEST_LEN];
+    char cfg_hex[2 * 8 + 1]; /* the digest's first 8 bytes, for the matchmaking key */
+    bool refused;            /* the run refused our configuration: every operation fails */
+    char refusal[AP_OPTIM_CONFIG_MSG_MAX + 96];
+    struct {
+        ap_peer_id_t id;
+        uint8_t digest[AP_OPTIM_DIGEST_LEN];
+    } refused_log[AP__REFUSED_LOG]; /* peers refused and logged (once per configuration) */
+    int nrefused_log, refused_next;
 
     dl_state_t dl;
     donor_memo_t memo[AP__DONOR_MEMO];
@@ -181,6 +197,7 @@ bool ap__collab_at_local_cap(const struct ap_collab *c);
 typedef void (*ap__step_fn)(struct ap_collab *c);
 typedef struct ap__estimate {
     double global, sps, eta_s;
+    double sps_all;    /* every fresh training peer's speed, any epoch, me included */
     uint64_t reported; /* samples reported (not extrapolated) in my epoch, me included */
     uint64_t max_epoch;
     uint32_t peers;
@@ -204,6 +221,9 @@ void ap__collab_fetch_decide(struct ap_collab *c);
 void ap__collab_begin_averaging(struct ap_collab *c);
 uint64_t ap__collab_bg_cap(struct ap_collab *c);
 void ap__collab_after_epoch(struct ap_collab *c);
+
+/* ---- runcfg.c: the run's configuration ---- */
+void ap__collab_make_run_config(const struct ap_collab *c, ap_run_config_t *rc);
 
 /* ---- epoch.c: the step and the epoch change ---- */
 typedef enum ap__epoch_how {

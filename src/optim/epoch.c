@@ -89,6 +89,8 @@ void ap__collab_drop_epoch_samples(ap_collab_t *c, const char *why)
 /* A laggard's download ended (ap__collab_decide). */
 void ap__collab_load_done(ap_collab_t *c, int status, uint64_t epoch, uint64_t optim_step)
 {
+    if (c->cb && c->mark_dl_us) c->st.download_us += ap_rt_now_us(c->rt) - c->mark_dl_us;
+    c->mark_dl_us = 0;
     if (status == 0) {
         ap__collab_enter_epoch(c, AP__EPOCH_LOADED, epoch, optim_step);
         ap_info(OPT_MOD, "caught up: epoch %llu loaded from peers", (unsigned long long)c->epoch);

@@ -1,10 +1,79 @@
-/* Progress records: encoding and validation of untrusted records. */
+/* Progress records and the run's configuration: encoding, digest and
+ * validation of untrusted records. */
 #include "apiary/log.h"
 #include "apiary/optim.h"
 
 #include "optim.pb-c.h"
 
 #include <math.h>
+#include <sodium.h>
+#include <string.h>
+
+#define CONFIG_PACKED_MAX 512 /* a packed RunConfig: model < 64 bytes + 15 scalars */
+
+static void config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
+{
+    apiary__optim__run_config__init(m);
+    m->model = (char *)rc->model;
+    m->n_params = rc->n_params;
+    m->state_count = rc->state_count;
+    m->codec = rc->codec;
+    m->target_batch = rc->target_batch_size;
+    m->optim = rc->optim;
+    m->lr = rc->lr;
+    m->lr_kind = rc->lr_kind;
+    m->warmup = rc->warmup;
+    m->lr_total = rc->lr_total;
+    m->lr_min = rc->lr_min;
+    m->weight_decay = rc->weight_decay;
+    m->clip = rc->clip;
+    m->state_every = rc->state_every;
+    m->exact = rc->exact;
+    m->dht_matchmaking = rc->dht_matchmaking;
+}
+
+static int config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
+{
+    memset(rc, 0, sizeof *rc);
+    size_t ml = m->model ? strlen(m->model) : 0;
+    if (ml >= AP_OPTIM_MODEL_MAX) return AP_ECORRUPT;
+    for (size_t i = 0; i < ml; i++)
+        if ((unsigned char)m->model[i] < 0x20 || (unsigned char)m->model[i] > 0x7e)
+            return AP_ECORRUPT; /* printed in the log */
+    if (ml) memcpy(rc->model, m->model, ml);
+    if (!isfinite(m->lr) || !isfinite(m->lr_min) || !isfinite(m->weight_decay) ||
+        !isfinite(m->clip))
+        return AP_ERANGE;
+    rc->n_params = m->n_params;
+    rc->state_count = m->state_count;
+    rc->codec = m->codec;
+    rc->target_batch_size = m->target_batch;
+    rc->optim = m->optim;
+    rc->lr = m->lr;
+    rc->lr_kind = m->lr_kind;
+    rc->warmup = m->warmup;
+    rc->lr_total = m->lr_total;
+    rc->lr_min = m->lr_min;
+    rc->weight_decay = m->weight_decay;
+    rc->clip = m->clip;
+    rc->state_every = m->state_every;
+    rc->exact = m->exact;
+    rc->dht_matchmaking = m->dht_matchmaking;
+    return 0;
+}
+
+void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_OPTIM_DIGEST_LEN])
+{
+    Apiary__Optim__RunConfig m;
+    ap_run_config_t t = *rc;
+    t.model[AP_OPTIM_MODEL_MAX - 1] = 0;
+    config_to_pb(&t, &m);
+    uint8_t buf[CONFIG_PACKED_MAX];
+    size_t len = apiary__optim__run_config__get_packed_size(&m);
+    if (len > sizeof buf) len = 0; /* cannot happen: bounded fields */
+    if (len) apiary__optim__run_config__pack(&m, buf);
+    crypto_generichash(out, AP_OPTIM_DIGEST_LEN, buf, len, NULL, 0);
+}
 
 int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
 {
@@ -19,6 +88,15 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.down = p->down;
     m.donor = p->donor;
     m.ready_ms = p->ready_ms;
+    m.refused = p->refused;
+    Apiary__Optim__RunConfig rc;
+    ap_run_config_t cfg;
+    if (p->has_config) {
+        cfg = p->config;
+        cfg.model[AP_OPTIM_MODEL_MAX - 1] = 0;
+        config_to_pb(&cfg, &rc);
+        m.config = &rc;
+    }
     size_t len = apiary__optim__progress__get_packed_size(&m);
     if (len > cap) return AP_EMSGSIZE;
     apiary__optim__progress__pack(&m, buf);
@@ -31,7 +109,8 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     if (len > 1024) return AP_ECORRUPT;
     Apiary__Optim__Progress *m = apiary__optim__progress__unpack(NULL, len, buf);
     if (!m) return AP_ECORRUPT;
-    ap_progress_t p = {0};
+    ap_progress_t p;
+    memset(&p, 0, sizeof p);
     p.epoch = m->epoch;
     p.samples = m->samples;
     p.samples_per_s = m->samples_per_s;
@@ -42,8 +121,16 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.down = m->down;
     p.donor = m->donor;
     p.ready_ms = m->ready_ms;
+    p.refused = m->refused;
     uint32_t role = m->role;
+    int crc = 0;
+    if (m->config) {
+        crc = config_from_pb(m->config, &p.config);
+        if (!crc) ap_run_config_digest(&p.config, p.config_digest);
+        p.has_config = crc == 0;
+    }
     apiary__optim__progress__free_unpacked(m, NULL);
+    if (crc) return crc;
 
     if (p.samples < 0 || !isfinite(p.samples_per_s) || p.samples_per_s < 0 ||
         p.samples_per_s > AP_OPTIM_MAX_SPS || role > AP_AVG_AUX || !isfinite(p.up) ||

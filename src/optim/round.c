@@ -143,6 +143,8 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
 void ap__collab_after_epoch(ap_collab_t *c)
 {
     c->aux_in_round = false;
+    if (c->cb && c->mark_round_us) c->st.averaging_us += ap_rt_now_us(c->rt) - c->mark_round_us;
+    c->mark_round_us = 0;
     ap__collab_report(c, NULL);
     ap__collab_update_stats(c);
     ap__collab_schedule_refresh(c);
@@ -166,6 +168,10 @@ static bool others_active(ap_collab_t *c)
 static void round_with_members(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
+    uint64_t now = ap_rt_now_us(c->rt);
+    if (c->cb && c->mark_ready_us) c->st.group_wait_us += now - c->mark_ready_us;
+    c->mark_ready_us = 0;
+    c->mark_round_us = now;
     float *data = NULL;
     double w = 0;
     if (c->cfg.role != AP_AVG_AUX) {
@@ -306,8 +312,10 @@ static void start_search(ap_collab_t *c)
         if (c->view[i].epoch == c->epoch && ap__collab_fresh(c, &c->view[i], now)) want++;
     if (want < 2) want = 2;
     if (want > AP_AVG_MAX_PEERS) want = AP_AVG_MAX_PEERS;
-    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu", c->run_id,
-                      (unsigned long long)c->epoch);
+    /* the configuration's digest in the key: joins only reach peers of the
+     * same configuration */
+    int kl = snprintf(c->mm_key, sizeof c->mm_key, "%s_grad_%llu_%s", c->run_id,
+                      (unsigned long long)c->epoch, c->cfg_hex);
     ap_avg_match_t m = {.key = (const uint8_t *)c->mm_key,
                         .key_len = (size_t)kl,
                         .target_group_size = want,
@@ -339,6 +347,7 @@ static void mm_tick(ap_rt_t *rt, void *arg)
 void ap__collab_begin_averaging(ap_collab_t *c)
 {
     c->phase = PH_AVERAGING;
+    c->mark_ready_us = ap_rt_now_us(c->rt);
     int64_t now = ap_rt_wall_ms(c->rt);
     c->ready_ms = now > c->epoch_start_ms ? now : c->epoch_start_ms;
     c->ready_sps = c->sps; /* as in the READY record (the background cap's share) */
@@ -408,6 +417,10 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
 /* After a fresh view: behind -> download; due -> average; else go on. */
 void ap__collab_decide(ap_collab_t *c)
 {
+    if (c->refused) {
+        ap__collab_finish_user(c, AP_ECONFIG);
+        return;
+    }
     ap__estimate_t e;
     ap__collab_estimate(c, &e);
     ap__collab_update_stats(c);
@@ -417,6 +430,7 @@ void ap__collab_decide(ap_collab_t *c)
                 (unsigned long long)c->epoch, (unsigned long long)e.max_epoch);
         ap__collab_drop_epoch_samples(c, "the others are in a later epoch");
         c->phase = PH_DOWNLOADING;
+        c->mark_dl_us = ap_rt_now_us(c->rt);
         if (avail > 0 && ap__state_download(c, c->buf, c->epoch + 1, ap__collab_load_done) == 0)
             return;
         /* no donor: adopt the epoch, keep the parameters */

@@ -26,6 +26,7 @@ void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
     e->global = (double)c->local_samples;
     e->reported = c->local_samples;
     e->sps = c->sps;
+    e->sps_all = c->cfg.role == AP_AVG_AUX ? 0 : c->sps;
     e->max_epoch = c->epoch;
     e->peers = 1;
     for (size_t i = 0; i < c->nview; i++) {
@@ -34,6 +35,7 @@ void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
         e->peers++;
         if (p->epoch > e->max_epoch && p->role != AP_AVG_AUX) e->max_epoch = p->epoch;
         if (p->role == AP_AVG_AUX) continue;
+        e->sps_all += p->samples_per_s;
         double sps = p->samples_per_s > 0 ? p->samples_per_s : c->sps; /* unknown: like mine */
         if (p->epoch + 1 == c->epoch) {
             e->sps += sps; /* finishing the previous round: joins this epoch soon */
@@ -56,7 +58,7 @@ void ap__collab_update_stats(ap_collab_t *c)
     c->st.epoch = c->epoch;
     c->st.local_samples = c->local_samples;
     c->st.global_samples = e.global;
-    c->st.global_sps = e.sps;
+    c->st.global_sps = e.sps_all;
     c->st.eta_s = e.eta_s;
     c->st.peers = e.peers;
 }
@@ -75,6 +77,9 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->down = c->cfg.down;
     p->donor = c->cfg.role == AP_AVG_NORMAL && c->started;
     p->ready_ms = c->ready_ms;
+    p->refused = c->refused;
+    p->has_config = true;
+    p->config = c->runcfg;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
 }
@@ -142,10 +147,38 @@ void ap__collab_report(ap_collab_t *c, ap__step_fn next)
     c->refs++;
 }
 
+/* A peer of another configuration: refused, logged once per (peer,
+ * configuration) with the first differing field and both values. */
+static void refuse_peer(ap_collab_t *c, const ap_progress_t *p, char *why, size_t cap)
+{
+    char sh[AP_PEER_SHORT_LEN], at[AP_PEER_SHORT_LEN + 8];
+    ap_peer_id_short(&p->peer, sh);
+    snprintf(at, sizeof at, "at %s", sh);
+    if (!p->has_config)
+        snprintf(why, cap, "configuration: announced here, none at %s", sh);
+    else
+        ap_run_config_diff(&c->runcfg, "here", &p->config, at, why, cap);
+    for (int i = 0; i < c->nrefused_log; i++)
+        if (ap_peer_id_eq(&c->refused_log[i].id, &p->peer) &&
+            memcmp(c->refused_log[i].digest, p->config_digest, AP_OPTIM_DIGEST_LEN) == 0)
+            return; /* logged already */
+    int k =
+        c->nrefused_log < AP__REFUSED_LOG ? c->nrefused_log++ : c->refused_next++ % AP__REFUSED_LOG;
+    c->refused_log[k].id = p->peer;
+    memcpy(c->refused_log[k].digest, p->config_digest, AP_OPTIM_DIGEST_LEN);
+    c->st.peers_refused++;
+    ap_warn(OPT_MOD,
+            "refusing peer %s: its run configuration differs (%s); it takes no part in "
+            "this peer's rounds, estimates or downloads",
+            sh, why);
+}
+
 static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
 {
     int64_t now = ap_rt_wall_ms(c->rt);
     size_t m = 0;
+    int n_match = 0, n_diff = 0, n_ahead = 0;
+    char why[AP_OPTIM_CONFIG_MSG_MAX], first_why[AP_OPTIM_CONFIG_MSG_MAX] = "";
     for (size_t i = 0; res && res->found && res->is_dict && i < res->nrecords && m < AP__VIEW_MAX;
          i++) {
         const ap_dht_record_t *r = &res->records[i];
@@ -168,7 +201,30 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
             continue;
         }
         p.peer = who;
+        if (!ap__collab_is_self(c, &p.peer)) {
+            bool same =
+                p.has_config && memcmp(p.config_digest, c->cfg_digest, AP_OPTIM_DIGEST_LEN) == 0;
+            bool live = ap__collab_fresh(c, &p, now) && !p.refused;
+            if (!same) {
+                refuse_peer(c, &p, why, sizeof why);
+                if (live && !n_diff++) memcpy(first_why, why, sizeof why);
+                if (live && p.epoch > c->epoch) n_ahead++;
+                continue;
+            }
+            if (p.refused) continue; /* stopped: counts for nothing */
+            n_match += live;
+        }
         c->view[m++] = p;
+    }
+    /* alone against the run: no live peer agrees with this one, and it is
+     * joining (not started yet) or some peer that differs is ahead of it
+     * (the run was there first) */
+    if (!c->refused && n_diff > 0 && n_match == 0 && (!c->started || n_ahead > 0)) {
+        c->refused = true;
+        snprintf(c->refusal, sizeof c->refusal,
+                 "run configuration differs from the run's (%d peer(s) differ, %d agree): %s",
+                 n_diff, n_match, first_why);
+        ap_error(OPT_MOD, "refused by the run: %s; this peer stops", c->refusal);
     }
     c->nview = m;
     c->view_at_us = ap_rt_now_us(c->rt);
@@ -233,7 +289,7 @@ bool ap__collab_gathering(ap_collab_t *c)
 void ap__collab_aux_check(ap_collab_t *c)
 {
     /* An auxiliary peer follows the others' epoch and joins every round. */
-    if (c->phase != PH_IDLE) return;
+    if (c->phase != PH_IDLE || c->refused) return;
     ap__estimate_t e;
     ap__collab_estimate(c, &e);
     if (e.max_epoch > c->epoch) {

@@ -64,12 +64,13 @@ static ap_nn_model_t *train_mlp(int max_batch)
     return m;
 }
 
-/* Loads a checkpoint of `apiary train --model mlp` (with its Adam state). */
+/* Loads a checkpoint of `apiary train --model mlp` (with the state of its
+ * default optimizer, LAMB). */
 static ap_nn_model_t *load_ckpt(const char *path, uint64_t *epoch)
 {
     ap_nn_model_t *m = train_mlp(512);
     ap_nn_params_t *pr = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAM);
+    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_LAMB);
     ap_nn_optim_t *o = NULL;
     assert_ok(ap_nn_optim_new(&oc, pr->count, pr->views, pr->nviews, &o));
     assert_ok(ap_nn_checkpoint_load(path, m, o, epoch));
@@ -129,6 +130,8 @@ static void test_equivalence_processes(void **state)
                   "0",
                   "--checkpoint-dir",
                   sck,
+                  "--seed", /* the shards' stream (their default seed) */
+                  "1",
                   NULL};
     pid_t single = ap_test_spawn_log(sv, slog);
 

@@ -1,5 +1,5 @@
 /* Collaborative training across hosts: three network namespaces on a bridge
- * (bench/netns.h), each with its own address and its own loopback, so no
+ * (testing/netns.h), each with its own address and its own loopback, so no
  * address is shared by chance. An `apiary dht` bootstrap node in host 0 and
  * an `apiary train` peer (MLP) in each of hosts 1 and 2, all on the default
  * wildcard listen address: the bootstrap must print its host address (not
@@ -152,7 +152,7 @@ static void test_train_across_hosts(void **state)
     assert_true(ap_proc_grep_file(llog, "reachable only on loopback", NULL, 0));
     assert_int_equal(ast, 2);
     assert_true(ap_proc_grep_file(alog, "--announce needs", NULL, 0));
-    ap_netns_free(ns); /* on a failed assertion, at exit (bench/netns.h) */
+    ap_netns_free(ns); /* on a failed assertion, at exit (testing/netns.h) */
 }
 
 int main(void)

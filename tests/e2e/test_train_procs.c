@@ -1,8 +1,9 @@
 /* Collaborative training with real processes on loopback (TCP + Noise):
  * an `apiary dht` bootstrap node and two `apiary train` peers (MLP) reach
  * the target epoch together; a third peer started later catches up by
- * downloading the state; a peer resumes from its checkpoint, and a
- * checkpoint of another model is refused while training goes on. */
+ * downloading the state; a peer resumes from its checkpoint; a checkpoint of
+ * another model, or a corrupt one, stops the peer with the reason and stays
+ * untouched, unless --fresh, which moves it aside and starts fresh. */
 #include "aptest.h"
 #include "procs.h"
 
@@ -15,6 +16,36 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+static uint8_t *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
+    *len = fread(b, 1, (size_t)(n > 0 ? n : 0), f);
+    fclose(f);
+    return b;
+}
+
+static void write_all(const char *path, const uint8_t *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+static bool same_file(const char *path, const uint8_t *b, size_t n)
+{
+    size_t m = 0;
+    uint8_t *x = read_all(path, &m);
+    bool same = x && m == n && memcmp(x, b, n) == 0;
+    free(x);
+    return same;
+}
 
 static void test_train_processes(void **state)
 {
@@ -116,7 +147,13 @@ static void test_train_processes(void **state)
     pids[3] = ap_test_spawn_log(rv, logs[3]);
     assert_int_equal(ap_proc_wait_exit(pids[3], 60), 0);
     assert_true(ap_proc_grep_file(logs[3], "resumed from", line, sizeof line));
-    /* a GPT reading the MLP's checkpoint refuses it and trains on */
+    /* a GPT reading the MLP's checkpoint: stops with the reason, exit 1,
+     * the file untouched */
+    char ckfile[300];
+    snprintf(ckfile, sizeof ckfile, "%s/e2e.ckpt", ck);
+    size_t ck_len = 0;
+    uint8_t *ck_before = read_all(ckfile, &ck_len);
+    assert_non_null(ck_before);
     char *gv[] = {(char *)ap_test_cli(),
                   "train",
                   "--run-id",
@@ -135,11 +172,64 @@ static void test_train_processes(void **state)
                   "30",
                   "--checkpoint-dir",
                   ck,
+                  NULL, /* --fresh below */
                   NULL};
     pids[3] = ap_test_spawn_log(gv, logs[3]);
+    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 1);
+    assert_true(ap_proc_grep_file(logs[3], "cannot be loaded", line, sizeof line));
+    print_message("%s", line);
+    assert_non_null(strstr(line, "another model"));
+    assert_non_null(strstr(line, "--fresh"));
+    assert_false(ap_proc_grep_file(logs[3], "epoch 1 ", NULL, 0));
+    assert_true(same_file(ckfile, ck_before, ck_len));
+    /* a corrupt checkpoint: the same, file untouched */
+    char badck[256], badfile[300];
+    snprintf(badck, sizeof badck, "%s/bad", dir);
+    mkdir(badck, 0700);
+    snprintf(badfile, sizeof badfile, "%s/e2e.ckpt", badck);
+    write_all(badfile, ck_before, ck_len / 2); /* truncated */
+    char *mv[] = {(char *)ap_test_cli(),
+                  "train",
+                  "--run-id",
+                  "e2e",
+                  "--listen",
+                  "/ip4/127.0.0.1/tcp/0",
+                  "--model",
+                  "mlp",
+                  "--target-batch-size",
+                  "8",
+                  "--batch-size",
+                  "8",
+                  "--max-epochs",
+                  "1",
+                  "--duration",
+                  "30",
+                  "--checkpoint-dir",
+                  badck,
+                  NULL,
+                  NULL};
+    pids[3] = ap_test_spawn_log(mv, logs[3]);
+    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 1);
+    assert_true(ap_proc_grep_file(logs[3], "cannot be loaded", line, sizeof line));
+    print_message("%s", line);
+    assert_non_null(strstr(line, "corrupt"));
+    assert_true(same_file(badfile, ck_before, ck_len / 2));
+    /* --fresh: the refused file is moved aside (not deleted), training
+     * starts from scratch and writes a new checkpoint */
+    gv[17] = ck;
+    gv[18] = "--fresh";
+    pids[3] = ap_test_spawn_log(gv, logs[3]);
     assert_int_equal(ap_proc_wait_exit(pids[3], 60), 0);
-    assert_true(ap_proc_grep_file(logs[3], "refused", NULL, 0));
+    assert_true(ap_proc_grep_file(logs[3], "moved to ", line, sizeof line));
+    print_message("%s", line);
+    char moved[512];
+    snprintf(moved, sizeof moved, "%s", strstr(line, "moved to ") + 9);
+    moved[strcspn(moved, ";")] = 0;
+    assert_non_null(strstr(moved, "e2e.ckpt.refused-"));
+    assert_true(same_file(moved, ck_before, ck_len)); /* the old file, intact */
     assert_true(ap_proc_grep_file(logs[3], "summary: epochs 1", NULL, 0));
+    assert_true(ap_proc_grep_file(logs[3], "checkpoint: epoch 1 saved", NULL, 0));
+    free(ck_before);
     kill(boot, SIGTERM);
     ap_proc_wait_exit(boot, 10);
 }

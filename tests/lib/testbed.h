@@ -2,8 +2,8 @@
  * restart. The runtime conformance suite (conformance.h) is written against
  * this interface only, so the same tests run on every driver:
  *   - sim: all nodes in the deterministic simulator (virtual time);
- *   - uv:  nodes on a libuv loop in this process, in-process transport;
- *   - tcp: (later) nodes in separate processes over TCP + Noise.
+ *   - uv:     nodes on a libuv loop in this process, in-process transport;
+ *   - uv-tcp: the same nodes over real TCP + Noise XX on 127.0.0.1.
  *
  * Threading: the test thread drives the loop (run_until/run_for), so every
  * callback runs on the test thread and tests need no locks. */
@@ -39,6 +39,7 @@ typedef struct ap_testbed_ops {
 /* The drivers' testbeds (tests/lib/testbed_<driver>.c). */
 extern const ap_testbed_ops_t ap_testbed_sim;
 extern const ap_testbed_ops_t ap_testbed_uv;
+extern const ap_testbed_ops_t ap_testbed_uv_tcp;
 
 static inline void ap_tb_run_for(const ap_testbed_ops_t *ops, ap_testbed_t *tb, uint64_t us)
 {

@@ -151,7 +151,7 @@ const ap_testbed_ops_t ap_testbed_uv = {
     .virtual_time = false,
 };
 
-/* The same, over real TCP on 127.0.0.1 with Noise XX (src/net/tcp.c):
+/* The same, over real TCP on 127.0.0.1 with Noise XX (src/net/tcp*.c):
  * every node listens on its own port; a restarted node rebinds it. */
 const ap_testbed_ops_t ap_testbed_uv_tcp = {
     .name = "uv-tcp",

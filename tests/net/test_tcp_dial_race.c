@@ -266,19 +266,62 @@ static void slow_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     assert_true(ap_rt_timer_start(rt, 20000, 0, slow_fire, s) != 0);
 }
 
+/* The stream echo server obeys flow control as a user must: a message its
+ * send window cannot take yet is held and the stream paused (so no further
+ * on_msg runs) until on_writable; the end is passed on after it. Echoing
+ * blindly fails with AP_EAGAIN whenever the client's credit comes back a
+ * loop turn later than its next messages (a loaded machine). */
+typedef struct echo_srv {
+    uint8_t held[64];
+    size_t nheld;
+    bool holding, ended;
+} echo_srv_t;
+
 static void echo_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t n)
 {
-    (void)arg;
-    assert_ok(ap_stream_send(s, d, n));
+    echo_srv_t *e = arg;
+    int rc = ap_stream_send(s, d, n);
+    if (rc != AP_EAGAIN) {
+        assert_ok(rc);
+        return;
+    }
+    assert_true(n <= sizeof e->held && !e->holding);
+    memcpy(e->held, d, n);
+    e->nheld = n;
+    e->holding = true;
+    ap_stream_pause(s, true);
+}
+
+static void echo_writable(ap_stream_t *s, void *arg)
+{
+    echo_srv_t *e = arg;
+    if (!e->holding) return;
+    int rc = ap_stream_send(s, e->held, e->nheld);
+    if (rc == AP_EAGAIN) return; /* on_writable comes again */
+    assert_ok(rc);
+    e->holding = false;
+    if (e->ended)
+        ap_stream_close(s);
+    else
+        ap_stream_pause(s, false);
 }
 
 static void echo_end(ap_stream_t *s, void *arg)
 {
-    (void)arg;
-    ap_stream_close(s);
+    echo_srv_t *e = arg;
+    e->ended = true;
+    if (!e->holding) ap_stream_close(s);
 }
 
-static const ap_stream_cbs_t echo_cbs = {.on_msg = echo_msg, .on_end = echo_end};
+static void echo_close(ap_stream_t *s, void *arg, int status)
+{
+    (void)s;
+    (void)status;
+    free(arg);
+}
+
+static const ap_stream_cbs_t echo_cbs = {
+    .on_msg = echo_msg, .on_writable = echo_writable, .on_end = echo_end, .on_close = echo_close};
 
 static int echo_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
                        const uint8_t *hello, size_t len)
@@ -288,7 +331,9 @@ static int echo_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_
     (void)peer;
     (void)hello;
     (void)len;
-    ap_stream_set_cbs(s, &echo_cbs, NULL);
+    echo_srv_t *e = calloc(1, sizeof *e);
+    if (!e) return AP_ENOMEM;
+    ap_stream_set_cbs(s, &echo_cbs, e);
     return 0;
 }
 

@@ -46,7 +46,12 @@ typedef struct oh_peer {
     float *x;
     int32_t *y;
     float last_loss;
+    /* loss of the batches submitted in each epoch (epochs < OH_EPOCH_LOG) */
+    double ep_loss[64];
+    uint32_t ep_batches[64];
 } oh_peer_t;
+
+#define OH_EPOCH_LOG 64
 
 struct oh_env {
     ap_sim_t *sim;
@@ -56,6 +61,7 @@ struct oh_env {
     int data_slots;      /* peer i's k-th batch starts at sample (k*data_slots + i)*batch */
     uint64_t max_epochs; /* trainers stop at this epoch */
     uint64_t init_seed;
+    uint64_t data_stream; /* the synthetic stream the batches come from */
 };
 
 static void oh_next_batch(oh_peer_t *p);
@@ -65,7 +71,7 @@ static void oh_work(void *arg)
     oh_peer_t *p = arg;
     oh_env_t *e = p->env;
     uint64_t first = (p->batches * (uint64_t)e->data_slots + (uint64_t)p->idx) * (uint64_t)p->batch;
-    ap_nn_synth_classify(OH_TASK, OH_STREAM, first, p->batch, OH_DIM, OH_CLASSES, p->x, p->y);
+    ap_nn_synth_classify(OH_TASK, e->data_stream, first, p->batch, OH_DIM, OH_CLASSES, p->x, p->y);
     ap_nn_model_zero_grad(p->model);
     float loss = 0;
     if (ap_nn_mlp_forward(p->model, p->x, p->y, p->batch, &loss) == 0) ap_nn_mlp_backward(p->model);
@@ -88,6 +94,11 @@ static void oh_after(ap_rt_t *rt, void *arg, int status)
         return;
     }
     p->batches++;
+    uint64_t ep = ap_collab_epoch(p->collab);
+    if (ep < OH_EPOCH_LOG) {
+        p->ep_loss[ep] += p->last_loss;
+        p->ep_batches[ep]++;
+    }
     ap_nn_params_t *pr = ap_nn_model_params(p->model);
     int rc =
         ap_collab_submit(p->collab, pr->grad, (uint32_t)p->batch, p->last_loss, oh_submitted, p);
@@ -220,6 +231,7 @@ static void oh_env_init(oh_env_t *e, int n, uint64_t seed, const ap_collab_confi
     e->data_slots = n;
     e->max_epochs = UINT64_MAX;
     e->init_seed = 1234;
+    e->data_stream = OH_STREAM;
     e->p = calloc((size_t)n, sizeof *e->p);
     ap_sim_link_t l = {.bandwidth_bps = 100000000, .latency_us = 1000, .jitter_us = 0};
     ap_sim_set_default_link(e->sim, &l);

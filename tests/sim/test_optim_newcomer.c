@@ -336,7 +336,9 @@ static void test_bad_donors_refused(void **state)
                            .role = AP_AVG_NORMAL,
                            .donor = true};
         p.time_ms = p.epoch_start_ms = ap_rt_wall_ms(rt);
-        uint8_t val[256];
+        p.has_config = true; /* the run's configuration: only the parts are evil */
+        ap_collab_run_config(e.p[0].collab, &p.config);
+        uint8_t val[512];
         int len = ap_progress_encode(&p, val, sizeof val);
         assert_true(len > 0);
         char pid[AP_PEER_ID_STR_MAX], sub[AP_PEER_ID_STR_MAX + 16];

@@ -1,5 +1,6 @@
 /* Progress records: round trip, and every kind of impossible progress is
- * refused with the documented code. */
+ * refused with the documented code; the run configuration they carry: round
+ * trip, digest checked, and differences named with both values. */
 #include "aptest.h"
 
 #include "apiary/optim.h"
@@ -93,6 +94,108 @@ static void test_impossible_refused(void **state)
     assert_int_equal(ap_progress_decode(junk, sizeof junk, NOW, 5000, &q), AP_ECORRUPT);
 }
 
+static ap_run_config_t run_cfg(void)
+{
+    ap_run_config_t rc;
+    memset(&rc, 0, sizeof rc);
+    strcpy(rc.model, "gpt layers 2 heads 4 embd 128 ctx 64");
+    rc.n_params = 1000;
+    rc.state_count = 2000;
+    rc.codec = AP_AVG_CODEC_F32;
+    rc.target_batch_size = 256;
+    rc.optim = AP_NN_ADAM;
+    rc.lr = 3e-3f;
+    rc.lr_min = 3e-3f;
+    rc.clip = 1.0;
+    rc.state_every = 5;
+    return rc;
+}
+
+static void test_run_config_roundtrip(void **state)
+{
+    (void)state;
+    ap_progress_t p = honest(), q;
+    p.has_config = true;
+    p.config = run_cfg();
+    p.config.exact = true;
+    uint8_t buf[512];
+    int len = ap_progress_encode(&p, buf, sizeof buf);
+    assert_true(len > 0);
+    assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q));
+    assert_true(q.has_config);
+    assert_string_equal(q.config.model, p.config.model);
+    assert_int_equal(q.config.n_params, 1000);
+    assert_true(q.config.exact);
+    uint8_t d[AP_OPTIM_DIGEST_LEN];
+    ap_run_config_digest(&p.config, d);
+    assert_memory_equal(d, q.config_digest, sizeof d);
+    char why[AP_OPTIM_CONFIG_MSG_MAX];
+    assert_int_equal(ap_run_config_diff(&p.config, "here", &q.config, "there", why, sizeof why), 0);
+    /* a record without a configuration decodes without one */
+    ap_progress_t r = honest();
+    len = ap_progress_encode(&r, buf, sizeof buf);
+    assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q));
+    assert_false(q.has_config);
+    /* one changed bit of the config (the lr's last mantissa bit, at the
+     * float's position in the encoding): another digest, which a reader
+     * compares with its own */
+    p.config.lr = 1.5f; /* 0x3fc00000: a recognisable pattern */
+    len = ap_progress_encode(&p, buf, sizeof buf);
+    int hit = -1;
+    for (int i = 0; i + 4 <= len; i++)
+        if (buf[i] == 0x00 && buf[i + 1] == 0x00 && buf[i + 2] == 0xc0 && buf[i + 3] == 0x3f)
+            hit = i;
+    assert_true(hit >= 0);
+    ap_progress_t q1;
+    assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q1));
+    buf[hit] ^= 1;
+    assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q));
+    assert_true(memcmp(q.config_digest, q1.config_digest, AP_OPTIM_DIGEST_LEN) != 0);
+    assert_int_equal(ap_run_config_diff(&q1.config, "a", &q.config, "b", why, sizeof why), 1);
+    assert_non_null(strstr(why, "learning rate: 1.5 a, "));
+    /* non-finite numbers and unprintable model names are refused */
+    p.config = run_cfg();
+    p.config.lr = NAN;
+    len = ap_progress_encode(&p, buf, sizeof buf);
+    assert_int_equal(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q), AP_ERANGE);
+    p.config = run_cfg();
+    p.config.model[3] = '\n';
+    len = ap_progress_encode(&p, buf, sizeof buf);
+    assert_int_equal(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q), AP_ECORRUPT);
+}
+
+static void test_run_config_diff_names_field(void **state)
+{
+    (void)state;
+    ap_run_config_t a = run_cfg(), b = run_cfg();
+    char why[AP_OPTIM_CONFIG_MSG_MAX];
+    b.codec = AP_AVG_CODEC_FP16;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "compression: none here, fp16 at X");
+    b = run_cfg();
+    strcpy(b.model, "mlp 16-64-4");
+    b.n_params = 7;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why,
+                        "model: 'gpt layers 2 heads 4 embd 128 ctx 64' here, 'mlp 16-64-4' at X");
+    b = run_cfg();
+    b.target_batch_size = 512;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "target batch size: 256 here, 512 at X");
+    b = run_cfg();
+    b.optim = AP_NN_LAMB;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "optimizer: adam here, lamb at X");
+    b = run_cfg();
+    b.exact = true;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "exact mode: off here, on at X");
+    b = run_cfg();
+    b.lr = 1e-3f;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "learning rate: 0.003 here, 0.001 at X");
+}
+
 static void test_config_rejected(void **state)
 {
     (void)state;
@@ -111,6 +214,8 @@ int main(void)
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_impossible_refused),
         cmocka_unit_test(test_config_rejected),
+        cmocka_unit_test(test_run_config_roundtrip),
+        cmocka_unit_test(test_run_config_diff_names_field),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,11 +4,13 @@
  * Midway one peer is killed (SIGKILL) and a fresh one joins and catches up by
  * downloading the state. Prints the loss as it falls and a summary. */
 #include "cli.h"
+#include "curve_svg.h"
 #include "proc.h"
 
 #include "apiary/nn.h"
 
 #include <errno.h>
+#include <math.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -250,6 +252,27 @@ static int demo_main(int argc, char **argv)
             printf("  %-6s %-15s %s\n", p[i].name, roles[i],
                    p[i].killed ? "killed with SIGKILL (no summary)" : "no summary (see its log)");
     }
+    /* the loss curves, drawn */
+    ap_cli_curve_t *curves = calloc((size_t)np, sizeof *curves);
+    char svg[600];
+    snprintf(svg, sizeof svg, "%s/loss.svg", dir);
+    double final = NAN;
+    if (curves) {
+        for (int i = 0; i < np; i++) {
+            ap_cli_curve_read(p[i].log, &curves[i]);
+            curves[i].name = p[i].name;
+        }
+        const ap_cli_curve_t *fc = curves[0].n ? &curves[0] : np > 4 ? &curves[4] : NULL;
+        if (fc && fc->n) final = fc->loss[fc->n - 1];
+        char ref[64];
+        snprintf(ref, sizeof ref, "0.6 ln 256 = %.2f", 0.6 * log(256.0));
+        if (ap_cli_curve_svg(svg, curves, np, 0.6 * log(256.0), ref))
+            printf("loss curve: %s\n", svg);
+        else
+            fprintf(stderr, "apiary demo: cannot write %s\n", svg);
+        free(curves);
+    }
+    if (isfinite(final)) printf("final loss %.4f (%.2f x ln 256)\n", final, final / log(256.0));
     printf("peers alive over time (every 5 s):");
     for (int i = 0; i < nsample; i++) printf(" %d", peers_over_time[i]);
     printf("\n");

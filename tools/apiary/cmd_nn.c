@@ -46,21 +46,6 @@ static void usage(FILE *f)
             ap_nn_default_corpus());
 }
 
-static int parse_optim(const char *s, ap_nn_optim_kind_t *k)
-{
-    if (!strcmp(s, "adamw"))
-        *k = AP_NN_ADAMW;
-    else if (!strcmp(s, "adam"))
-        *k = AP_NN_ADAM;
-    else if (!strcmp(s, "sgd"))
-        *k = AP_NN_SGD;
-    else if (!strcmp(s, "lamb"))
-        *k = AP_NN_LAMB;
-    else
-        return -1;
-    return 0;
-}
-
 /* Writes seed files for fuzz/fuzz_checkpoint.c (selector byte + file). */
 static int write_fuzz_corpus(const char *dir)
 {
@@ -205,7 +190,7 @@ static int nn_train_main(int argc, char **argv)
             steps = (int)v_;
         } break;
         case O_OPTIM:
-            if (parse_optim(optarg, &okind)) {
+            if (ap_nn_optim_kind_from_name(optarg, &okind)) {
                 fprintf(stderr, "apiary nn-train: unknown optimizer '%s' (adamw|adam|sgd|lamb)\n",
                         optarg);
                 return 2;
@@ -217,14 +202,9 @@ static int nn_train_main(int argc, char **argv)
             lr = (float)v_;
         } break;
         case O_SCHED:
-            if (!strcmp(optarg, "cosine"))
-                sched = AP_NN_LR_COSINE;
-            else if (!strcmp(optarg, "linear"))
-                sched = AP_NN_LR_LINEAR;
-            else if (!strcmp(optarg, "constant"))
-                sched = AP_NN_LR_CONSTANT;
-            else {
-                fprintf(stderr, "apiary nn-train: unknown schedule '%s'\n", optarg);
+            if (ap_nn_lr_kind_from_name(optarg, &sched)) {
+                fprintf(stderr, "apiary nn-train: unknown schedule '%s' (cosine|linear|constant)\n",
+                        optarg);
                 return 2;
             }
             break;

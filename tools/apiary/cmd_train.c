@@ -10,17 +10,22 @@
 #include "apiary/error.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
+#include "apiary/multiaddr.h"
 #include "apiary/nn.h"
 #include "apiary/nn_optim.h"
 #include "apiary/node.h"
 #include "apiary/optim.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,46 +34,67 @@
 
 static void usage(void)
 {
-    printf("usage: apiary train [options]\n"
-           "Train one model together with other peers: every --target-batch-size samples\n"
-           "(from all peers) make one global step, as if it were one big-batch run.\n"
-           "  --run-id ID               name of the collaboration (default apiary)\n"
-           "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
-           "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0: every\n"
-           "                            interface, advertised as the host's addresses)\n"
-           "  --announce MULTIADDR      address peers should dial instead, e.g. a port\n"
-           "                            forward /ip4/203.0.113.7/tcp/4001 (repeatable, <= 4)\n"
-           "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
-           "  --target-batch-size N     samples per global epoch (default 256)\n"
-           "  --batch-size N            local batch (default 8)\n"
-           "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
-           "                            synthetic clusters (default gpt)\n"
-           "  --data PATH               text file (default: the shipped corpus)\n"
-           "  --client                  cannot accept connections (client-only peer)\n"
-           "  --auxiliary               help averaging, train nothing\n"
-           "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
-           "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
-           "                            bf16, uniform8, blockwise8 (same on every peer)\n"
-           "  --checkpoint-dir DIR      save every epoch, resume from it at start\n"
-           "  --lr X                    Adam learning rate (default 3e-3)\n"
-           "  --average-state-every N   epochs between state averaging (default 5)\n"
-           "  --max-epochs N            stop at this global epoch (default: never)\n"
-           "  --duration S              stop after S seconds (default: never)\n"
-           "  --slowdown X              sleep X times the compute time after each batch\n"
-           "  --seed N                  data order seed (default 1)\n"
-           "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
-           "  --delayed-updates         average and step in the background while the next\n"
-           "                            batches are computed (one optimizer step stale)\n"
-           "  --max-local-batches-per-epoch N\n"
-           "                            contribute at most N batches to an epoch, then wait for\n"
-           "                            its round (with N = 1 and target = peers x batch, each\n"
-           "                            peer adds exactly one batch per epoch: exact mode)\n"
-           "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
-           "                            averaging module (default: READY window over progress)\n"
-           "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
-           "                            synthetic stream (P peers split one big batch)\n"
-           "  --log-level LEVEL         debug, info, warn (default), error, off\n"
-           "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
+    printf(
+        "usage: apiary train [options]\n"
+        "Train one model together with other peers: every --target-batch-size samples\n"
+        "(from all peers) make one global step, as if it were one big-batch run.\n"
+        "  --run-id ID               name of the collaboration (default apiary)\n"
+        "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
+        "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0: every\n"
+        "                            interface, advertised as the host's addresses)\n"
+        "  --announce MULTIADDR      address peers should dial instead, e.g. a port\n"
+        "                            forward /ip4/203.0.113.7/tcp/4001 (repeatable, <= 4)\n"
+        "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
+        "  --target-batch-size N     samples per global epoch (default 256)\n"
+        "  --batch-size N            local batch (default 8)\n"
+        "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
+        "                            synthetic clusters (default gpt)\n"
+        "  --data PATH               text file (default: the shipped corpus)\n"
+        "  --client                  cannot accept connections (client-only peer)\n"
+        "  --auxiliary               help averaging, train nothing\n"
+        "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
+        "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
+        "                            bf16, uniform8, blockwise8 (same on every peer)\n"
+        "  --checkpoint-dir DIR      save every epoch, resume from it at start; a checkpoint\n"
+        "                            that cannot be loaded stops the peer (file untouched)\n"
+        "  --fresh                   with --checkpoint-dir: move a checkpoint that cannot be\n"
+        "                            loaded aside (renamed PATH.refused-<UTC time>) and start\n"
+        "                            fresh\n"
+        "  --layers N, --embd C, --heads H, --ctx T, --share-layers\n"
+        "                            the GPT's shape (default 2 blocks, width 128, 4 heads,\n"
+        "                            context 64; the same on every peer)\n"
+        "  --optim NAME              lamb (default), adamw, adam or sgd (same on every peer)\n"
+        "  --lr X                    peak learning rate (default: lamb 5e-2, adam/adamw 2e-3,\n"
+        "                            sgd 0.1)\n"
+        "  --warmup N                global epochs of linear warm-up to --lr (default 3)\n"
+        "  --schedule NAME           after warm-up: constant (default), linear or cosine\n"
+        "                            decay to --lr/10 at --decay-epochs\n"
+        "  --decay-epochs N          epoch where linear/cosine reach the minimum (default:\n"
+        "                            --max-epochs)\n"
+        "  --clip X                  clip the averaged gradient's global norm to X (default\n"
+        "                            1.0; 0 = off)\n"
+        "  --average-state-every N   epochs between state averaging (default 5)\n"
+        "  --max-epochs N            stop at this global epoch (default: never)\n"
+        "  --duration S              stop after S seconds (default: never)\n"
+        "  --slowdown X              sleep X times the batch's compute time after each batch\n"
+        "                            (its CPU time if less than its wall time, so that other\n"
+        "                            load on the machine does not lengthen the sleep)\n"
+        "  --seed N                  data order seed (default: derived from this peer's PeerID,\n"
+        "                            so every peer sees other batches; with --data-shard, 1);\n"
+        "                            the same N on a peer gives the same batches again\n"
+        "  --matchmaking-window S    seconds to gather peers for a round (default 0.5)\n"
+        "  --delayed-updates         average and step in the background while the next\n"
+        "                            batches are computed (one optimizer step stale)\n"
+        "  --max-local-batches-per-epoch N\n"
+        "                            contribute at most N batches to an epoch, then wait for\n"
+        "                            its round (with N = 1 and target = peers x batch, each\n"
+        "                            peer adds exactly one batch per epoch: exact mode)\n"
+        "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
+        "                            averaging module (default: READY window over progress)\n"
+        "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
+        "                            synthetic stream (P peers split one big batch)\n"
+        "  --log-level LEVEL         debug, info, warn (default), error, off\n"
+        "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
 
 static volatile sig_atomic_t stop_flag;
@@ -85,8 +111,13 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm;
-    double up, down, lr, slowdown, duration, mm_window;
+    bool client, aux, delayed, dhtmm, fresh, seed_set;
+    double up, down, lr, slowdown, duration, mm_window, clip;
+    int layers, embd, heads, ctx, warmup;
+    bool share;
+    ap_nn_optim_kind_t optim;
+    ap_nn_lr_kind_t sched;
+    uint64_t decay_epochs;
     uint8_t codec;
     uint32_t state_every;
     uint64_t seed;
@@ -134,6 +165,13 @@ static int save_checkpoint(const char *path, ap_collab_t *c, ap_nn_model_t *m, u
     return rc;
 }
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -151,12 +189,117 @@ static void human_bytes(uint64_t b, char *out, size_t n)
         snprintf(out, n, "%.1f KiB", b / 1024.0);
 }
 
+/* A peer's multiaddr as --initial-peers needs it; prints what is expected. */
+static bool peer_addr_ok(const char *a)
+{
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, a) == 0 && ma.has_tcp && ma.has_peer && ma.host != AP_MA_HOST_NONE)
+        return true;
+    fprintf(stderr,
+            "apiary train: --initial-peers: '%s' is not a peer's multiaddr: expected "
+            "/ip4/ADDRESS/tcp/PORT/p2p/PEERID (or /ip6/..., /dns4/NAME/...), as a running peer "
+            "prints it on its 'listening on' line\n",
+            a);
+    return false;
+}
+
+/* Why listening on `addr` failed: malformed, in use, or not this host's. */
+static void explain_listen(const char *addr, int rc)
+{
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) != 0 || !ma.has_tcp ||
+        (ma.host != AP_MA_HOST_IP4 && ma.host != AP_MA_HOST_IP6)) {
+        fprintf(stderr,
+                "apiary train: --listen '%s' is not a listen multiaddr: expected "
+                "/ip4/ADDRESS/tcp/PORT or /ip6/ADDRESS/tcp/PORT (e.g. /ip4/0.0.0.0/tcp/31337; "
+                "port 0 picks a free one)\n",
+                addr);
+        return;
+    }
+    /* ask the system what is wrong with that address */
+    struct sockaddr_storage ss;
+    int err = 0;
+    if (ap_multiaddr_to_sockaddr(&ma, &ss, sizeof ss) == 0) {
+        int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+        if (fd >= 0) {
+            socklen_t sl =
+                ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+            if (bind(fd, (struct sockaddr *)&ss, sl) != 0) err = errno;
+            close(fd);
+        }
+    }
+    if (err == EADDRINUSE)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: address already in use (another process "
+                "listens on port %u); pick another port, or port 0 for a free one\n",
+                addr, ma.port);
+    else if (err == EADDRNOTAVAIL)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: not an address of this host; use one of its "
+                "interface addresses or 0.0.0.0\n",
+                addr);
+    else if (err == EACCES)
+        fprintf(stderr,
+                "apiary train: cannot listen on %s: permission denied (ports below 1024 need "
+                "privileges); pick a port from 1024\n",
+                addr);
+    else
+        fprintf(stderr, "apiary train: cannot listen on %s: %s\n", addr, ap_strerror(rc));
+}
+
+/* The data order's default seed: a hash of the PeerID (FNV-1a), so peers
+ * that are not given --seed see different batches. */
+static uint64_t peer_seed(const ap_peer_id_t *id)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof id->b; i++) h = (h ^ id->b[i]) * 1099511628211ull;
+    return h & 0x7fffffffffffffffull;
+}
+
+/* Moves a refused checkpoint aside (never deletes it): PATH.refused-<UTC>. */
+static int move_aside(const char *path, char *moved, size_t cap)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y%m%dT%H%M%SZ", &tm);
+    for (int k = 0; k < 100; k++) {
+        if (k)
+            snprintf(moved, cap, "%s.refused-%s-%d", path, ts, k);
+        else
+            snprintf(moved, cap, "%s.refused-%s", path, ts);
+        if (access(moved, F_OK) != 0) return rename(path, moved) == 0 ? 0 : -1;
+    }
+    return -1;
+}
+
+static const char *ckpt_reason(int rc)
+{
+    switch (rc) {
+    case AP_ECORRUPT:
+        return "corrupt or truncated file (checksum, magic or size)";
+    case AP_EVERSION:
+        return "another checkpoint format version";
+    case AP_EINVAL:
+        return "another model or optimizer (shape, kind or size differs)";
+    case AP_ENONFINITE:
+        return "non-finite numbers in it";
+    default:
+        return ap_strerror(rc);
+    }
+}
+
 static int parse_peers(topts_t *o, const char *list)
 {
     char *copy = strdup(list);
     for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (o->npeers == MAX_PEERS) {
             fprintf(stderr, "apiary train: at most %d initial peers\n", MAX_PEERS);
+            free(copy);
+            return -1;
+        }
+        if (!peer_addr_ok(t)) {
             free(copy);
             return -1;
         }
@@ -173,11 +316,20 @@ static int run(const topts_t *o)
     /* the model and its data */
     ap_nn_model_t *m = NULL;
     ap_nn_text_t *text = NULL;
-    int T = 64, rc;
+    int T = o->ctx, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
+    char model_desc[AP_OPTIM_MODEL_MAX] = "";
     if (gpt) {
-        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, 2, 4, 128, o->batch);
+        ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, o->layers, o->heads, o->embd, o->batch);
+        gc.share_layers = o->share;
+        snprintf(model_desc, sizeof model_desc, "gpt layers %d heads %d embd %d ctx %d%s",
+                 gc.n_layer, gc.n_head, gc.n_embd, gc.ctx, gc.share_layers ? " shared" : "");
         rc = ap_nn_gpt_new(&gc, &m);
+        if (rc)
+            fprintf(stderr,
+                    "apiary train: cannot build the GPT (%d blocks, width %d, %d heads, "
+                    "context %d): %s\n",
+                    o->layers, o->embd, o->heads, o->ctx, ap_strerror(rc));
         if (!rc) {
             const char *path = o->data ? o->data : ap_nn_default_corpus();
             rc = ap_nn_text_open(path, &text);
@@ -186,6 +338,8 @@ static int run(const topts_t *o)
     } else {
         ap_nn_mlp_config_t mc = {
             .in_dim = 16, .n_hidden = 1, .hidden = {64}, .n_classes = 4, .max_batch = o->batch};
+        snprintf(model_desc, sizeof model_desc, "mlp %d-%d-%d", mc.in_dim, mc.hidden[0],
+                 mc.n_classes);
         rc = ap_nn_mlp_new(&mc, &m);
     }
     if (rc) {
@@ -222,7 +376,7 @@ static int run(const topts_t *o)
     if (!rc) rc = ap_node_new(host, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
-        fprintf(stderr, "apiary train: cannot listen on %s: %s\n", no.listen, ap_strerror(rc));
+        explain_listen(no.listen, rc);
         if (host) ap_host_free(host);
         ap_nn_model_free(m);
         ap_nn_text_free(text);
@@ -257,9 +411,16 @@ static int run(const topts_t *o)
     cfg.run_id = o->run_id;
     cfg.target_batch_size = o->target;
     cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
-    cfg.lr.base = cfg.lr.min = (float)o->lr;
-    cfg.max_grad_norm = 1.0;
+    cfg.optim = ap_nn_optim_defaults(o->optim);
+    cfg.lr = (ap_nn_lr_schedule_t){.kind = o->sched,
+                                   .base = (float)o->lr,
+                                   .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
+                                                                        : (float)(o->lr / 10),
+                                   .warmup = (uint64_t)o->warmup,
+                                   .total = o->decay_epochs ? o->decay_epochs : o->max_epochs};
+    cfg.max_grad_norm = o->clip;
+    cfg.model_kind = (uint32_t)ap_nn_model_kind(m);
+    ap_nn_model_shape(m, cfg.model_shape);
     cfg.average_state_every = o->state_every;
     cfg.up = o->up;
     cfg.down = o->down;
@@ -269,12 +430,14 @@ static int run(const topts_t *o)
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
     cfg.dht_matchmaking = o->dhtmm;
+    cfg.model_desc = model_desc;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                                 &c);
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
     }
     char ckpath[1024] = "";
+    bool fatal = false; /* stop before training, exit 1 */
     if (!rc && o->ckdir && !o->aux) {
         mkdir(o->ckdir, 0700);
         snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
@@ -284,28 +447,60 @@ static int run(const topts_t *o)
             if (lr == 0) {
                 ap_collab_set_epoch(c, step);
                 printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
-            } else {
+            } else if (!o->fresh) {
+                /* never overwrite what was refused: stop, file untouched */
                 fprintf(stderr,
-                        "apiary train: checkpoint %s refused (%s): another model or a corrupt "
-                        "file; starting without it\n",
-                        ckpath, ap_strerror(lr));
+                        "apiary train: checkpoint %s cannot be loaded: %s. It is left as it is; "
+                        "pass --fresh to move it aside and start without it, or use another "
+                        "--checkpoint-dir\n",
+                        ckpath, ckpt_reason(lr));
+                ckpath[0] = 0;
+                fatal = true;
+            } else {
+                char moved[1100];
+                if (move_aside(ckpath, moved, sizeof moved) != 0) {
+                    fprintf(stderr, "apiary train: cannot move %s aside: %s; stopping\n", ckpath,
+                            strerror(errno));
+                    ckpath[0] = 0;
+                    fatal = true;
+                } else {
+                    /* the model and optimizer were left untouched by the refused load */
+                    printf("checkpoint %s cannot be loaded (%s): moved to %s; starting fresh\n",
+                           ckpath, ckpt_reason(lr), moved);
+                }
             }
         }
     }
     char pid[AP_PEER_ID_STR_MAX];
     ap_peer_id_str(ap_rt_self(rt), pid);
-    if (!rc) {
+    uint64_t seed = o->seed_set ? o->seed : o->nshards > 1 ? 1 : peer_seed(ap_rt_self(rt));
+    if (!rc && !fatal) {
         printf("peer %s (%s) in run '%s': %zu parameters, target %llu samples per epoch\n", pid,
                o->aux      ? "auxiliary"
                : o->client ? "client-only"
                            : "normal",
                o->run_id, pr->count, (unsigned long long)o->target);
+        printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
+               ap_nn_optim_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
+        if (o->sched != AP_NN_LR_CONSTANT)
+            printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
+        printf(", clip %g\n", o->clip);
         for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
         fflush(stdout);
+        printf("data order: seed %llu (%s)\n", (unsigned long long)seed,
+               o->seed_set      ? "--seed"
+               : o->nshards > 1 ? "shared by the shards"
+                                : "from the PeerID; --seed N fixes it");
+        fflush(stdout);
         rc = ap_collab_start_sync(c);
-        if (rc)
+        if (rc == AP_ECONFIG) {
+            fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                    ap_collab_refusal(c));
+            fatal = true;
+        } else if (rc) {
             fprintf(stderr, "apiary train: could not load the state from peers (%s); training on\n",
                     ap_strerror(rc));
+        }
         ap_collab_stats_t st0;
         ap_collab_get_stats_sync(c, &st0);
         if (st0.state_loads)
@@ -329,23 +524,39 @@ static int run(const topts_t *o)
     float *x = malloc(sizeof(float) * (size_t)o->batch * 16);
     uint64_t cursor = 0, sample = 0, local_samples = 0;
     double t0 = now_s(), last_status = 0;
-    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0;
-    while (!rc && !stop_flag) {
+    uint64_t last_epoch = c ? ap_collab_epoch(c) : 0, loads = 0;
+    if (c) {
+        ap_collab_stats_t st0;
+        ap_collab_get_stats_sync(c, &st0);
+        loads = st0.state_loads;
+    }
+    /* the printed loss: the mean over this peer's batches of the epoch */
+    double loss_sum = 0;
+    uint64_t loss_n = 0;
+    /* where the time goes: computing batches (with --slowdown's sleep) and
+     * the epochs' overshoot (samples averaged past the target) */
+    double compute_s = 0, overshoot_sum = 0;
+    /* the printed global rate: samples the last epoch's step averaged over
+     * the epoch's wall time (a dead peer adds nothing from its death on) */
+    double epoch_t = t0, global_rate = 0, stepped_samples = 0, first_step_t = 0, last_step_t = 0;
+    uint64_t overshoot_n = 0;
+    if (fatal) ckpath[0] = 0; /* nothing is written by a peer that was stopped */
+    while (!rc && !fatal && !stop_flag) {
         if (o->duration > 0 && now_s() - t0 >= o->duration) break;
         if (o->max_epochs && ap_collab_epoch(c) >= o->max_epochs) break;
         float loss = 0;
         if (!o->aux) {
-            double tb = now_s();
+            double tb = now_s(), cb = cpu_s();
             ap_nn_model_zero_grad(m);
             int r;
             if (gpt) {
-                r = ap_nn_text_batch(text, o->seed, &cursor, o->batch, T, in, tg);
+                r = ap_nn_text_batch(text, seed, &cursor, o->batch, T, in, tg);
                 if (!r) r = ap_nn_gpt_loss(m, in, tg, o->batch, T, &loss);
                 if (!r) r = ap_nn_gpt_backward(m, NULL, NULL);
             } else {
                 /* batch k of this shard: batch k*P+I of the stream */
                 uint64_t first = (sample * o->nshards + o->shard) * (uint64_t)o->batch;
-                ap_nn_synth_classify(7, o->seed, first, o->batch, 16, 4, x, tg);
+                ap_nn_synth_classify(7, seed, first, o->batch, 16, 4, x, tg);
                 sample++;
                 r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
                 if (!r) r = ap_nn_mlp_backward(m);
@@ -356,37 +567,73 @@ static int run(const topts_t *o)
                 break;
             }
             if (o->slowdown > 0) {
-                double dt = (now_s() - tb) * o->slowdown;
+                /* a slower accelerator: X times the work, not X times the
+                 * time other processes held the cores meanwhile */
+                double wall = now_s() - tb, cpu = cpu_s() - cb;
+                double dt = (cpu > 0 && cpu < wall ? cpu : wall) * o->slowdown;
                 struct timespec ts = {(time_t)dt, (long)((dt - (time_t)dt) * 1e9)};
                 nanosleep(&ts, NULL);
             }
+            compute_s += now_s() - tb;
             ap_train_watch_submit(watch, true);
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
+            if (r == AP_ECONFIG) {
+                fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                        ap_collab_refusal(c));
+                fatal = true;
+                ckpath[0] = 0;
+                break;
+            }
             if (r && r != AP_ECANCELED) {
                 fprintf(stderr, "apiary train: submit failed: %s\n", ap_strerror(r));
                 rc = r;
                 break;
             }
             local_samples += (uint64_t)o->batch;
+            loss_sum += loss;
+            loss_n++;
         } else {
             struct timespec ts = {0, 200 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
         ap_collab_stats_t st;
         ap_collab_get_stats_sync(c, &st);
+        if (st.refused) { /* an auxiliary peer learns it here */
+            fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
+                    ap_collab_refusal(c));
+            fatal = true;
+            ckpath[0] = 0;
+            break;
+        }
         double now = now_s();
         if (st.epoch != last_epoch) {
             ap_rt_stats_t rs;
             ap_node_call_sync(rt, rtstats_fn, &rs);
             char sent[32];
             human_bytes(rs.bytes_sent, sent, sizeof sent);
+            if (st.epoch == last_epoch + 1 && st.last_epoch_samples > 0 &&
+                st.state_loads == loads) {
+                overshoot_sum += (double)st.last_epoch_samples / (double)o->target - 1.0;
+                overshoot_n++;
+                if (now > epoch_t) global_rate = (double)st.last_epoch_samples / (now - epoch_t);
+                if (!first_step_t)
+                    first_step_t = now;
+                else
+                    stepped_samples += (double)st.last_epoch_samples;
+                last_step_t = now;
+            }
+            epoch_t = now;
+            loads = st.state_loads;
+            char lossbuf[32] = "-";
+            if (loss_n) snprintf(lossbuf, sizeof lossbuf, "%.4f", loss_sum / (double)loss_n);
+            loss_sum = 0;
+            loss_n = 0;
             if (tty) printf("\r\033[K");
-            printf("epoch %llu | loss %.4f | global %.0f samples/s | peers %u | group %u%s | "
+            printf("epoch %llu | loss %s | global %.0f samples/s | peers %u | group %u%s | "
                    "sent %s | t %.0fs\n",
-                   (unsigned long long)st.epoch, st.last_loss, st.global_sps, st.peers,
-                   st.last_group_size, st.last_averaged_fraction < 1 ? " (partial)" : "", sent,
-                   now - t0);
+                   (unsigned long long)st.epoch, lossbuf, global_rate, st.peers, st.last_group_size,
+                   st.last_averaged_fraction < 1 ? " (partial)" : "", sent, now - t0);
             fflush(stdout);
             last_epoch = st.epoch;
             if (ckpath[0]) {
@@ -398,10 +645,12 @@ static int run(const topts_t *o)
                     printf("checkpoint: epoch %llu saved to %s\n", (unsigned long long)ce, ckpath);
             }
         } else if (tty && now - last_status > 0.25) {
-            printf("\r\033[Kepoch %llu | %.0f/%llu samples | %.0f samples/s | loss %.4f | peers %u "
+            printf("\r\033[Kepoch %llu | %.0f/%llu samples | peers' speed %.0f samples/s | loss "
+                   "%.4f | peers %u "
                    "| eta %.1fs",
                    (unsigned long long)st.epoch, st.global_samples, (unsigned long long)o->target,
-                   st.global_sps, st.last_loss, st.peers, isfinite(st.eta_s) ? st.eta_s : -1.0);
+                   st.global_sps, loss_n ? loss_sum / (double)loss_n : 0.0, st.peers,
+                   isfinite(st.eta_s) ? st.eta_s : -1.0);
             fflush(stdout);
             last_status = now;
         }
@@ -429,12 +678,24 @@ static int run(const topts_t *o)
         printf("summary: epochs %llu | local %.1f samples/s | global %.0f samples/s | bytes sent "
                "%llu | received %llu | state loads %llu | partial epochs %llu | served %llu | "
                "refused records %llu | computed during rounds %llu | dropped late %llu | %.0fs\n",
-               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0, st.global_sps,
+               (unsigned long long)st.epoch, el > 0 ? local_samples / el : 0.0,
+               last_step_t > first_step_t ? stepped_samples / (last_step_t - first_step_t)
+                                          : global_rate,
                (unsigned long long)rs.bytes_sent, (unsigned long long)rs.bytes_received,
                (unsigned long long)st.state_loads, (unsigned long long)st.epochs_failed,
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
                (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
                el);
+        /* the shares of this peer's wall time (apiary bench train reads them) */
+        if (el > 0) {
+            double g = st.group_wait_us / 1e6, a = st.averaging_us / 1e6, d = st.download_us / 1e6;
+            double rest = el - compute_s - g - a - d;
+            printf("time: compute %.3f | group %.3f | averaging %.3f | download %.3f | idle %.3f "
+                   "| overshoot %.3f | epochs %llu\n",
+                   compute_s / el, g / el, a / el, d / el, rest > 0 ? rest / el : 0.0,
+                   overshoot_n ? overshoot_sum / (double)overshoot_n : 0.0,
+                   (unsigned long long)overshoot_n);
+        }
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
@@ -446,6 +707,7 @@ static int run(const topts_t *o)
     free(in);
     free(tg);
     free(x);
+    if (fatal) return 1; /* said why */
     if (idle) {
         fprintf(stderr, "apiary train: trained nothing (no batch was submitted)\n");
         return 1;
@@ -459,11 +721,31 @@ static int train_main(int argc, char **argv)
                  .model = "gpt",
                  .target = 256,
                  .batch = 8,
-                 .lr = 3e-3,
+                 .lr = 0,
+                 .clip = 1.0,
+                 .layers = 2,
+                 .embd = 128,
+                 .heads = 4,
+                 .ctx = 64,
+                 .warmup = 3,
+                 .optim = AP_NN_LAMB,
+                 .sched = AP_NN_LR_CONSTANT,
                  .state_every = 5,
                  .seed = 1,
                  .mm_window = 0.5,
                  .nshards = 1};
+    enum {
+        O_LAYERS = 256,
+        O_EMBD,
+        O_HEADS,
+        O_CTX,
+        O_SHARE,
+        O_OPTIM,
+        O_WARMUP,
+        O_SCHED,
+        O_DECAY,
+        O_CLIP
+    };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
         {"initial-peers", required_argument, NULL, 'p'},
@@ -491,6 +773,17 @@ static int train_main(int argc, char **argv)
         {"max-local-batches-per-epoch", required_argument, NULL, 'X'},
         {"data-shard", required_argument, NULL, 'H'},
         {"dht-matchmaking", no_argument, NULL, 'M'},
+        {"fresh", no_argument, NULL, 'F'},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"embd", required_argument, NULL, O_EMBD},
+        {"heads", required_argument, NULL, O_HEADS},
+        {"ctx", required_argument, NULL, O_CTX},
+        {"share-layers", no_argument, NULL, O_SHARE},
+        {"optim", required_argument, NULL, O_OPTIM},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"schedule", required_argument, NULL, O_SCHED},
+        {"decay-epochs", required_argument, NULL, O_DECAY},
+        {"clip", required_argument, NULL, O_CLIP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -523,6 +816,13 @@ static int train_main(int argc, char **argv)
             o.batch = (int)v_;
         } break;
         case 'm':
+            if (strcmp(optarg, "gpt") != 0 && strcmp(optarg, "mlp") != 0) {
+                fprintf(stderr,
+                        "apiary train: --model %s: unknown model; the choices are gpt (the model "
+                        "kit's tiny GPT on --data) and mlp (an MLP on synthetic clusters)\n",
+                        optarg);
+                return 2;
+            }
             o.model = optarg;
             break;
         case 'd':
@@ -569,7 +869,7 @@ static int train_main(int argc, char **argv)
             o.ckdir = optarg;
             break;
         case 'l':
-            if (!ap_cli_num("--lr", optarg, 1e-12, 1e6, &o.lr)) return 2;
+            if (!ap_cli_num("--lr", optarg, 1e-9, 10, &o.lr)) return 2;
             break;
         case 's': {
             long long v_;
@@ -591,6 +891,7 @@ static int train_main(int argc, char **argv)
             long long v_;
             if (!ap_cli_int("--seed", optarg, 0, 0x7fffffffffffffffLL, &v_)) return 2;
             o.seed = (uint64_t)v_;
+            o.seed_set = true;
         } break;
         case 'W':
             if (!ap_cli_num("--matchmaking-window", optarg, 1e-3, 3600, &o.mm_window)) return 2;
@@ -600,6 +901,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'M':
             o.dhtmm = true;
+            break;
+        case 'F':
+            o.fresh = true;
             break;
         case 'X': {
             long long v_;
@@ -622,6 +926,47 @@ static int train_main(int argc, char **argv)
         case 'v':
             if (!ap_cli_set_log_level(optarg)) return 2;
             break;
+        case O_LAYERS:
+        case O_EMBD:
+        case O_HEADS:
+        case O_CTX: {
+            static const char *const names[] = {"--layers", "--embd", "--heads", "--ctx"};
+            static const long long maxv[] = {64, 4096, 64, 4096};
+            int k = ch - O_LAYERS;
+            long long v_;
+            if (!ap_cli_int(names[k], optarg, 1, maxv[k], &v_)) return 2;
+            int *dst[] = {&o.layers, &o.embd, &o.heads, &o.ctx};
+            *dst[k] = (int)v_;
+        } break;
+        case O_SHARE:
+            o.share = true;
+            break;
+        case O_OPTIM:
+            if (ap_nn_optim_kind_from_name(optarg, &o.optim)) {
+                fprintf(stderr, "apiary train: --optim %s: use lamb, adamw, adam or sgd\n", optarg);
+                return 2;
+            }
+            break;
+        case O_SCHED:
+            if (ap_nn_lr_kind_from_name(optarg, &o.sched)) {
+                fprintf(stderr, "apiary train: --schedule %s: use constant, linear or cosine\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_WARMUP: {
+            long long v_;
+            if (!ap_cli_int("--warmup", optarg, 0, 1000000000, &v_)) return 2;
+            o.warmup = (int)v_;
+        } break;
+        case O_DECAY: {
+            long long v_;
+            if (!ap_cli_int("--decay-epochs", optarg, 1, 0x7fffffffffffffffLL, &v_)) return 2;
+            o.decay_epochs = (uint64_t)v_;
+        } break;
+        case O_CLIP:
+            if (!ap_cli_num("--clip", optarg, 0, 1e6, &o.clip)) return 2;
+            break;
         case 'h':
             usage();
             return 0;
@@ -630,10 +975,52 @@ static int train_main(int argc, char **argv)
             return 2;
         }
     }
-    if (o.target == 0 || o.batch <= 0 || o.batch > 1024 || !(o.lr > 0) || !(o.mm_window > 0) ||
-        (strcmp(o.model, "gpt") != 0 && strcmp(o.model, "mlp") != 0) || (o.client && o.aux) ||
-        (o.nshards > 1 && strcmp(o.model, "mlp") != 0)) {
-        fprintf(stderr, "apiary train: bad option (see apiary train --help)\n");
+    if (optind < argc) {
+        fprintf(stderr,
+                "apiary train: unexpected argument '%s' (options start with --; see "
+                "apiary train --help)\n",
+                argv[optind]);
+        return 2;
+    }
+    if (o.client && o.aux) {
+        fprintf(stderr, "apiary train: --client and --auxiliary exclude each other (an auxiliary "
+                        "peer must accept connections)\n");
+        return 2;
+    }
+    if (o.nshards > 1 && strcmp(o.model, "mlp") != 0) {
+        fprintf(stderr, "apiary train: --data-shard is for --model mlp (the synthetic stream)\n");
+        return 2;
+    }
+    if (o.lr == 0) o.lr = o.optim == AP_NN_LAMB ? 5e-2 : o.optim == AP_NN_SGD ? 0.1 : 2e-3;
+    if (o.embd % o.heads) {
+        fprintf(stderr, "apiary train: --embd %d is not a multiple of --heads %d\n", o.embd,
+                o.heads);
+        return 2;
+    }
+    if (o.sched != AP_NN_LR_CONSTANT) {
+        uint64_t total = o.decay_epochs ? o.decay_epochs : o.max_epochs;
+        if (!total) {
+            fprintf(stderr,
+                    "apiary train: --schedule %s decays to its minimum at an epoch: give "
+                    "--decay-epochs N or --max-epochs N\n",
+                    ap_nn_lr_kind_name(o.sched));
+            return 2;
+        }
+        if (total <= (uint64_t)o.warmup) {
+            fprintf(stderr,
+                    "apiary train: the decay ends at epoch %llu, within the %d warm-up epochs: "
+                    "give more --decay-epochs or fewer --warmup\n",
+                    (unsigned long long)total, o.warmup);
+            return 2;
+        }
+    }
+    if (!(o.lr > 0) || !(o.mm_window > 0)) {
+        fprintf(stderr, "apiary train: --lr and --matchmaking-window must be > 0\n");
+        return 2;
+    }
+    if (o.fresh && !o.ckdir) {
+        fprintf(stderr, "apiary train: --fresh needs --checkpoint-dir (it moves a checkpoint "
+                        "there aside)\n");
         return 2;
     }
     int rc = run(&o);

@@ -2,10 +2,11 @@
  * Internal.
  *
  * A connection is a bidirectional, ordered, reliable byte pipe to one
- * authenticated peer. The in-process transport (mem.c) implements it today;
- * TCP + Noise XX will implement the same thing (one Noise message per write
- * batch, each at most 65,535 bytes: the mux never writes a frame larger than
- * AP_FRAME_HDR + AP_FRAME_PAYLOAD_MAX).
+ * authenticated peer. Two transports implement it, each an entry of the
+ * node's transport table (uv_impl.h, ap_uv_transport_t): the in-process one
+ * (mem.c) and TCP + Noise XX (tcp_conn.c over src/net/tcp*.c; one Noise
+ * message per write batch, each at most 65,535 bytes: the mux never writes a
+ * frame larger than AP_FRAME_HDR + AP_FRAME_PAYLOAD_MAX).
  *
  * Who calls whom (all on the loop thread of the host the connection belongs
  * to; a transport crossing threads does so internally):

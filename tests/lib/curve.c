@@ -1,0 +1,37 @@
+#include "curve.h"
+
+#include <math.h>
+#include <stdio.h>
+
+int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t cap)
+{
+    if (n < 1) {
+        snprintf(why, cap, "no epoch");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(loss[i])) {
+            snprintf(why, cap, "epoch %d: loss %g is not finite", i, loss[i]);
+            return -1;
+        }
+        if (loss[i] > loss[0]) {
+            snprintf(why, cap, "epoch %d: loss %.4f above the first epoch's %.4f", i, loss[i],
+                     loss[0]);
+            return -1;
+        }
+    }
+    for (int i = 0; window > 0 && i + window < n; i++)
+        if (!(loss[i + window] < loss[i])) {
+            snprintf(why, cap, "epochs %d..%d: loss %.4f -> %.4f, not lower", i, i + window,
+                     loss[i], loss[i + window]);
+            return -1;
+        }
+    return 0;
+}
+
+void ap_test_curve_print(const char *label, const double *loss, int n)
+{
+    fprintf(stderr, "%s:", label);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %.4f", loss[i]);
+    fprintf(stderr, "\n");
+}

@@ -1,0 +1,16 @@
+/* The shape a training curve must have (docs/training.md, "The recipe"):
+ * no epoch's loss above the first epoch's, and every window of `window`
+ * epochs ends lower than it began. Shared by the simulator and the
+ * multi-process curve tests. */
+#ifndef AP_TEST_CURVE_H
+#define AP_TEST_CURVE_H
+
+#include <stddef.h>
+
+/* loss[0..n): one value per epoch. Returns 0 if the curve has the shape,
+ * else -1 with the first violation described in why (cap bytes). */
+int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t cap);
+/* Prints the curve on one line ("label: a b c ...") to stderr. */
+void ap_test_curve_print(const char *label, const double *loss, int n);
+
+#endif
