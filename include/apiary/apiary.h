@@ -23,6 +23,7 @@
 #include "apiary/dht.h"
 #include "apiary/compress.h"
 #include "apiary/averager.h"
+#include "apiary/btard.h"
 #include "apiary/optim.h"
 #include "apiary/masha.h"
 #include "apiary/nn.h"
