@@ -164,18 +164,18 @@ struct ap_avg_service {
     uint64_t park_timer;
 };
 
-inline static const char *ap__ar_short_of(const ap_allreduce_t *ar, int i,
+static inline const char *ap__ar_short_of(const ap_allreduce_t *ar, int i,
                                           char buf[AP_PEER_SHORT_LEN])
 {
     return ap_peer_id_short(&ar->m[i].id, buf);
 }
 
-inline uint32_t ap__ar_nchunks(const ap_allreduce_t *ar, uint64_t count)
+static inline uint32_t ap__ar_nchunks(const ap_allreduce_t *ar, uint64_t count)
 {
     return (uint32_t)((count + ar->o.chunk_elems - 1) / ar->o.chunk_elems);
 }
 
-inline uint32_t ap__ar_chunk_len(const ap_allreduce_t *ar, uint64_t count, uint32_t c)
+static inline uint32_t ap__ar_chunk_len(const ap_allreduce_t *ar, uint64_t count, uint32_t c)
 {
     uint64_t start = (uint64_t)c * ar->o.chunk_elems;
     uint64_t left = count - start;
