@@ -65,6 +65,13 @@ static int run_curve(uint64_t seed, const ap_collab_config_t *recipe, double *cu
         }
         curve[k] = b ? s / b : NAN;
     }
+    /* a round may be in flight: the collabs finish their teardown (the
+     * round's callbacks run) before the services and the simulator go */
+    for (int i = 0; i < n; i++) {
+        ap_collab_free(e.p[i].collab);
+        e.p[i].collab = NULL;
+    }
+    ap_sim_run_for(e.sim, 60000000);
     oh_env_free(&e);
     return reached;
 }
