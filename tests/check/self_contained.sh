@@ -8,7 +8,8 @@ self=tests/check/self_contained.sh
 if files=$(git ls-files 2>/dev/null) && [ -n "$files" ]; then :; else
   files=$(find . -type f -not -path './.git/*' -not -path './build*' | sed 's#^\./##')
 fi
-pattern='\.\./shared|/work/|APIARY_SHARED|\$\{CMAKE_SOURCE_DIR\}/\.\.|testvectors'
+# (bracketed letters: the same regex, without this line spelling the paths it forbids)
+pattern='\.\./[s]hared|/work/|APIARY_[S]HARED|\$\{CMAKE_SOURCE_DIR\}/\.\.|testvector[s]'
 hits=$(printf '%s\n' "$files" | grep -v -e '^docs/' -e "^$self\$" |
        tr '\n' '\0' | xargs -0 grep -n -I -E "$pattern" 2>/dev/null)
 if [ -n "$hits" ]; then
