@@ -205,7 +205,9 @@ static void run_child(int fd, size_t max_conns)
     uv_loop_init(&ch.loop);
     ap_identity_t id;
     if (ap_identity_generate(&id) != 0) _exit(1);
-    ap_tcp_cfg_t cfg = {.max_conns = max_conns + 16, .max_handshakes = max_conns + 16};
+    ap_tcp_cfg_t cfg = {.max_conns = max_conns + 16,
+                        .max_handshakes = max_conns + 16,
+                        .conns_per_ip = max_conns + 16};
     ap_tcp_cbs_t cbs = {child_on_conn, child_on_data, NULL, child_on_close};
     if (ap__tcp_new(&ch.loop, &id, &cfg, &cbs, NULL, &ch.t) != 0) _exit(1);
     if (ap__tcp_listen(ch.t, "/ip4/127.0.0.1/tcp/0") != 0) _exit(1);
@@ -574,7 +576,7 @@ static void idle_child(const char *addr, size_t n)
 
 static double idle_bench(uv_loop_t *loop, const ap_identity_t *id, size_t n)
 {
-    ap_tcp_cfg_t cfg = {.max_conns = n + 16, .max_handshakes = n + 16};
+    ap_tcp_cfg_t cfg = {.max_conns = n + 16, .max_handshakes = n + 16, .conns_per_ip = n + 16};
     ap_tcp_cbs_t cbs = {0};
     ap_tcp_t *t;
     if (ap__tcp_new(loop, id, &cfg, &cbs, NULL, &t) != 0) return -1;
@@ -993,7 +995,8 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
     uv_loop_init(&p.loop);
     ap_identity_t id;
     ap_identity_generate(&id);
-    ap_tcp_cfg_t cfg = {.max_conns = idle_n + 16, .write_queue_max = 8u << 20};
+    ap_tcp_cfg_t cfg = {
+        .max_conns = idle_n + 16, .conns_per_ip = idle_n + 16, .write_queue_max = 8u << 20};
     ap_tcp_cbs_t cbs = {NULL, p_on_data, p_on_writable, NULL};
     if (ap__tcp_new(&p.loop, &id, &cfg, &cbs, &p, &p.t) != 0) return 1;
 

@@ -8,7 +8,8 @@ enum { E_PENDING, E_OPEN_IN, E_OPEN_OUT };
 
 typedef struct ap_admit_ent {
     uint64_t id, iph;
-    uint64_t t_ms;
+    uint64_t t_ms;    /* arrival */
+    uint64_t last_ms; /* last activity (ap_admit_touch) */
     uint8_t state;
     bool known;
 } ent_t;
@@ -30,6 +31,7 @@ void ap_admit_config_default(ap_admit_config_t *c)
     c->conns_per_ip = 64;
     c->reserved_out = 64;
     c->reserved_known = 64;
+    c->evict_idle_ms = 200;
 }
 
 void ap_admit_init(ap_admit_t *a, const ap_admit_config_t *cfg)
@@ -50,6 +52,7 @@ void ap_admit_init(ap_admit_t *a, const ap_admit_config_t *cfg)
         TAKE(conns_per_ip);
         TAKE(reserved_out);
         TAKE(reserved_known);
+        TAKE(evict_idle_ms);
 #undef TAKE
     }
     if (a->cfg.hs_start > a->cfg.hs_full) a->cfg.hs_start = a->cfg.hs_full;
@@ -128,7 +131,7 @@ static ent_t *ent_add(ap_admit_t *a, uint64_t id, uint64_t iph, uint8_t state, u
     }
     if (ap__u64map_put(&a->conns, id, a->nents)) return NULL;
     ent_t *e = &a->ents[a->nents++];
-    *e = (ent_t){.id = id, .iph = iph, .t_ms = now, .state = state};
+    *e = (ent_t){.id = id, .iph = iph, .t_ms = now, .last_ms = now, .state = state};
     return e;
 }
 
@@ -213,19 +216,48 @@ ap_admit_verdict_t ap_admit_inbound(ap_admit_t *a, uint64_t id, const uint8_t ip
     return v;
 }
 
-bool ap_admit_open(ap_admit_t *a, uint64_t id, bool known)
+/* The least useful open inbound connection to close for a newcomer: not
+ * known, idle for min_idle_ms; from iph only when only_ip, else from the
+ * source holding the most open connections; the longest idle first. */
+static const ent_t *idle_victim(const ap_admit_t *a, uint64_t iph, bool only_ip,
+                                uint64_t min_idle_ms, uint64_t now_ms)
+{
+    const ent_t *best = NULL;
+    uint32_t best_n = 0;
+    for (size_t i = 0; i < a->nents; i++) {
+        const ent_t *e = &a->ents[i];
+        if (e->state != E_OPEN_IN || e->known) continue;
+        if (only_ip && e->iph != iph) continue;
+        if (now_ms < e->last_ms + min_idle_ms) continue;
+        uint32_t n = ip_find((ap_admit_t *)a, e->iph)->open_in;
+        if (!best || n > best_n || (n == best_n && e->last_ms < best->last_ms)) {
+            best = e;
+            best_n = n;
+        }
+    }
+    return best;
+}
+
+ap_admit_verdict_t ap_admit_open(ap_admit_t *a, uint64_t id, bool known, uint64_t now_ms,
+                                 uint64_t *victim)
 {
     ent_t *e = ent_find(a, id);
-    if (!e || e->state != E_PENDING) return false;
+    if (!e || e->state != E_PENDING) return AP_ADMIT_DROP;
     ipc_t *src = ip_find(a, e->iph);
     uint32_t cap = a->cfg.max_conns - a->cfg.reserved_out - (known ? 0 : a->cfg.reserved_known);
+    const ent_t *old = NULL;
     if (src->open_in >= a->cfg.conns_per_ip) {
-        a->st.refused_conns_per_ip++;
-        return false;
-    }
-    if (open_total(a) >= cap) {
-        a->st.refused_conns++;
-        return false;
+        old = idle_victim(a, e->iph, true, 0, now_ms);
+        if (!old) {
+            a->st.refused_conns_per_ip++;
+            return AP_ADMIT_DROP;
+        }
+    } else if (open_total(a) >= cap) {
+        old = idle_victim(a, e->iph, false, a->cfg.evict_idle_ms, now_ms);
+        if (!old) {
+            a->st.refused_conns++;
+            return AP_ADMIT_DROP;
+        }
     }
     src->pending--;
     a->st.pending--;
@@ -233,8 +265,39 @@ bool ap_admit_open(ap_admit_t *a, uint64_t id, bool known)
     a->st.open_in++;
     e->state = E_OPEN_IN;
     e->known = known;
+    e->last_ms = now_ms;
     if (known) a->st.open_known++;
+    if (!old) return AP_ADMIT_OK;
+    *victim = old->id;
+    a->st.evicted_idle++;
+    return AP_ADMIT_EVICT;
+}
+
+bool ap_admit_has_room(const ap_admit_t *a, const uint8_t ip[16], uint64_t now_ms)
+{
+    uint64_t iph = ip_hash(ip);
+    const ipc_t *src = ip_find((ap_admit_t *)a, iph);
+    uint32_t cap = a->cfg.max_conns - a->cfg.reserved_out - a->cfg.reserved_known;
+    if (src && src->open_in >= a->cfg.conns_per_ip) return idle_victim(a, iph, true, 0, now_ms);
+    if (open_total(a) >= cap) return idle_victim(a, iph, false, a->cfg.evict_idle_ms, now_ms);
     return true;
+}
+
+void ap_admit_touch(ap_admit_t *a, uint64_t id, uint64_t now_ms)
+{
+    ent_t *e = ent_find(a, id);
+    if (e && now_ms > e->last_ms) e->last_ms = now_ms;
+}
+
+void ap_admit_set_known(ap_admit_t *a, uint64_t id, bool known)
+{
+    ent_t *e = ent_find(a, id);
+    if (!e || e->state != E_OPEN_IN || e->known == known) return;
+    e->known = known;
+    if (known)
+        a->st.open_known++;
+    else
+        a->st.open_known--;
 }
 
 bool ap_admit_outbound(ap_admit_t *a, uint64_t id, const uint8_t ip[16])

@@ -11,7 +11,14 @@
  * the newcomer, the oldest one if it has stalled for hs_min_age_ms), so a
  * flood of stalled handshakes cannot keep a new peer out. Open connections are limited per IP and
  * in total, with slots kept for the node's own dials and for peers it already knows (routing
- * table): a flood of fresh identities fills only the shared part.
+ * table): a flood of fresh identities fills only the shared part. When a limit is reached, a
+ * newcomer is admitted in place of the least useful inbound connection, one to a peer not
+ * known: at the per-IP limit, the longest idle of the newcomer's own IP (activity reported with
+ * ap_admit_touch), so that address's budget turns over and a client holding it cannot lock a
+ * new peer behind the same address out; at the total limit, one idle for at least
+ * evict_idle_ms, from the source IP holding the most connections, the longest idle first. So
+ * connections held open by one client cannot lock new peers out, and active or known peers are
+ * not the ones that make room.
  *
  * Identify connections by a caller-chosen non-zero id; addresses are 16
  * bytes (IPv4 as ::ffff:a.b.c.d). Not thread-safe. */
@@ -34,11 +41,13 @@ typedef struct ap_admit_config {
     uint32_t conns_per_ip;  /* open inbound connections per source IP (64) */
     uint32_t reserved_out;  /* of max_conns, kept for the node's own dials (64) */
     uint32_t reserved_known; /* of max_conns, kept for known peers (64) */
+    uint32_t evict_idle_ms;  /* an open inbound connection idle this long may make room (200) */
 } ap_admit_config_t;
 
 typedef enum ap_admit_verdict {
     AP_ADMIT_OK = 0,
-    AP_ADMIT_EVICT = 1, /* admitted: first close *victim (a pending handshake) */
+    AP_ADMIT_EVICT = 1, /* admitted: first close *victim (a pending handshake, or for
+                           ap_admit_open an idle open connection) */
     AP_ADMIT_DROP = 2,  /* refused: close the new connection now */
 } ap_admit_verdict_t;
 
@@ -46,6 +55,7 @@ typedef struct ap_admit_stats {
     uint32_t pending, open_in, open_out, open_known;
     uint64_t dropped_random, dropped_per_ip, dropped_full, evicted_pending;
     uint64_t refused_conns_per_ip, refused_conns;
+    uint64_t evicted_idle; /* open connections closed for a newcomer */
 } ap_admit_stats_t;
 
 typedef struct ap_admit {
@@ -72,11 +82,22 @@ void ap_admit_close(ap_admit_t *a);
  * ap_admit_open or ap_admit_gone. */
 ap_admit_verdict_t ap_admit_inbound(ap_admit_t *a, uint64_t id, const uint8_t ip[16],
                                     uint64_t now_ms, uint32_t rnd, uint64_t *victim);
-/* The handshake of id finished: it becomes an open connection. known: the
- * peer is one the node already knows (routing table), which may use the
- * reserved known slots. False when the open-connection limits refuse it
+/* The handshake of id finished at now_ms: it becomes an open connection.
+ * known: the peer is one the node already knows (routing table), which may
+ * use the reserved known slots. AP_ADMIT_OK; AP_ADMIT_EVICT: admitted, the
+ * caller closes *victim (an idle open inbound connection, see above);
+ * AP_ADMIT_DROP: the limits refuse it and no connection may make room
  * (close it then, and call ap_admit_gone). */
-bool ap_admit_open(ap_admit_t *a, uint64_t id, bool known);
+ap_admit_verdict_t ap_admit_open(ap_admit_t *a, uint64_t id, bool known, uint64_t now_ms,
+                                 uint64_t *victim);
+/* Whether an inbound connection from ip (not known) would be admitted now
+ * by ap_admit_open, were its handshake done: a slot is free or an idle
+ * connection could make room. A transport refuses at accept otherwise. */
+bool ap_admit_has_room(const ap_admit_t *a, const uint8_t ip[16], uint64_t now_ms);
+/* id carried application data at now_ms (any state; unknown ids ignored). */
+void ap_admit_touch(ap_admit_t *a, uint64_t id, uint64_t now_ms);
+/* Marks open connection id as one to a known peer, or not. */
+void ap_admit_set_known(ap_admit_t *a, uint64_t id, bool known);
 /* The node dials out (id new): true if a slot is free (the reserved_out
  * slots included). The connection counts as open from now. */
 bool ap_admit_outbound(ap_admit_t *a, uint64_t id, const uint8_t ip[16]);

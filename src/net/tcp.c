@@ -415,7 +415,9 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     memset(t->rbuf, 0, c->read_buf_size); /* pre-fault once */
     ap_admit_config_t ac = {.hs_full = (uint32_t)c->max_handshakes,
                             .hs_start = (uint32_t)c->max_handshakes / 4,
-                            .max_conns = (uint32_t)c->max_conns};
+                            .max_conns = (uint32_t)c->max_conns,
+                            .conns_per_ip = (uint32_t)c->conns_per_ip,
+                            .evict_idle_ms = c->evict_idle_ms};
     ap_admit_init(&t->admit, &ac);
     uint64_t shortest = min_u64(min_u64(c->keepalive_ms, c->dead_ms), c->handshake_timeout_ms);
     if (c->idle_ms) shortest = min_u64(shortest, c->idle_ms);
@@ -475,4 +477,5 @@ void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out)
 {
     *out = t->stats;
     out->handshaking = (uint32_t)t->nhandshaking;
+    out->admit = *ap_admit_stats(&t->admit);
 }

@@ -25,6 +25,16 @@
  * the layer above retires it (the mux's GOAWAY); ap__tcp_find returns the
  * one the rule keeps.
  *
+ * ADMISSION (base/admit.h). Inbound handshakes pending are limited per
+ * source IP and in total (random early drop past a quarter of
+ * max_handshakes, a stalled one closed for a newcomer at the limit). Open
+ * connections: at most max_conns, conns_per_ip per source IP, 64 of them kept for the
+ * node's own dials and 64 for known peers; when an inbound handshake
+ * completes at a limit, the least useful inbound connection (idle for evict_idle_ms,
+ * from the source holding the most, the longest idle first) is closed
+ * (AP_ELIMIT) to make room, else the newcomer is closed. Sockets: at most
+ * max_conns + max_handshakes.
+ *
  * LIVENESS. If nothing was sent for keepalive_ms, an empty message is sent;
  * if nothing arrived for dead_ms, the peer is declared dead (AP_ETIMEDOUT);
  * if no application bytes moved for idle_ms, the connection is closed (0).
@@ -49,6 +59,7 @@
 #define AP_NET_TCP_H
 
 #include "apiary/identity.h"
+#include "base/admit.h"
 #include "apiary/multiaddr.h"
 #include "net/noise.h"
 
@@ -64,7 +75,7 @@ typedef struct ap_tcp_conn ap_tcp_conn_t;
 #define AP_TCP_PROLOGUE "/apiary/mux/2"
 
 typedef struct ap_tcp_cfg {
-    size_t max_conns;              /* open + handshaking; 0 = 1024 */
+    size_t max_conns;              /* open connections; 0 = 1024 (see ADMISSION) */
     size_t max_handshakes;         /* inbound handshakes in progress; 0 = 256 */
     uint64_t handshake_timeout_ms; /* inbound: accept -> done; 0 = 10 s */
     uint64_t keepalive_ms;         /* 0 = 15 s; UINT64_MAX = never */
@@ -74,6 +85,8 @@ typedef struct ap_tcp_cfg {
     ap_noise_hash_t hash;          /* AP_NOISE_BLAKE2B (0) by default */
     size_t read_buf_size;          /* shared read buffer; 0 = 1 MiB */
     bool keep_duplicates;          /* see ONE CONNECTION PER PEER above */
+    size_t conns_per_ip;           /* open inbound connections per source IP; 0 = 64 */
+    uint32_t evict_idle_ms; /* idle this long, an inbound connection may make room; 0 = 200 */
 } ap_tcp_cfg_t;
 
 typedef struct ap_tcp_cbs {
@@ -116,7 +129,8 @@ typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
  * the open connection to that peer (possibly one that existed already), or
  * AP_EUNREACH (refused, no route, closed during the handshake),
  * AP_ETIMEDOUT, AP_EAUTH (the peer is not the /p2p/ id, or failed the
- * handshake), AP_EEXIST (lost the duplicate rule), AP_ESHUTDOWN. */
+ * handshake), AP_ELIMIT (no connection slot left), AP_EEXIST (lost the duplicate rule),
+ * AP_ESHUTDOWN. */
 int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial_fn cb, void *arg);
 
 /* The open connection to peer, or NULL. */
@@ -163,7 +177,10 @@ typedef struct ap_tcp_stats {
     uint64_t bytes_sent, bytes_received; /* on the wire */
     uint32_t open, handshaking;
     uint64_t handshakes_ok, handshakes_failed, closed_bad_input, dup_closed;
-    uint64_t dup_kept; /* duplicates left open for the layer above (keep_duplicates) */
+    uint64_t dup_kept;      /* duplicates left open for the layer above (keep_duplicates) */
+    uint64_t refused_open;  /* handshakes done but refused by the open-connection limits */
+    uint64_t evicted_idle;  /* idle inbound connections closed to make room for a newcomer */
+    ap_admit_stats_t admit; /* admission (base/admit.h) */
 } ap_tcp_stats_t;
 void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
 

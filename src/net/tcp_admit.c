@@ -48,10 +48,6 @@ static void hs_finish(ap_tcp_conn_t *c)
         c->counted_hs = false;
         t->nhandshaking--;
     }
-    if (c->admitted) {
-        c->admitted = false;
-        ap_admit_gone(&t->admit, (uint64_t)(uintptr_t)c);
-    }
     t->stats.handshakes_ok++;
     ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
     bool in_table = true;
@@ -84,6 +80,32 @@ static void hs_finish(ap_tcp_conn_t *c)
         ap_debug(MOD, "duplicate connection %s %s: replacing the existing one",
                  c->outbound ? "to" : "from", c->who);
         ap__tcp_conn_abort(old, AP_EEXIST);
+    }
+    /* Open connections: per source IP and in total, slots kept for own dials
+     * and known peers; at a limit the least useful idle inbound connection
+     * makes room (base/admit.h), so held connections cannot lock peers out. */
+    if (!c->outbound && c->admitted) {
+        uint64_t victim = 0;
+        ap_admit_verdict_t v =
+            ap_admit_open(&t->admit, (uint64_t)(uintptr_t)c, false, ap__tcp_now_ms(t), &victim);
+        if (v == AP_ADMIT_DROP) {
+            static ap_log_limit_t lim = {.burst = 8, .window_ms = 10000};
+            const ap_admit_stats_t *as = ap_admit_stats(&t->admit);
+            ap_log_limited(&lim, AP_LOG_WARN, MOD,
+                           "refusing connection from %s: %u inbound connections open, none idle "
+                           "to make room",
+                           c->who, as->open_in);
+            t->stats.refused_open++;
+            ap__tcp_conn_abort(c, AP_ELIMIT);
+            return;
+        }
+        if (v == AP_ADMIT_EVICT) {
+            ap_tcp_conn_t *old_c = (ap_tcp_conn_t *)(uintptr_t)victim;
+            ap_debug(MOD, "closing idle connection from %s to make room for %s", old_c->who,
+                     c->who);
+            t->stats.evicted_idle++;
+            ap__tcp_conn_abort(old_c, AP_ELIMIT);
+        }
     }
     if (in_table && ap__tcp_table_insert(t, c) != 0) {
         ap__tcp_conn_abort(c, AP_ENOMEM);
@@ -145,19 +167,25 @@ int ap__tcp_hs_start(ap_tcp_conn_t *c)
     return 0;
 }
 
+void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16])
+{
+    memset(ip, 0, 16);
+    if (ss->ss_family == AF_INET) {
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        memcpy(ip, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    }
+}
+
 /* The remote address as 16 bytes (IPv4 as ::ffff:a.b.c.d). */
 static void remote_ip16(ap_tcp_conn_t *c, uint8_t ip[16])
 {
-    memset(ip, 0, 16);
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) != 0) return;
-    if (ss.ss_family == AF_INET) {
-        ip[10] = ip[11] = 0xff;
-        memcpy(ip + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
-    } else if (ss.ss_family == AF_INET6) {
-        memcpy(ip, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
-    }
+    memset(&ss, 0, sizeof ss);
+    if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) != 0) ss.ss_family = AF_UNSPEC;
+    ap__tcp_ip16(&ss, ip);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -172,8 +200,9 @@ static void on_connection(uv_stream_t *server, int status)
     }
     ap__tcp_set_who_addr(c);
     /* Accept and drop over the caps, so the backlog never fills with
-     * connections nobody will serve. */
-    if (t->nconns > t->cfg.max_conns) {
+     * connections nobody will serve. Open connections are admitted (or make
+     * room) when their handshake is done; this bounds the sockets. */
+    if (t->nconns > t->cfg.max_conns + t->cfg.max_handshakes) {
         ap_debug(MOD, "refusing connection from %s: %zu connections", c->who, t->nconns - 1);
         ap__tcp_conn_abort(c, AP_ELIMIT);
         return;
@@ -183,6 +212,14 @@ static void on_connection(uv_stream_t *server, int status)
      * hard limit (base/admit.h): stalled handshakes cannot lock peers out. */
     uint8_t ip[16];
     remote_ip16(c, ip);
+    if (!ap_admit_has_room(&t->admit, ip, ap__tcp_now_ms(t))) {
+        const ap_admit_stats_t *as = ap_admit_stats(&t->admit);
+        ap_debug(MOD, "refusing connection from %s: %u connections open, none idle", c->who,
+                 as->open_in + as->open_out);
+        t->stats.refused_open++;
+        ap__tcp_conn_abort(c, AP_ELIMIT);
+        return;
+    }
     uint64_t victim = 0;
     ap_admit_verdict_t v = ap_admit_inbound(&t->admit, (uint64_t)(uintptr_t)c, ip,
                                             ap__tcp_now_ms(t), randombytes_random(), &victim);

@@ -90,6 +90,18 @@ static void start_connect(ap_tcp_t *t, dial_req_t *r, const ap_multiaddr_t *ma)
     c->who[wl] = 0;
     struct sockaddr_storage ss;
     int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
+    if (rc == 0) {
+        /* the node's own dials have slots of their own (base/admit.h) */
+        uint8_t ip[16];
+        ap__tcp_ip16(&ss, ip);
+        if (!ap_admit_outbound(&t->admit, (uint64_t)(uintptr_t)c, ip)) {
+            ap_debug(MOD, "not dialling %s: %u connections open", c->who,
+                     ap_admit_stats(&t->admit)->open_in + ap_admit_stats(&t->admit)->open_out);
+            ap__tcp_conn_abort(c, AP_ELIMIT);
+            return;
+        }
+        c->admitted = true;
+    }
     if (rc == 0)
         rc = ap_err_from_errno(uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&ss, on_connect));
     if (rc) ap__tcp_conn_abort(c, AP_EUNREACH);
@@ -152,7 +164,9 @@ int ap__tcp_dial(ap_tcp_t *t, const char *addr, uint64_t timeout_ms, ap_tcp_dial
             return 0;
         }
     }
-    if (t->nconns >= t->cfg.max_conns) {
+    const ap_admit_stats_t *as = ap_admit_stats(&t->admit);
+    if (t->nconns >= t->cfg.max_conns + t->cfg.max_handshakes ||
+        as->open_in + as->open_out >= t->cfg.max_conns) {
         free(r);
         return AP_ELIMIT;
     }

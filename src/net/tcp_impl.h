@@ -62,7 +62,7 @@ struct ap_tcp_conn {
     uv_write_t wreq;
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
-    bool admitted; /* an inbound handshake counted by t->admit */
+    bool admitted; /* counted by t->admit (inbound: from accept; outbound: from connect) */
     bool has_expected;
     bool in_read;        /* inside read_cb: the open tail waits (see flush) */
     size_t rx_unflushed; /* bytes processed in this read since writes went out */
@@ -126,8 +126,16 @@ ap_tcp_conn_t *ap__tcp_conn_new(ap_tcp_t *t, bool outbound);
 void ap__tcp_conn_fail(ap_tcp_conn_t *c, int err, const char *fmt, ...) AP_PRINTF(3, 4);
 void ap__tcp_listener_closed(uv_handle_t *h);
 
+/* Application bytes moved on c (c->last_app): admission's idle clock. */
+static inline void ap__tcp_touch(ap_tcp_conn_t *c)
+{
+    if (c->admitted) ap_admit_touch(&c->t->admit, (uint64_t)(uintptr_t)c, c->last_app);
+}
+
 /* tcp_admit.c */
 int ap__tcp_hs_start(ap_tcp_conn_t *c);
+/* ss's address as 16 bytes (IPv4 as ::ffff:a.b.c.d; zeros if neither). */
+void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16]);
 void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
 
 /* tcp_dial.c */

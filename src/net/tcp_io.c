@@ -229,6 +229,7 @@ int ap__tcp_sendv(ap_tcp_conn_t *c, const uv_buf_t *bufs, size_t n)
     }
     if (rc) return rc;
     c->last_app = c->last_tx;
+    ap__tcp_touch(c);
     ap__tcp_flush(c);
     return 0;
 }
@@ -248,6 +249,7 @@ int ap__tcp_write(ap_tcp_conn_t *c, const uint8_t *data, size_t len)
             return AP_ECLOSED;
         }
         c->last_app = c->last_tx;
+        ap__tcp_touch(c);
         ap__tcp_flush(c);
     }
     if (c->queued > c->t->cfg.write_queue_max) {
@@ -289,6 +291,7 @@ static void data_frame(ap_tcp_conn_t *c, uint8_t *m, size_t n)
     size_t plen = n - AP_NOISE_TAGLEN;
     if (plen == 0) return; /* keepalive */
     c->last_app = ap__tcp_now_ms(t);
+    ap__tcp_touch(c);
     if (t->cbs.on_data) t->cbs.on_data(t->arg, c, m, plen);
 }
 

@@ -857,7 +857,7 @@ static void test_simultaneous_dial(void **state)
 static void test_caps_and_idle(void **state)
 {
     (void)state;
-    ap_tcp_cfg_t cfg = {.max_conns = 2, .idle_ms = 300};
+    ap_tcp_cfg_t cfg = {.max_conns = 2, .idle_ms = 300, .evict_idle_ms = 60000};
     node_t a, n[3];
     node_init(&a, 1, &cfg, true);
     dial_res_t r[3] = {{0}};

@@ -49,4 +49,12 @@ bool ap_cli_announce(const char *text, const char **list, int *n);
 bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int naddrs,
                             char *const *peers, int npeers);
 
+/* SIGINT and SIGTERM set a flag instead of ending the process, so that a
+ * long-running command stops on its own path (summary, state, everything
+ * freed) and exits 0 (stop.c). ap_cli_stop_signal: the signal caught, 0 if
+ * none; ap_cli_stop_name: "SIGINT" / "SIGTERM". */
+void ap_cli_catch_stop(void);
+int ap_cli_stop_signal(void);
+const char *ap_cli_stop_name(void);
+
 #endif

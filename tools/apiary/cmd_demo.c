@@ -100,6 +100,7 @@ static int demo_main(int argc, char **argv)
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
+    ap_cli_catch_stop(); /* the peers are stopped and collected, then the demo exits 0 */
     printf("apiary demo: real processes on 127.0.0.1 (TCP + Noise), logs in %s\n", dir);
 
     /* bootstrap node */
@@ -179,7 +180,7 @@ static int demo_main(int argc, char **argv)
     double last_print = 0;
     int peers_over_time[64] = {0};
     int nsample = 0;
-    while (now_s() - t0 < total) {
+    while (now_s() - t0 < total && !ap_cli_stop_signal()) {
         struct timespec ts = {0, 250 * 1000 * 1000};
         nanosleep(&ts, NULL);
         reap(p, np);

@@ -47,12 +47,6 @@ static void usage(FILE *f)
            "  --log-level LEVEL         debug, info, warn (default), error, off\n");
 }
 
-static volatile sig_atomic_t stop_flag;
-static void on_signal(int sig)
-{
-    stop_flag = sig;
-}
-
 typedef struct opts {
     const char *listen;
     const char *announce[AP_NODE_MAX_ANNOUNCE];
@@ -306,6 +300,7 @@ static int run_store(const opts_t *o, const char *key, const char *value)
 
 static int run_node(const opts_t *o)
 {
+    ap_cli_catch_stop(); /* a signal during the bootstrap also ends here, cleanly */
     node_t n;
     int rc = node_open(&n, o, "/ip4/0.0.0.0/tcp/0");
     if (rc) return 1;
@@ -317,15 +312,10 @@ static int run_node(const opts_t *o)
     printf("share one of these with --initial-peers:\n");
     for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
     fflush(stdout);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     int interval = o->stats_interval > 0 ? o->stats_interval : 30;
     struct timespec tick = {0, 200 * 1000 * 1000};
     int ticks = 0;
-    while (!stop_flag) {
+    while (!ap_cli_stop_signal()) {
         nanosleep(&tick, NULL);
         if (++ticks % (interval * 5) == 0) {
             ap_dht_stats_t st;
@@ -338,7 +328,7 @@ static int run_node(const opts_t *o)
                        (unsigned long long)st.rpcs_served);
         }
     }
-    fprintf(stderr, "apiary dht: %s, shutting down\n", stop_flag == SIGINT ? "SIGINT" : "SIGTERM");
+    fprintf(stderr, "apiary dht: %s, shutting down\n", ap_cli_stop_name());
     node_close(&n);
     return 0;
 }

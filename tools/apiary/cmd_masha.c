@@ -382,9 +382,18 @@ static void on_done(void *arg, int status, const ap_masha_result_t *r)
     run->r = *r;
 }
 
+/* The run is over, or SIGINT / SIGTERM asked to stop. */
 static bool is_finished(void *arg)
 {
-    return ((run_t *)arg)->finished;
+    return ((run_t *)arg)->finished || ap_cli_stop_signal();
+}
+
+/* After a stop signal: say so, free everything, exit 0. */
+static bool stopped(const char *who)
+{
+    if (!ap_cli_stop_signal()) return false;
+    fprintf(stderr, "masha %s: %s, stopping before the run is over\n", who, ap_cli_stop_name());
+    return true;
 }
 
 /* r: the MASHA protocol counts (per worker); the runtime's counters add
@@ -477,7 +486,12 @@ static int server_main(masha_args_t *a)
     fprintf(stderr, "masha server: %s, %d workers, waiting for them\n", method_name(a->o.method),
             a->pc.workers);
     double t0 = now_s();
-    if (!ap_host_run_until(h, is_finished, &run, (uint64_t)(a->timeout_s * 1e6))) {
+    bool over = ap_host_run_until(h, is_finished, &run, (uint64_t)(a->timeout_s * 1e6));
+    if (!run.finished && stopped("server")) {
+        ret = 0;
+        goto out;
+    }
+    if (!over) {
         fprintf(stderr,
                 "apiary masha server: the run is not over after %g s (--timeout); are all %d "
                 "workers running?\n",
@@ -490,7 +504,7 @@ static int server_main(masha_args_t *a)
         goto out;
     }
     /* The last replies are queued: let the workers receive them and hang up. */
-    if (!ap_host_run_until(h, no_connections, rt, GRACE_US))
+    if (!ap_host_run_until(h, no_connections, rt, GRACE_US) && !ap_cli_stop_signal())
         fprintf(stderr, "masha server: some workers did not hang up within %llu s\n",
                 (unsigned long long)(GRACE_US / 1000000));
     print_summary(a, rt, "server", &run.r, secs);
@@ -540,7 +554,7 @@ static void dial(ap_rt_t *rt, void *arg)
 
 static bool is_dialed(void *arg)
 {
-    return ((run_t *)arg)->dialed;
+    return ((run_t *)arg)->dialed || ap_cli_stop_signal();
 }
 
 static int worker_main(masha_args_t *a)
@@ -555,6 +569,11 @@ static int worker_main(masha_args_t *a)
     double t0 = now_s();
     dial(rt, &run);
     ap_host_run_until(h, is_dialed, &run, budget);
+    if (!run.dialed && stopped("worker")) {
+        if (run.dial_timer) ap_rt_timer_stop(rt, run.dial_timer);
+        ret = 0;
+        goto out;
+    }
     if (!run.dialed || run.dial_status) {
         int st = run.dialed ? run.dial_status : AP_ETIMEDOUT;
         ap_multiaddr_t ma;
@@ -583,8 +602,13 @@ static int worker_main(masha_args_t *a)
         goto out;
     }
     uint64_t now = ap_rt_now_us(rt);
-    if (!ap_host_run_until(h, is_finished, &run,
-                           run.deadline_us > now ? run.deadline_us - now : 0)) {
+    bool over =
+        ap_host_run_until(h, is_finished, &run, run.deadline_us > now ? run.deadline_us - now : 0);
+    if (!run.finished && stopped("worker")) {
+        ret = 0;
+        goto out;
+    }
+    if (!over) {
         fprintf(stderr, "apiary masha worker %d: the run is not over after %g s (--timeout)\n",
                 a->index, a->timeout_s);
         goto out;
@@ -607,6 +631,7 @@ static int masha_main(int argc, char **argv)
     masha_args_t a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    ap_cli_catch_stop();
     return a.server ? server_main(&a) : worker_main(&a);
 }
 
