@@ -286,21 +286,27 @@ static void ignore_sigpipe(void)
 
 /* Memory returns: after a burst (a peer's responses, a flood of records, a
  * state download) glibc keeps the freed pages in its arenas, and the RSS
- * stays at its peak. Every 2 s, give the free pages back: malloc_trim walks
- * only the free chunks of every arena (the loop thread's included), so it
- * costs little when there is nothing to return. */
-#define TRIM_PERIOD_MS 2000
+ * stays at its peak. Every 500 ms, a node whose message cache saw no use for
+ * the whole period is idle: its recycled buffers are released; then, if any
+ * was, and every second anyway, the free pages go back with malloc_trim,
+ * which walks only the free chunks of every arena (the loop thread's
+ * included), so it costs little when there is nothing to return. A burst's
+ * memory is back within about 1.5 s of its end. */
+#define TRIM_PERIOD_MS 500
+#define TRIM_EVERY     2 /* periods between unconditional trims */
 
 static void on_trim(uv_timer_t *t)
 {
     ap_host_t *h = t->data;
-    /* a node whose message cache saw no use for a whole period is idle:
-     * its recycled buffers go back too */
+    bool freed = false;
     for (ap_node_t *n = h->nodes; n; n = n->next) {
-        if (n->msg_allocs == n->msg_allocs_seen && n->msg_cache) ap__mux_free_cache(n);
+        if (n->msg_allocs == n->msg_allocs_seen && n->msg_cache) {
+            ap__mux_free_cache(n);
+            freed = true;
+        }
         n->msg_allocs_seen = n->msg_allocs;
     }
-    malloc_trim(0);
+    if (freed || ++h->trim_ticks % TRIM_EVERY == 0) malloc_trim(0);
 }
 
 ap_host_t *ap_host_new(void)

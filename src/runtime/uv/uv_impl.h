@@ -88,7 +88,8 @@ struct ap_host {
     uv_timer_t timer;
     uv_timer_t wake; /* bounds the wait of ap_host_run_once */
     uv_timer_t trim; /* returns freed heap memory to the OS (host.c) */
-    uv_mutex_t mu;   /* guards the task queue and the thread ids */
+    unsigned trim_ticks;
+    uv_mutex_t mu; /* guards the task queue and the thread ids */
     ap_task_t *head, *tail;
     uv_thread_t thread;
     bool threaded;
