@@ -698,12 +698,12 @@ typedef struct attack {
 } attack_t;
 
 static const attack_t attacks[] = {
-    {"sigpipe", attack_sigpipe},
-    {"store_eviction", attack_store_eviction},
-    {"stalled_handshakes", attack_stalled_handshakes},
-    {"held_connections", attack_held_connections},
-    {"zero_window", attack_zero_window},
-    {"partial_requests", attack_partial_requests},
+    {"sigpipe", attack_sigpipe, NULL},
+    {"store_eviction", attack_store_eviction, NULL},
+    {"stalled_handshakes", attack_stalled_handshakes, NULL},
+    {"held_connections", attack_held_connections, NULL},
+    {"zero_window", attack_zero_window, NULL},
+    {"partial_requests", attack_partial_requests, NULL},
     {"handover", attack_handover, setup_handover},
 };
 
