@@ -5,7 +5,8 @@
  * the pipeline and choose, per stage and per call, one server of that stage.
  * See docs/swarm.md for the design.
  *
- * This header holds the parts a trainer uses to choose servers.
+ * This header holds the balancer a trainer uses to choose servers, the stage
+ * call messages, and the stage compute a server runs on them.
  *
  * BALANCER. Interleaved weighted round-robin over the servers of one stage.
  * Every server carries an accumulated expected time ("key"); a task goes to
@@ -37,7 +38,9 @@
 #define APIARY_SWARM_H
 
 #include "apiary/common.h"
+#include "apiary/compress.h"
 #include "apiary/error.h"
+#include "apiary/nn.h"
 #include "apiary/peer.h"
 
 #ifdef __cplusplus
@@ -109,6 +112,117 @@ AP_EXPORT double ap_swarm_balancer_throughput(const ap_swarm_balancer_t *b, uint
 /* The info of a tracked server. AP_ENOTFOUND if unknown. */
 AP_EXPORT int ap_swarm_balancer_info(const ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
                                      uint64_t now_us, ap_swarm_server_info_t *out);
+
+/* ---- stage calls -----------------------------------------------------------
+ * A trainer calls a stage server with a request and gets a response, both
+ * byte strings specified in docs/swarm.md. Activations and their gradients
+ * travel compressed by a codec of compress.h (blockwise 8-bit by default).
+ *   FORWARD   first stage: tokens; other stages: in (B,T,C).
+ *             Response: out (B,T,C), or for the last stage the loss (with
+ *             targets) and no tensor.
+ *   BACKWARD  the forward's input again (tokens or in) plus dout (B,T,C) of
+ *             the stage's output, or targets for the last stage. The server
+ *             recomputes the forward (the backward may reach another server
+ *             than the forward did), accumulates its parameter gradients and
+ *             answers din (B,T,C) (none for the first stage) and, for the
+ *             last stage, the loss. */
+
+#define AP_SWARM_PROTO_STAGE "/apiary/swarm/stage/1"
+#define AP_SWARM_TENSOR_MAX  (1u << 22)  /* B*T*C floats per tensor */
+#define AP_SWARM_TOKENS_MAX  (1u << 20)  /* B*T per micro-batch */
+#define AP_SWARM_MSG_MAX     (64u << 20) /* bytes of a request or response */
+
+typedef enum ap_swarm_op { AP_SWARM_FORWARD = 1, AP_SWARM_BACKWARD = 2 } ap_swarm_op_t;
+
+/* A decoded request, or one to encode. Arrays are NULL when absent; decoded
+ * ones are owned by the struct (ap_swarm_req_clear). */
+typedef struct ap_swarm_req {
+    ap_swarm_op_t op;
+    uint32_t stage;   /* index of the stage called */
+    uint32_t B, T, C; /* micro-batch, sequence, width */
+    int32_t *tokens;  /* (B,T) */
+    int32_t *targets; /* (B,T) */
+    float *in;        /* (B,T,C) */
+    float *dout;      /* (B,T,C) */
+} ap_swarm_req_t;
+
+typedef struct ap_swarm_resp {
+    ap_swarm_op_t op;
+    uint32_t B, T, C;
+    bool has_loss;
+    float loss;
+    float *act; /* out (FORWARD) or din (BACKWARD), (B,T,C); NULL if none */
+} ap_swarm_resp_t;
+
+/* Encodes into a malloc'd buffer (*out, *len; the caller frees). Tensors
+ * are encoded with codec (NULL = BLOCKWISE8). AP_EINVAL on a bad shape,
+ * AP_ELIMIT beyond the caps, AP_ENONFINITE from a lossy codec. */
+AP_EXPORT int ap_swarm_req_encode(const ap_swarm_req_t *r, const ap_codec_cfg_t *codec,
+                                  uint8_t **out, size_t *len);
+AP_EXPORT int ap_swarm_resp_encode(const ap_swarm_resp_t *r, const ap_codec_cfg_t *codec,
+                                   uint8_t **out, size_t *len);
+/* Decodes untrusted bytes into *r (zeroed first; on error nothing to free).
+ * Checks the header, shapes against the caps, each tensor's codec header
+ * (one chunk of exactly B*T*C elements) and that every decoded value is
+ * finite. *why (may be NULL) receives a static reason on error. AP_ECORRUPT,
+ * AP_EVERSION, AP_ELIMIT, AP_ENONFINITE, AP_ENOMEM. */
+AP_EXPORT int ap_swarm_req_decode(const uint8_t *in, size_t len, ap_swarm_req_t *r,
+                                  const char **why);
+AP_EXPORT int ap_swarm_resp_decode(const uint8_t *in, size_t len, ap_swarm_resp_t *r,
+                                   const char **why);
+AP_EXPORT void ap_swarm_req_clear(ap_swarm_req_t *r);
+AP_EXPORT void ap_swarm_resp_clear(ap_swarm_resp_t *r);
+
+/* Checks that a response answers a request: same op and shape, an
+ * activation tensor exactly when one is due, a loss exactly when due (last
+ * stage: last is true). A server whose answer fails this answered garbage.
+ * 0 or AP_EPROTO with *why. */
+AP_EXPORT int ap_swarm_resp_check(const ap_swarm_req_t *q, const ap_swarm_resp_t *r, bool first,
+                                  bool last, const char **why);
+
+/* Runs a decoded request on a stage model (a GPT stage of the model kit):
+ * checks it fits the stage (stage index, width, batch and context caps, the
+ * inputs this stage needs), runs forward, or forward and backward
+ * (accumulating into the model's gradients), and fills *resp (owned:
+ * ap_swarm_resp_clear). AP_EINVAL with *why when the request does not fit,
+ * or the model kit's error. */
+AP_EXPORT int ap_swarm_stage_run(ap_nn_model_t *m, uint32_t stage, const ap_swarm_req_t *q,
+                                 ap_swarm_resp_t *resp, const char **why);
+
+/* ---- adaptive rebalancing ---------------------------------------------------
+ * Every server periodically (ap_swarm_rebalance_delay) reads all stages'
+ * server records from the DHT and computes the same plan from them; a server
+ * that finds itself in the plan downloads its new stage's state from that
+ * stage's peers, then serves it. The plan (docs/swarm.md, with why it
+ * converges): repeatedly take the single move, of one server from a stage
+ * with at least two servers to another stage, that most improves the sorted
+ * vector of stage throughputs (lexicographically: first the minimum), if it
+ * raises the first component it changes by at least the margin (relative);
+ * ties go to the lowest peer id; a stage loses at most one server per plan
+ * and a server moves at most once. */
+
+#define AP_SWARM_STAGES_MAX 256
+
+typedef struct ap_swarm_member {
+    ap_peer_id_t peer;
+    uint32_t stage;    /* < nstages */
+    double throughput; /* as announced in its record, units/s */
+} ap_swarm_member_t;
+
+/* Fills to[i] with member i's stage after this period's moves (its own stage
+ * if it stays) and returns the number of movers, or AP_EINVAL (nstages 0 or
+ * over AP_SWARM_STAGES_MAX, a stage index out of range, a negative or
+ * non-finite throughput), AP_ENOMEM. margin: e.g. 0.05. Deterministic in
+ * the set of members (their order does not matter). */
+AP_EXPORT int ap_swarm_rebalance_plan(const ap_swarm_member_t *m, size_t n, uint32_t nstages,
+                                      double margin, uint32_t *to);
+/* The delay to the next rebalancing check: uniform in [period/2, 3 period/2)
+ * from u in [0,1) (ap_rt_rand_double), so servers do not act in lockstep. */
+AP_EXPORT uint64_t ap_swarm_rebalance_delay(uint64_t period_us, double u);
+/* The pipeline's throughput under an assignment: the least stage total
+ * (0 if a stage has no server). */
+AP_EXPORT double ap_swarm_pipeline_throughput(const ap_swarm_member_t *m, const uint32_t *stage,
+                                              size_t n, uint32_t nstages);
 
 #ifdef __cplusplus
 }
