@@ -42,6 +42,7 @@
 #include "apiary/error.h"
 #include "apiary/nn.h"
 #include "apiary/peer.h"
+#include "apiary/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -223,6 +224,50 @@ AP_EXPORT uint64_t ap_swarm_rebalance_delay(uint64_t period_us, double u);
  * (0 if a stage has no server). */
 AP_EXPORT double ap_swarm_pipeline_throughput(const ap_swarm_member_t *m, const uint32_t *stage,
                                               size_t n, uint32_t nstages);
+
+/* ---- stage servers and trainers on a runtime ----------------------------------
+ * Sans-I/O: both talk only to runtime.h. Loop-thread only. */
+
+typedef struct ap_swarm_server ap_swarm_server_t;
+typedef struct ap_swarm_trainer ap_swarm_trainer_t;
+
+typedef struct ap_swarm_server_stats {
+    uint64_t forwards, backwards; /* calls answered */
+    uint64_t refused;             /* calls refused (bad bytes or not fitting the stage) */
+} ap_swarm_server_stats_t;
+
+/* Serves stage `stage` of a GPT stage model m (borrowed; the server
+ * accumulates its gradients) under AP_SWARM_PROTO_STAGE, answering with
+ * codec (NULL = BLOCKWISE8). Refusals go back as an error with the reason
+ * and a log line naming the caller. The compute runs on the loop thread.
+ * AP_EEXIST if rt serves a stage already. */
+AP_EXPORT int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage,
+                                  const ap_codec_cfg_t *codec, ap_swarm_server_t **out);
+AP_EXPORT void ap_swarm_server_free(ap_swarm_server_t *s);
+AP_EXPORT void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *out);
+
+/* A trainer drives micro-batches through nstages stages, one balancer per
+ * stage. codec NULL = BLOCKWISE8; attempts = calls per pipeline step before
+ * the micro-batch fails (0 = 16). */
+AP_EXPORT int ap_swarm_trainer_new(ap_rt_t *rt, uint32_t nstages, uint32_t width,
+                                   const ap_codec_cfg_t *codec, int attempts,
+                                   ap_swarm_trainer_t **out);
+/* Cancels the micro-batches in flight (their callbacks run with
+ * AP_ECANCELED) and frees. */
+AP_EXPORT void ap_swarm_trainer_free(ap_swarm_trainer_t *t);
+/* The balancer of a stage (to feed it servers from the DHT: update). */
+AP_EXPORT ap_swarm_balancer_t *ap_swarm_trainer_balancer(ap_swarm_trainer_t *t, uint32_t stage);
+
+typedef void (*ap_swarm_batch_fn)(ap_rt_t *rt, void *arg, int status, float loss);
+/* Pushes one micro-batch (tokens and targets (B,T), copied) forward through
+ * every stage and backward again. A failed or garbage answer bans that
+ * server and the step is retried on another; a timeout retries without a
+ * ban. done runs once, later: 0 and the loss, or the error of the last
+ * attempt. */
+AP_EXPORT int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_t T,
+                                      const int32_t *tokens, const int32_t *targets,
+                                      ap_swarm_batch_fn done, void *arg);
+AP_EXPORT uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t); /* sent + received */
 
 #ifdef __cplusplus
 }
