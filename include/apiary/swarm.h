@@ -39,6 +39,7 @@
 
 #include "apiary/common.h"
 #include "apiary/compress.h"
+#include "apiary/dht.h"
 #include "apiary/error.h"
 #include "apiary/nn.h"
 #include "apiary/peer.h"
@@ -268,6 +269,42 @@ AP_EXPORT int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_
                                       const int32_t *tokens, const int32_t *targets,
                                       ap_swarm_batch_fn done, void *arg);
 AP_EXPORT uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t); /* sent + received */
+
+/* ---- announcements in the DHT ------------------------------------------------
+ * A stage server announces itself under the key ap_swarm_stage_key(run,
+ * stage) with the owner-signed subkey "[owner:<its PeerID>]" (the DHT checks
+ * the signature) and the value below, and refreshes it before it expires.
+ * Value (big-endian, 24 bytes): magic 0x57, version 1, 2 zero bytes,
+ * throughput (IEEE double bits, units/s, finite and >= 0), queue length
+ * (uint32), stage version (uint64, e.g. the optimizer epoch). */
+
+#define AP_SWARM_ANNOUNCE_LEN 24
+#define AP_SWARM_RUN_MAX      128 /* run id bytes */
+#define AP_SWARM_KEY_MAX      (AP_SWARM_RUN_MAX + 32)
+
+typedef struct ap_swarm_announce {
+    double throughput;
+    uint32_t queue;
+    uint64_t version;
+} ap_swarm_announce_t;
+
+/* "swarm/<run>/stage/<stage>" into key (AP_SWARM_KEY_MAX bytes); returns its
+ * length, or AP_EINVAL for an empty run id or one over AP_SWARM_RUN_MAX. */
+AP_EXPORT int ap_swarm_stage_key(const char *run, uint32_t stage, char key[AP_SWARM_KEY_MAX]);
+AP_EXPORT void ap_swarm_announce_encode(const ap_swarm_announce_t *a,
+                                        uint8_t out[AP_SWARM_ANNOUNCE_LEN]);
+/* AP_ECORRUPT (length, magic, reserved bytes, throughput), AP_EVERSION. */
+AP_EXPORT int ap_swarm_announce_decode(const uint8_t *in, size_t len, ap_swarm_announce_t *a);
+/* Reads the announcer of a record from its "[owner:<PeerID>]" subkey. */
+AP_EXPORT int ap_swarm_announce_owner(const ap_dht_record_t *rec, ap_peer_id_t *peer);
+
+/* Feeds a balancer from the result of a DHT get of a stage key: every
+ * well-formed entry updates its server with the announced throughput and
+ * the record's expiry, converted from wall-clock milliseconds (wall_ms =
+ * ap_rt_wall_ms now) to the balancer's clock (now_us). Malformed entries are
+ * skipped. Returns the number of servers fed, or AP_EINVAL. */
+AP_EXPORT int ap_swarm_balancer_feed(ap_swarm_balancer_t *b, const ap_dht_result_t *res,
+                                     uint64_t now_us, int64_t wall_ms);
 
 #ifdef __cplusplus
 }
