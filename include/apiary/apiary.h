@@ -13,7 +13,8 @@
  *   averager.h   the Averager                 btard.h      BTARD building blocks
  *   run_config.h a run's shared configuration progress.h   progress records
  *   collab.h     the collaborative optimizer  masha.h      MASHA extragradient
- *   nn.h         the model kit (models, solvers, schedules, checkpoints) */
+ *   nn.h         the model kit (models, solvers, schedules, checkpoints)
+ *   swarm.h      SWARM pipeline parallelism */
 #ifndef APIARY_APIARY_H
 #define APIARY_APIARY_H
 
@@ -39,5 +40,6 @@
 #include "apiary/collab.h"
 #include "apiary/masha.h"
 #include "apiary/nn.h"
+#include "apiary/swarm.h"
 
 #endif
