@@ -4,12 +4,15 @@
 #include "allreduce_procs.h"
 #include "cli.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 #include "base/arena.h"
 
 #include <getopt.h>
@@ -238,7 +241,7 @@ static int worker_main(int argc, char **argv)
             listen = optarg;
             break;
         case 'e':
-            if (ap_cli_count(optarg, &elems) || !elems || elems > AP_AVG_MAX_ELEMS) {
+            if (ap_cli_count(optarg, &elems) || !elems || elems > AP_ALLREDUCE_MAX_ELEMS) {
                 fprintf(stderr, "avg-worker: --elems needs 1..2^34 (e.g. 16M)\n");
                 return 2;
             }
@@ -416,7 +419,7 @@ static int worker_main(int argc, char **argv)
     if (missing) fprintf(stderr, "avg-worker: %d members not connected after 60 s\n", missing);
     char ids[AP_PEER_ID_STR_MAX];
     char addrs[1][AP_RT_ADDR_MAX] = {{0}};
-    ap_rt_listen_addrs(w.rt, addrs, 1, false);
+    ap_node_listen_addrs_sync(w.rt, addrs, 1, false); /* the host runs its own thread */
     printf("{\"event\":\"up\",\"index\":%d,\"id\":\"%s\",\"role\":\"%s\",\"addr\":\"%s\","
            "\"unconnected\":%d}\n",
            w.self, ap_peer_id_str(ap_rt_self(w.rt), ids), ap_arp_role_name(me->role), addrs[0],

@@ -5,16 +5,18 @@
 #include "cli.h"
 #include "train_watch.h"
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
+#include "apiary/collab.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 #include "apiary/node.h"
-#include "apiary/optim.h"
+#include "apiary/run_config.h"
+#include "apiary/sync.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -115,7 +117,7 @@ typedef struct topts {
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
     bool share;
-    ap_nn_optim_kind_t optim;
+    ap_nn_solver_kind_t optim;
     ap_nn_lr_kind_t sched;
     uint64_t decay_epochs;
     uint8_t codec;
@@ -124,27 +126,6 @@ typedef struct topts {
     uint64_t max_local_batches;
     uint32_t shard, nshards;
 } topts_t;
-
-typedef struct svc_args {
-    ap_avg_service_t *svc;
-} svc_args_t;
-
-static void svc_new(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    ap_sync_complete(done, ap_avg_service_new(rt, &((svc_args_t *)arg)->svc));
-}
-
-static void svc_free(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    ap_sync_complete(done, ap_avg_service_free(((svc_args_t *)arg)->svc));
-}
-
-static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    char(*out)[AP_RT_ADDR_MAX] = arg;
-    int n = ap_rt_listen_addrs(rt, out, 4, true);
-    ap_sync_complete(done, n > 4 ? 4 : n);
-}
 
 static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
@@ -318,7 +299,7 @@ static int run(const topts_t *o)
     ap_nn_text_t *text = NULL;
     int T = o->ctx, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
-    char model_desc[AP_OPTIM_MODEL_MAX] = "";
+    char model_desc[AP_RUN_CONFIG_MODEL_MAX] = "";
     if (gpt) {
         ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, o->layers, o->heads, o->embd, o->batch);
         gc.share_layers = o->share;
@@ -383,7 +364,8 @@ static int run(const topts_t *o)
         return 1;
     }
     char addrs[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
-    int na = ap_node_call_sync(rt, addr_fn, addrs);
+    int na = ap_node_listen_addrs_sync(rt, addrs, AP_NODE_MAX_ANNOUNCE, true);
+    if (na > AP_NODE_MAX_ANNOUNCE) na = AP_NODE_MAX_ANNOUNCE;
     if (!o->client && !ap_cli_check_reachable("train", addrs, na, o->peers, o->npeers)) {
         ap_host_free(host);
         ap_nn_model_free(m);
@@ -394,7 +376,7 @@ static int run(const topts_t *o)
     ap_dht_config_default(&dc);
     dc.client_mode = o->client;
     ap_dht_t *dht = NULL;
-    svc_args_t sa = {0};
+    ap_avg_service_t *svc = NULL;
     ap_collab_t *c = NULL;
     rc = ap_dht_new_sync(rt, &dc, &dht);
     if (!rc && o->npeers) {
@@ -405,13 +387,13 @@ static int run(const topts_t *o)
                     "addresses (they need /p2p/<PeerID>) and that those nodes run\n",
                     o->npeers, ap_strerror(rc));
     }
-    if (!rc) rc = ap_node_call_sync(rt, svc_new, &sa);
+    if (!rc) rc = ap_avg_service_new_sync(rt, &svc);
     ap_collab_config_t cfg;
     ap_collab_config_default(&cfg);
     cfg.run_id = o->run_id;
     cfg.target_batch_size = o->target;
     cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
-    cfg.optim = ap_nn_optim_defaults(o->optim);
+    cfg.solver = ap_nn_solver_defaults(o->optim);
     cfg.lr = (ap_nn_lr_schedule_t){.kind = o->sched,
                                    .base = (float)o->lr,
                                    .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
@@ -432,8 +414,7 @@ static int run(const topts_t *o)
     cfg.dht_matchmaking = o->dhtmm;
     cfg.model_desc = model_desc;
     if (!rc) {
-        rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
-                                &c);
+        rc = ap_collab_new_sync(rt, dht, svc, &cfg, pr->data, pr->count, pr->views, pr->nviews, &c);
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
     }
     char ckpath[1024] = "";
@@ -443,7 +424,7 @@ static int run(const topts_t *o)
         snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
         uint64_t step = 0;
         if (access(ckpath, R_OK) == 0) {
-            int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_optim_mut(c), &step);
+            int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_solver_mut(c), &step);
             if (lr == 0) {
                 ap_collab_set_epoch(c, step);
                 printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
@@ -481,7 +462,7 @@ static int run(const topts_t *o)
                            : "normal",
                o->run_id, pr->count, (unsigned long long)o->target);
         printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
-               ap_nn_optim_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
+               ap_nn_solver_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
         if (o->sched != AP_NN_LR_CONSTANT)
             printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
         printf(", clip %g\n", o->clip);
@@ -699,7 +680,7 @@ static int run(const topts_t *o)
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
-    if (sa.svc) ap_node_call_sync(rt, svc_free, &sa);
+    if (svc) ap_avg_service_free_sync(rt, svc);
     if (dht) ap_dht_free_sync(dht);
     ap_host_free(host);
     ap_nn_model_free(m);
@@ -942,7 +923,7 @@ static int train_main(int argc, char **argv)
             o.share = true;
             break;
         case O_OPTIM:
-            if (ap_nn_optim_kind_from_name(optarg, &o.optim)) {
+            if (ap_nn_solver_kind_from_name(optarg, &o.optim)) {
                 fprintf(stderr, "apiary train: --optim %s: use lamb, adamw, adam or sgd\n", optarg);
                 return 2;
             }
