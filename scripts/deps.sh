@@ -13,6 +13,7 @@ PKGS=(
   liblpsolve55-dev      # linear program for bandwidth-aware load balancing
   libopenblas-dev       # sgemm for the model kit
   libcmocka-dev         # unit tests
+  libhttp-parser-dev    # HTTP request parsing for the run monitor's dashboard (MIT, Node's old parser)
   iproute2              # network namespaces for shaped-link tests
   nodejs                # tests only: the js-libp2p peer of the libp2p interop tests
 )

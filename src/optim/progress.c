@@ -89,6 +89,14 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.donor = p->donor;
     m.ready_ms = p->ready_ms;
     m.refused = p->refused;
+    m.loss = p->loss;
+    m.bytes_sent = p->bytes_sent;
+    m.bytes_received = p->bytes_received;
+    m.rounds = p->rounds;
+    m.rounds_failed = p->rounds_failed;
+    m.last_group = p->last_group;
+    m.last_round_ms = p->last_round_ms;
+    m.last_fraction = p->last_fraction;
     Apiary__Optim__RunConfig rc;
     ap_run_config_t cfg;
     if (p->has_config) {
@@ -122,6 +130,14 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.donor = m->donor;
     p.ready_ms = m->ready_ms;
     p.refused = m->refused;
+    p.loss = m->loss;
+    p.bytes_sent = m->bytes_sent;
+    p.bytes_received = m->bytes_received;
+    p.rounds = m->rounds;
+    p.rounds_failed = m->rounds_failed;
+    p.last_group = m->last_group;
+    p.last_round_ms = m->last_round_ms;
+    p.last_fraction = m->last_fraction;
     uint32_t role = m->role;
     int crc = 0;
     if (m->config) {
