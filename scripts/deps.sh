@@ -15,6 +15,9 @@ PKGS=(
   libcmocka-dev         # unit tests
   libhttp-parser-dev    # HTTP request parsing for the run monitor's dashboard (MIT, Node's old parser)
   iproute2              # network namespaces for shaped-link tests
+  python3-msgpack       # the apiary Python package: DHT values (hivemind serialises with msgpack)
+  python3-pytest        # tests only: the Python package's tests
+  python3-torch         # the Python package's Optimizer/averager and examples/pytorch (tests skip without)
   nodejs                # tests only: the js-libp2p peer of the libp2p interop tests
 )
 # npm installs that peer's pinned packages (tests/interop/js); Debian ships it

@@ -6,7 +6,8 @@
 
 #include "apiary/dht.h"
 #include "apiary/node.h"
-#include "apiary/optim.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 
 #include <stddef.h>
 #include <stdint.h>
