@@ -86,9 +86,9 @@ static int monitor_main(int argc, char **argv)
             goto out;
         }
     }
-    if (!run_id || !*run_id || strlen(run_id) > AP_OPTIM_RUN_ID_MAX || !npeers) {
+    if (!run_id || !*run_id || strlen(run_id) > AP_COLLAB_RUN_ID_MAX || !npeers) {
         fprintf(stderr, "apiary monitor: needs --run-id R (1..%d bytes) and --initial-peers\n",
-                AP_OPTIM_RUN_ID_MAX);
+                AP_COLLAB_RUN_ID_MAX);
         usage(stderr);
         goto out;
     }

@@ -6,6 +6,7 @@
 
 #include "apiary/dht.h"
 #include "apiary/node.h"
+#include "apiary/collab.h"
 #include "apiary/progress.h"
 #include "apiary/run_config.h"
 
@@ -37,7 +38,7 @@ typedef struct mon_round {
 } mon_round_t;
 
 typedef struct mon_state {
-    char run_id[AP_OPTIM_RUN_ID_MAX + 1];
+    char run_id[AP_COLLAB_RUN_ID_MAX + 1];
     int64_t now_ms;
     uint64_t target_batch;
     mon_peer_t *peers; /* MON_PEERS_MAX */

@@ -119,7 +119,7 @@ static void close_on_loop(void *arg)
 static void reader(void *arg)
 {
     mon_server_t *s = arg;
-    char key[AP_OPTIM_RUN_ID_MAX + 16];
+    char key[AP_COLLAB_RUN_ID_MAX + 16];
     int kl = snprintf(key, sizeof key, "%s_progress", s->st.run_id);
     for (;;) {
         ap_dht_result_t *res = NULL;
