@@ -5,7 +5,12 @@
  * into the monitor fields as they could arrive unchecked (NaN, infinities,
  * huge counters). The JSON and metrics rendered after must stay finite:
  * no "nan" or "inf" in the JSON, no line without a value in the metrics. */
-#include "../tools/apiary/monitor_state.c"
+#include "monitor.h"
+
+#include "apiary/log.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #include <stdlib.h>
 
