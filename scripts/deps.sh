@@ -14,6 +14,9 @@ PKGS=(
   libopenblas-dev       # sgemm for the model kit
   libcmocka-dev         # unit tests
   iproute2              # network namespaces for shaped-link tests
+  python3-msgpack       # the apiary Python package: DHT values (hivemind serialises with msgpack)
+  python3-pytest        # tests only: the Python package's tests
+  python3-torch         # the Python package's Optimizer/averager and examples/pytorch (tests skip without)
   nodejs                # tests only: the js-libp2p peer of the libp2p interop tests
 )
 # npm installs that peer's pinned packages (tests/interop/js); Debian ships it

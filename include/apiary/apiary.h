@@ -7,7 +7,8 @@
  *   sim.h       the network simulator           dht.h       the Kademlia DHT
  *   compress.h  tensor compression              averager.h  averaging, all-reduce
  *   optim.h     collaborative training          masha.h     MASHA extragradient
- *   nn.h        the model kit                   nn_optim.h  its local optimizers */
+ *   nn.h        the model kit                   nn_optim.h  its local optimizers
+ *   swarm.h     SWARM pipeline parallelism */
 #ifndef APIARY_APIARY_H
 #define APIARY_APIARY_H
 
@@ -28,5 +29,6 @@
 #include "apiary/masha.h"
 #include "apiary/nn.h"
 #include "apiary/nn_optim.h"
+#include "apiary/swarm.h"
 
 #endif
