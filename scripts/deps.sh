@@ -13,10 +13,12 @@ PKGS=(
   liblpsolve55-dev      # linear program for bandwidth-aware load balancing
   libopenblas-dev       # sgemm for the model kit
   libcmocka-dev         # unit tests
+  libhttp-parser-dev    # HTTP request parsing for the run monitor's dashboard (MIT, Node's old parser)
   iproute2              # network namespaces for shaped-link tests
   python3-msgpack       # the apiary Python package: DHT values (hivemind serialises with msgpack)
   python3-pytest        # tests only: the Python package's tests
   python3-torch         # the Python package's Optimizer/averager and examples/pytorch (tests skip without)
+  chromium-headless-shell  # tests only: opens the monitor's page (tests skip, saying so, without it)
   nodejs                # tests only: the js-libp2p peer of the libp2p interop tests
 )
 # npm installs that peer's pinned packages (tests/interop/js); Debian ships it

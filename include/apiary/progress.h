@@ -29,7 +29,13 @@ typedef struct ap_progress {
     bool donor;       /* serves state downloads */
     int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
     bool refused;     /* the peer stopped: the run refused its configuration */
-    bool has_config;  /* config and config_digest are set (always, from ap_collab) */
+    /* for the run's monitor (docs/monitor.md); decode passes them unchecked */
+    float loss;                          /* mean loss of the last batch (0 = none yet) */
+    uint64_t bytes_sent, bytes_received; /* averaging payload, cumulative */
+    uint64_t rounds, rounds_failed;      /* gradient rounds, and of them incomplete */
+    uint32_t last_group, last_round_ms;  /* the last round's members and duration */
+    float last_fraction;                 /* the last round's averaged fraction */
+    bool has_config; /* config and config_digest are set (always, from ap_collab) */
     uint8_t config_digest[AP_RUN_CONFIG_DIGEST_LEN]; /* of config (set by encode and decode) */
     ap_run_config_t config;
 } ap_progress_t;

@@ -78,6 +78,14 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->donor = c->cfg.role == AP_AVG_NORMAL && c->started;
     p->ready_ms = c->ready_ms;
     p->refused = c->refused;
+    p->loss = c->st.last_loss;
+    p->bytes_sent = c->st.bytes_sent;
+    p->bytes_received = c->st.bytes_received;
+    p->rounds = c->st.rounds;
+    p->rounds_failed = c->st.epochs_failed;
+    p->last_group = c->st.last_group_size;
+    p->last_round_ms = c->st.last_round_ms;
+    p->last_fraction = (float)c->st.last_averaged_fraction;
     p->has_config = true;
     p->config = c->runcfg;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;

@@ -106,7 +106,9 @@ static int demo_main(int argc, char **argv)
     /* bootstrap node */
     proc_t boot = {0};
     snprintf(boot.log, sizeof boot.log, "%s/bootstrap.log", dir);
-    char *bargv[] = {exe, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", NULL};
+    char *bargv[] = {exe,      "dht",         "--listen", "/ip4/127.0.0.1/tcp/0",
+                     "--http", "127.0.0.1:0", "--run-id", "demo",
+                     NULL};
     boot.pid = ap_proc_spawn_log(exe, bargv, boot.log);
     boot.alive = boot.pid > 0;
     char addr[1100] = "";
@@ -123,6 +125,9 @@ static int demo_main(int argc, char **argv)
         return 1;
     }
     printf("bootstrap node: %s\n", addr);
+    char mline[1024];
+    if (ap_proc_last_line(boot.log, "monitor of run demo at ", mline, sizeof mline))
+        printf("live dashboard: %s", mline + strlen("monitor of run demo at "));
 
     proc_t p[NPROC] = {0};
     int np = 0;

@@ -2,6 +2,7 @@
  * network. The node runs on a libuv host thread (include/apiary/node.h); this
  * thread talks to it through the DHT's blocking wrappers. */
 #include "cli.h"
+#include "monitor.h"
 
 #include "apiary/dht.h"
 #include "apiary/error.h"
@@ -46,6 +47,8 @@ static void usage(FILE *f)
            "  --subkey SK               store: write one entry of KEY's dictionary\n"
            "  --value-file PATH|-       store: the value is this file's bytes (- = stdin),\n"
            "                            at most 64 KiB\n"
+           "  --http ADDR               node: serve the run monitor there (docs/monitor.md)\n"
+           "  --run-id R                the run the monitor watches (default apiary)\n"
            "  --log-level LEVEL         debug, info, warn (default), error, off\n");
 }
 
@@ -61,6 +64,7 @@ typedef struct opts {
     const char *subkey;
     const char *value_file;
     int stats_interval;
+    const char *http, *run_id;
 } opts_t;
 
 static int add_peers(opts_t *o, const char *list)
@@ -314,6 +318,17 @@ static int run_node(const opts_t *o)
     printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");
     printf("share one of these with --initial-peers:\n");
     for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
+    mon_server_t *mon = NULL;
+    if (o->http) {
+        rc = mon_server_start(n.rt, n.dht, o->run_id ? o->run_id : "apiary", o->http, &mon);
+        if (rc) {
+            fprintf(stderr, "apiary dht: cannot serve the monitor on %s: %s\n", o->http,
+                    ap_strerror(rc));
+            node_close(&n);
+            return 1;
+        }
+        printf("monitor of run %s at %s\n", o->run_id ? o->run_id : "apiary", mon_server_url(mon));
+    }
     fflush(stdout);
     int interval = o->stats_interval > 0 ? o->stats_interval : 30;
     struct timespec tick = {0, 200 * 1000 * 1000};
@@ -332,6 +347,7 @@ static int run_node(const opts_t *o)
         }
     }
     fprintf(stderr, "apiary dht: %s, shutting down\n", ap_cli_stop_name());
+    mon_server_stop(mon);
     node_close(&n);
     return 0;
 }
@@ -349,6 +365,8 @@ static int dht_main(int argc, char **argv)
                                           {"subkey", required_argument, NULL, 's'},
                                           {"value-file", required_argument, NULL, 'V'},
                                           {"stats-interval", required_argument, NULL, 'S'},
+                                          {"http", required_argument, NULL, 'H'},
+                                          {"run-id", required_argument, NULL, 'R'},
                                           {"log-level", required_argument, NULL, 'l'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
@@ -389,6 +407,12 @@ static int dht_main(int argc, char **argv)
             break;
         case 'V':
             o.value_file = optarg;
+            break;
+        case 'H':
+            o.http = optarg;
+            break;
+        case 'R':
+            o.run_id = optarg;
             break;
         case 'S': {
             long long v_;

@@ -3,6 +3,7 @@
  * host thread; this thread computes batches of the model kit's GPT (or MLP)
  * and hands them to the optimizer with the blocking wrappers. */
 #include "cli.h"
+#include "monitor.h"
 #include "train_watch.h"
 
 #include "apiary/avg.h"
@@ -42,6 +43,7 @@ static void usage(void)
         "(from all peers) make one global step, as if it were one big-batch run.\n"
         "  --run-id ID               name of the collaboration (default apiary)\n"
         "  --initial-peers A,B       multiaddrs of running peers or DHT nodes (/p2p/ needed)\n"
+        "  --http ADDR               also serve the run monitor there (docs/monitor.md)\n"
         "  --listen MULTIADDR        listen address (default /ip4/0.0.0.0/tcp/0: every\n"
         "                            interface, advertised as the host's addresses)\n"
         "  --announce MULTIADDR      address peers should dial instead, e.g. a port\n"
@@ -106,7 +108,7 @@ static void on_signal(int sig)
 }
 
 typedef struct topts {
-    const char *run_id, *listen, *identity, *model, *data, *ckdir;
+    const char *run_id, *listen, *identity, *model, *data, *ckdir, *http;
     const char *announce[AP_NODE_MAX_ANNOUNCE];
     int nannounce;
     char *peers[MAX_PEERS];
@@ -386,6 +388,15 @@ static int run(const topts_t *o)
                     "apiary train: none of the %d initial peers answered (%s); check the "
                     "addresses (they need /p2p/<PeerID>) and that those nodes run\n",
                     o->npeers, ap_strerror(rc));
+    }
+    mon_server_t *mon = NULL;
+    if (!rc && o->http) {
+        rc = mon_server_start(rt, dht, o->run_id, o->http, &mon);
+        if (rc)
+            fprintf(stderr, "apiary train: cannot serve the monitor on %s: %s\n", o->http,
+                    ap_strerror(rc));
+        else
+            fprintf(stderr, "apiary train: monitor at %s\n", mon_server_url(mon));
     }
     if (!rc) rc = ap_avg_service_new_sync(rt, &svc);
     ap_collab_config_t cfg;
@@ -681,6 +692,7 @@ static int run(const topts_t *o)
         ap_collab_free_sync(rt, c);
     }
     if (svc) ap_avg_service_free_sync(rt, svc);
+    mon_server_stop(mon);
     if (dht) ap_dht_free_sync(dht);
     ap_host_free(host);
     ap_nn_model_free(m);
@@ -725,7 +737,8 @@ static int train_main(int argc, char **argv)
         O_WARMUP,
         O_SCHED,
         O_DECAY,
-        O_CLIP
+        O_CLIP,
+        O_HTTP
     };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
@@ -765,6 +778,7 @@ static int train_main(int argc, char **argv)
         {"schedule", required_argument, NULL, O_SCHED},
         {"decay-epochs", required_argument, NULL, O_DECAY},
         {"clip", required_argument, NULL, O_CLIP},
+        {"http", required_argument, NULL, O_HTTP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -773,6 +787,9 @@ static int train_main(int argc, char **argv)
         switch (ch) {
         case 'r':
             o.run_id = optarg;
+            break;
+        case O_HTTP:
+            o.http = optarg;
             break;
         case 'p':
             if (parse_peers(&o, optarg)) return 2;
