@@ -159,6 +159,7 @@ class DHT:
         self._closed = False
         self._peer_id = None
         self._max_ttl_s = 86400
+        self._dependents = []  # Optimizers / averagers on this node: shut down first
         if start:
             self.run_in_background(await_ready=await_ready)
 
@@ -241,6 +242,8 @@ class DHT:
         with self._lock:
             if self._closed:
                 return
+            for dep in list(self._dependents):
+                dep.shutdown()
             self._closed = True
             L = C.lib()
             if self._dht:
