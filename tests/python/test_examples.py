@@ -28,3 +28,18 @@ def test_hivemind_style_script_differs_only_in_its_import():
     assert m, out.stdout
     assert int(m.group(1)) == 8  # 16 steps of 16 samples, 32 per epoch
     assert float(m.group(3)) < float(m.group(2))
+
+
+def test_cnn_trains():
+    out = run("cnn.py", "--listen", "/ip4/127.0.0.1/tcp/0", "--epochs", "40", "--batch-size",
+              "32", "--target-batch-size", "32", "--seed", "1", "--matchmaking-time", "0.05")
+    assert out.returncode == 0, out.stderr
+    acc = [float(m) for m in re.findall(r"accuracy (\S+)", out.stdout)]
+    assert len(acc) >= 40 and max(acc[-5:]) > 0.5, out.stdout
+
+
+def test_char_transformer_runs():
+    out = run("char_transformer.py", "--listen", "/ip4/127.0.0.1/tcp/0", "--epochs", "2",
+              "--batch-size", "4", "--context", "32", "--target-batch-size", "4")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"epoch 2 loss", out.stdout), out.stdout
