@@ -4,12 +4,15 @@
 #include "allreduce_procs.h"
 #include "cli.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 #include "base/arena.h"
 
 #include <getopt.h>
@@ -238,7 +241,7 @@ static int worker_main(int argc, char **argv)
             listen = optarg;
             break;
         case 'e':
-            if (ap_cli_count(optarg, &elems) || !elems || elems > AP_AVG_MAX_ELEMS) {
+            if (ap_cli_count(optarg, &elems) || !elems || elems > AP_ALLREDUCE_MAX_ELEMS) {
                 fprintf(stderr, "avg-worker: --elems needs 1..2^34 (e.g. 16M)\n");
                 return 2;
             }

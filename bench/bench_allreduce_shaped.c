@@ -30,7 +30,8 @@
 #include "bench.h"
 #include "netns.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/log.h"
 #include "averaging/allreduce.h"
 #include "averaging/avg_codec.h"

@@ -7,7 +7,8 @@
  * (`apiary bench allreduce`, which needs the TCP transport). */
 #include "bench.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/log.h"
 #include "apiary/sim.h"
 

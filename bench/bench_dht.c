@@ -21,9 +21,11 @@
 #include "bench.h"
 
 #include "apiary/dht.h"
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "apiary/sim.h"
+#include "apiary/sync.h"
 #include "runtime/rt_impl.h"
 
 #include <getopt.h>

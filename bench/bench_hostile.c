@@ -40,8 +40,10 @@
 
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include "dht.pb-c.h"
 #include "dht/wire.h"

@@ -4,7 +4,7 @@
  * target group size 16 (min 2). Reports, in virtual time, the median and
  * the maximum time from a peer's start to its group, the fraction of peers
  * that got a group, the mean group size and the join RPCs per peer. */
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 #include "apiary/dht.h"
 #include "apiary/log.h"
 #include "apiary/sim.h"

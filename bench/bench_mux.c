@@ -4,7 +4,9 @@
  * RPC round trips per second. */
 #include "bench.h"
 
+#include "apiary/host.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,6 @@
 
 #include "apiary/error.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 #include "base/pool.h"
 
 #include <stdio.h>
@@ -36,7 +35,7 @@ static long rss_bytes(void)
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-static int train_step(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok, const int32_t *tg,
+static int train_step(ap_nn_model_t *m, ap_nn_solver_t *o, const int32_t *tok, const int32_t *tg,
                       int B, int T)
 {
     ap_nn_params_t *p = ap_nn_model_params(m);
@@ -46,7 +45,7 @@ static int train_step(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok, co
     if (!rc) rc = ap_nn_gpt_backward(m, NULL, NULL);
     if (rc) return rc;
     ap_nn_clip_grad_norm(p->grad, p->count, 1.0);
-    return ap_nn_optim_step(o, p->data, p->grad, 1e-4f);
+    return ap_nn_solver_step(o, p->data, p->grad, 1e-4f);
 }
 
 /* Runs the PyTorch baseline under each of a few thread-runtime settings and
@@ -94,9 +93,9 @@ static int bench_one(ap_bench_ctx_t *c, const nn_size_t *s, const char *py, cons
     if (rc) return rc;
     ap_nn_model_init(m, 1);
     ap_nn_params_t *p = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
-    ap_nn_optim_t *o;
-    if ((rc = ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o))) {
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
+    ap_nn_solver_t *o;
+    if ((rc = ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o))) {
         ap_nn_model_free(m);
         return rc;
     }
@@ -152,7 +151,7 @@ static int bench_one(ap_bench_ctx_t *c, const nn_size_t *s, const char *py, cons
     }
     free(tok);
     free(tg);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
     return rc;
 }

@@ -30,8 +30,9 @@
  *                                 per-stream rate (completion time based) */
 #include "bench.h"
 
-#include "apiary/identity.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
+#include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "net/aead.h"

@@ -3,9 +3,12 @@
  * averager, all created from the peer's own thread with the blocking _sync
  * forms. The peers find each other under one group key in the DHT and run
  * one butterfly all-reduce; afterwards every peer holds the mean. */
+#include <apiary/allreduce.h>
 #include <apiary/averager.h>
+#include <apiary/avg.h>
 #include <apiary/dht.h>
 #include <apiary/error.h>
+#include <apiary/host.h>
 #include <apiary/node.h>
 
 #include <math.h>

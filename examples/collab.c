@@ -4,10 +4,12 @@
  * collaborative optimizer with the blocking _sync forms, then computes
  * batches and submits them; every 64 samples from both peers make one
  * global step. A program of your own runs one such peer per machine. */
-#include <apiary/averager.h>
+#include <apiary/avg.h>
+#include <apiary/collab.h>
 #include <apiary/dht.h>
+#include <apiary/host.h>
+#include <apiary/nn.h>
 #include <apiary/node.h>
-#include <apiary/optim.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -62,7 +64,7 @@ static void *peer_main(void *arg)
     ap_collab_config_default(&cfg);
     cfg.run_id = "example-run";
     cfg.target_batch_size = 4 * BATCH; /* samples per global step, from all peers */
-    cfg.optim = ap_nn_optim_defaults(AP_NN_SGD);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_SGD);
     cfg.lr.base = 0.5f;
     cfg.matchmaking_window_us = 200000;
     if (rc == 0) rc = ap_collab_new_sync(p->rt, dht, svc, &cfg, params, DIM, NULL, 0, &c);

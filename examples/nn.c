@@ -2,7 +2,6 @@
  * with AdamW; the loss falls within a few dozen steps. */
 #include <apiary/error.h>
 #include <apiary/nn.h>
-#include <apiary/nn_optim.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -19,9 +18,9 @@ int main(void)
     if (ap_nn_gpt_new(&cfg, &m) != 0) return 1;
     ap_nn_model_init(m, 1);
     ap_nn_params_t *p = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
-    ap_nn_optim_t *o;
-    if (ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o) != 0) return 1;
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
+    ap_nn_solver_t *o;
+    if (ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o) != 0) return 1;
 
     static const char text[] = "the quick brown fox jumps over the lazy dog. ";
     size_t tl = strlen(text);
@@ -41,10 +40,10 @@ int main(void)
         if (step == 0) first = loss;
         ap_nn_gpt_backward(m, NULL, NULL);
         ap_nn_clip_grad_norm(p->grad, p->count, 1.0);
-        ap_nn_optim_step(o, p->data, p->grad, 3e-3f);
+        ap_nn_solver_step(o, p->data, p->grad, 3e-3f);
     }
     printf("loss %.3f -> %.3f over 60 steps (%zu parameters)\n", first, loss, p->count);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
     return loss < first * 0.7f ? 0 : 1;
 }

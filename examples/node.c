@@ -2,7 +2,9 @@
  * 127.0.0.1: the server registers an echo RPC, the client dials the server's
  * address and calls it. runtime.h functions belong to the node's loop
  * thread; this program's main thread reaches it with ap_node_call_sync. */
+#include <apiary/host.h>
 #include <apiary/node.h>
+#include <apiary/sync.h>
 
 #include <stdio.h>
 #include <string.h>

@@ -9,7 +9,8 @@
  *   op % 4 == 1: send bytes as a message on the last stream
  *   op % 4 == 2: send a well-formed data frame header + bytes as payload
  *   op % 4 == 3: close the last stream */
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/log.h"
 #include "apiary/sim.h"
 #include "averaging/allreduce.h"

@@ -8,7 +8,6 @@
  * `apiary nn-train --fuzz-corpus DIR`. */
 #include "apiary/log.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -23,7 +22,7 @@ static ap_nn_gpt_config_t fuzz_gpt_config(void)
 }
 
 static ap_nn_model_t *gpt, *mlp;
-static ap_nn_optim_t *opt;
+static ap_nn_solver_t *opt;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -35,8 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             .in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2, .max_batch = 1};
         if (ap_nn_gpt_new(&gc, &gpt) || ap_nn_mlp_new(&mc, &mlp)) abort();
         ap_nn_params_t *p = ap_nn_model_params(gpt);
-        ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
-        if (ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &opt)) abort();
+        ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
+        if (ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &opt)) abort();
     }
     if (size < 1) return 0;
     uint8_t sel = data[0];

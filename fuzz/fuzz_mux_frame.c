@@ -5,6 +5,7 @@
  * read boundaries); the rest is what the peer "sent". The node listens on a
  * stream protocol and an RPC protocol so OPEN/DATA/CLOSE/RESET/WINDOW reach
  * every state. Each input gets a fresh node; teardown must free everything. */
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "fuzz_peer.h"

@@ -8,8 +8,12 @@
  *         donor sends (header, chunks, checksum). Whatever it sends, the
  *         newcomer must end the download (refusing or accepting it) without
  *         crashing, and params stay finite. */
+#include "apiary/avg.h"
+#include "apiary/collab.h"
 #include "apiary/dht.h"
-#include "apiary/optim.h"
+#include "apiary/nn.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 #include "apiary/sim.h"
 #include "optim/collab_impl.h"
 
@@ -72,12 +76,12 @@ static void fuzz_download(const uint8_t *d, size_t n)
     ap_collab_config_default(&cfg);
     cfg.run_id = "fuzz";
     cfg.target_batch_size = 8;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_SGD);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_SGD);
     cfg.download_timeout_us = 5000000;
     ap_collab_t *c = NULL;
     fz_t f = {d, n, false};
     if (ap_collab_new(a, dht, svc, &cfg, params, NPAR, NULL, 0, &c) == 0) {
-        ap_rt_stream_listen(b, AP_OPTIM_STATE_PROTO, NULL, ev_accept, &f);
+        ap_rt_stream_listen(b, AP_COLLAB_STATE_PROTO, NULL, ev_accept, &f);
         ap_progress_t p = {.peer = *ap_rt_self(b), .donor = true, .role = AP_AVG_NORMAL};
         p.time_ms = p.epoch_start_ms = ap_rt_wall_ms(a);
         c->view[0] = p;
@@ -101,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ap_progress_t p;
         int64_t now = 1700000000000;
         if (ap_progress_decode(data + 1, size - 1, now, 5000, &p) == 0) {
-            if (p.samples < 0 || !(p.samples_per_s >= 0) || p.samples_per_s > AP_OPTIM_MAX_SPS ||
+            if (p.samples < 0 || !(p.samples_per_s >= 0) || p.samples_per_s > AP_PROGRESS_MAX_SPS ||
                 p.time_ms > now + 5000 || p.epoch_start_ms > p.time_ms || p.role > AP_AVG_AUX)
                 abort();
             uint8_t buf[AP__PROGRESS_MAX];
@@ -113,13 +117,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              * numbers, the digest of the fields, all kept */
             if (q.has_config != p.has_config || q.refused != p.refused) abort();
             if (p.has_config) {
-                uint8_t d[AP_OPTIM_DIGEST_LEN];
-                char why[AP_OPTIM_CONFIG_MSG_MAX];
+                uint8_t d[AP_RUN_CONFIG_DIGEST_LEN];
+                char why[AP_RUN_CONFIG_MSG_MAX];
                 ap_run_config_digest(&p.config, d);
                 if (memcmp(d, p.config_digest, sizeof d) ||
                     memcmp(q.config_digest, p.config_digest, sizeof d) ||
                     ap_run_config_diff(&p.config, "a", &q.config, "b", why, sizeof why) != 0 ||
-                    strlen(p.config.model) >= AP_OPTIM_MODEL_MAX || !isfinite(p.config.lr) ||
+                    strlen(p.config.model) >= AP_RUN_CONFIG_MODEL_MAX || !isfinite(p.config.lr) ||
                     !isfinite(p.config.clip))
                     abort();
             }

@@ -8,6 +8,7 @@
 #ifndef APIARY_FUZZ_PEER_H
 #define APIARY_FUZZ_PEER_H
 
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "runtime/uv/uv_impl.h"

@@ -14,6 +14,7 @@
  * Input: byte 0 = split step and the cancel bit, the rest = peer bytes. Each
  * completion is checked for consistency (a status and the response cap); a
  * violation aborts (a bug). Teardown must free everything (ASan). */
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "fuzz_peer.h"

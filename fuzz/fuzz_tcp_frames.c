@@ -17,6 +17,7 @@
  * frame type; the node listens on a stream protocol and an RPC protocol.
  * One TCP node lives across inputs; each input gets a fresh injected
  * connection (no socket: ap__tcp_conn_inject), closed at the end. */
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "net/tcp.h"

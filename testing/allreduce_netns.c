@@ -1,7 +1,10 @@
 /* The all-reduce across network namespaces: see allreduce_netns.h. */
 #include "allreduce_netns.h"
 
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "averaging/allreduce.h"

@@ -20,7 +20,8 @@
 
 #include "netns.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 
 #include <stdbool.h>
 #include <stdint.h>

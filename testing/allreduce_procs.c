@@ -75,11 +75,12 @@ const char *ap_arp_codec_name(uint8_t codec)
 bool ap_arp_lead_parse(const char *s, uint32_t *out)
 {
     if (!strcmp(s, "auto")) return *out = 0, true;
-    if (!strcmp(s, "off")) return *out = AP_AVG_LEAD_OFF, true;
+    if (!strcmp(s, "off")) return *out = AP_ALLREDUCE_LEAD_OFF, true;
     char *end;
     errno = 0;
     unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v == 0 || v >= AP_AVG_LEAD_OFF) return false;
+    if (errno || end == s || *end || s[0] == '-' || v == 0 || v >= AP_ALLREDUCE_LEAD_OFF)
+        return false;
     *out = (uint32_t)v;
     return true;
 }
@@ -87,7 +88,7 @@ bool ap_arp_lead_parse(const char *s, uint32_t *out)
 const char *ap_arp_lead_name(uint32_t lead, char buf[16])
 {
     if (lead == 0) return "auto";
-    if (lead == AP_AVG_LEAD_OFF) return "off";
+    if (lead == AP_ALLREDUCE_LEAD_OFF) return "off";
     snprintf(buf, 16, "%u", lead);
     return buf;
 }

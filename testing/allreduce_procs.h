@@ -56,7 +56,8 @@
 #ifndef AP_BENCH_ALLREDUCE_PROCS_H
 #define AP_BENCH_ALLREDUCE_PROCS_H
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -87,7 +88,7 @@ int ap_arp_role_parse(const char *s, ap_avg_role_t *out);
 int ap_arp_codec_parse(const char *s, uint8_t *out);
 const char *ap_arp_codec_name(uint8_t codec);
 /* Pacing lead (ap_allreduce_opts_t.max_lead_chunks): "auto" -> 0, "off" ->
- * AP_AVG_LEAD_OFF, or a chunk count >= 1. False on anything else. */
+ * AP_ALLREDUCE_LEAD_OFF, or a chunk count >= 1. False on anything else. */
 bool ap_arp_lead_parse(const char *s, uint32_t *out);
 /* The inverse, into buf (16 bytes) for numbers. */
 const char *ap_arp_lead_name(uint32_t lead, char buf[16]);

@@ -25,7 +25,7 @@
  * THREADING. An ap_dht_t belongs to the loop thread of its runtime. Every
  * function here must be called on that thread; every callback runs on it,
  * except the *_sync wrappers at the end, which are for OTHER threads (a user's
- * thread next to a node of the real driver, include/apiary/node.h): they post
+ * thread next to a node of the real driver, apiary/node.h): they post
  * the call to the loop with ap_node_call_sync and block until it completes.
  *
  * MEMORY. Input buffers are copied before the function returns; the caller

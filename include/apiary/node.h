@@ -1,19 +1,12 @@
-/* Apiary — the real runtime driver: hosts and nodes on libuv.
- *
- * A HOST owns one libuv loop. Either it runs the loop on its own thread
- * (ap_host_start: the normal case for a node in a program or the CLI), or the
- * caller drives it (ap_host_run_once / ap_host_run_until: tests). Several
- * nodes may live on one host.
+/* Apiary — the real runtime driver's nodes (prefix ap_node_), on the hosts
+ * of apiary/host.h (one libuv loop each).
  *
  * A NODE is an ap_rt_t (apiary/runtime.h) on a host: an Ed25519 identity,
  * an RNG, timers, RPC and streams multiplexed over one connection per peer
- * (docs/protocol.md). Today nodes talk through the in-process transport:
- * every node listens on "/memory/<n>", reachable from any host of the same
- * process. The TCP + Noise transport plugs into the same connection seam
- * (src/runtime/uv/conn.h).
+ * (docs/protocol.md): either in-process ("/memory/<n>", reachable from
+ * any host of the same process) or TCP + Noise XX (ap_node_opts_t.listen).
  *
- * THREADING. ap_host_* functions are called by the thread that created the
- * host (the "owner"). ap_node_new / ap_node_free may be called from any
+ * THREADING. ap_node_new / ap_node_free may be called from any
  * thread: on a host running its own thread they are carried out on the loop
  * thread while the caller waits; on a caller-driven host they run at once
  * (call them from the driving thread). Everything in runtime.h follows
@@ -22,36 +15,13 @@
 #ifndef APIARY_NODE_H
 #define APIARY_NODE_H
 
+#include "apiary/host.h"
 #include "apiary/runtime.h"
+#include "apiary/sync.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct ap_host ap_host_t;
-
-/* Creates a host with its loop (not running). NULL on failure. */
-AP_EXPORT ap_host_t *ap_host_new(void);
-/* Starts a thread that runs the loop until ap_host_stop. AP_ESTATE if already
- * started. */
-AP_EXPORT int ap_host_start(ap_host_t *h);
-/* Stops and joins the loop thread (no-op if not started). Nodes stay alive;
- * the owner may then drive the loop itself or free the host. */
-AP_EXPORT void ap_host_stop(ap_host_t *h);
-/* Caller-driven mode (host not started): runs one loop iteration, waiting for
- * at most max_wait_us for an event (0 = do not block). Returns whether more
- * work is pending (handles active). */
-AP_EXPORT bool ap_host_run_once(ap_host_t *h, uint64_t max_wait_us);
-/* Runs the loop until pred(arg) holds (checked after every iteration) or
- * timeout_us of monotonic time passed. Returns whether pred held. pred NULL:
- * run for the whole timeout. */
-AP_EXPORT bool ap_host_run_until(ap_host_t *h, bool (*pred)(void *arg), void *arg,
-                                 uint64_t timeout_us);
-/* Stops the loop thread if any, frees every node still on the host (as
- * ap_node_free), runs the loop until every handle and request is done and
- * closes it. Owner thread only. Returns 0, or AP_EBUSY if the loop could
- * not be closed cleanly (a leak: a bug). */
-AP_EXPORT int ap_host_free(ap_host_t *h);
 
 #define AP_NODE_MAX_ANNOUNCE 4 /* ap_node_opts_t.announce entries */
 
@@ -105,20 +75,11 @@ AP_EXPORT ap_host_t *ap_node_host(ap_rt_t *rt);
 
 /* ---- blocking bridge for user threads ------------------------------------ */
 
-typedef struct ap_sync ap_sync_t;
-/* Runs on the loop thread. It must arrange that ap_sync_complete(done, ...)
- * is called exactly once: now, or later from a callback (RPC done, stream
- * on_close, timer...). Callbacks owed by the node always run, at the latest
- * in ap_node_free, so completing from one is enough. */
-typedef void (*ap_sync_fn)(ap_rt_t *rt, void *arg, ap_sync_t *done);
-
 /* Posts fn to rt's loop and blocks until done is completed; returns the
  * status given to ap_sync_complete, AP_ESHUTDOWN if the node closed before fn
  * ran, or AP_ESTATE when called on the loop thread (or by the thread that
  * drives a caller-driven host: that would deadlock). Any other thread. */
 AP_EXPORT int ap_node_call_sync(ap_rt_t *rt, ap_sync_fn fn, void *arg);
-/* Completes a call_sync with status. Any thread; exactly once per call. */
-AP_EXPORT void ap_sync_complete(ap_sync_t *done, int status);
 
 /* ap_rt_listen_addrs from a user thread (through ap_node_call_sync): the
  * node's listen addresses, with "/p2p/<id>" if with_id, up to max entries;

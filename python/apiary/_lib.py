@@ -156,13 +156,13 @@ def u8buf(b):
     return arr
 
 
-# ---- collaborative optimizer (apiary/optim.h) -----------------------------------------
+# ---- collaborative optimizer (apiary/collab.h) ----------------------------------------
 AP_NN_SHAPE_WORDS = 16
 AP_NN_SGD, AP_NN_ADAM, AP_NN_ADAMW, AP_NN_LAMB = 1, 2, 3, 4
 AP_AVG_NORMAL, AP_AVG_CLIENT, AP_AVG_AUX = 0, 1, 2
 
 
-class NnOptimConfig(ctypes.Structure):
+class NnSolverConfig(ctypes.Structure):
     _fields_ = [("kind", c_int), ("momentum", c_float), ("nesterov", c_bool), ("beta1", c_float),
                 ("beta2", c_float), ("eps", c_float), ("weight_decay", c_float)]
 
@@ -174,7 +174,7 @@ class LrSchedule(ctypes.Structure):
 
 class CollabConfig(ctypes.Structure):
     _fields_ = [("run_id", c_char_p), ("target_batch_size", c_u64), ("role", c_int),
-                ("optim", NnOptimConfig), ("lr", LrSchedule), ("max_grad_norm", c_double),
+                ("solver", NnSolverConfig), ("lr", LrSchedule), ("max_grad_norm", c_double),
                 ("model_kind", c_u32), ("model_shape", c_u32 * AP_NN_SHAPE_WORDS),
                 ("average_state_every", c_u32), ("up", c_double), ("down", c_double),
                 ("averaging_timeout_us", c_u64), ("chunk_elems", c_u32), ("codec", c_u8),

@@ -53,7 +53,8 @@ int ap__avg_hello_decode(const uint8_t *b, size_t len, ap__avg_hello_t *out)
     if (!m) return AP_ECORRUPT;
     int rc = AP_ECORRUPT;
     if (m->group_id.len != AP_AVG_GROUP_ID_LEN) goto out;
-    if (m->total > AP_AVG_MAX_ELEMS || m->offset > m->total || m->count > m->total - m->offset)
+    if (m->total > AP_ALLREDUCE_MAX_ELEMS || m->offset > m->total ||
+        m->count > m->total - m->offset)
         goto out;
     if (m->chunk_elems == 0 || m->chunk_elems > AP__AVG_CHUNK_MAX) goto out;
     if (!isfinite(m->weight) || !(m->weight > 0)) goto out;
@@ -488,7 +489,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
                        ap_allreduce_done_fn done, void *arg, ap_allreduce_t **out)
 {
     if (!svc || !g || !g->members || g->n == 0 || g->n > AP_AVG_MAX_PEERS || !done ||
-        n_elems > AP_AVG_MAX_ELEMS)
+        n_elems > AP_ALLREDUCE_MAX_ELEMS)
         return AP_EINVAL;
     ap_rt_t *rt = svc->rt;
     int self = -1;

@@ -2,7 +2,8 @@
 #ifndef AP_AVERAGING_ALLREDUCE_H
 #define AP_AVERAGING_ALLREDUCE_H
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 
 #define AP__AVG_HELLO_MAX 256        /* cap on an encoded hello */
 #define AP__AVG_FRAME_HDR 12         /* chunk frame header bytes */
@@ -21,7 +22,7 @@ typedef struct ap__avg_hello {
 size_t ap__avg_hello_encode(const ap__avg_hello_t *h, uint8_t *out);
 /* Decodes untrusted bytes: AP_EMSGSIZE over the cap, AP_ECORRUPT if not a
  * hello or a field is out of range (group id length, offset + count > total,
- * total > AP_AVG_MAX_ELEMS, chunk_elems 0 or > cap, weight not finite > 0). */
+ * total > AP_ALLREDUCE_MAX_ELEMS, chunk_elems 0 or > cap, weight not finite > 0). */
 int ap__avg_hello_decode(const uint8_t *b, size_t len, ap__avg_hello_t *out);
 
 /* Chunk frame: u8 type, u8 codec, u16 zero, be32 index, be32 elems, payload. */

@@ -122,7 +122,7 @@ static void on_out_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t le
  * back): docs/averaging.md, "Pacing". */
 static uint32_t lead_limit(const ap_allreduce_t *ar, int k)
 {
-    if (ar->o.max_lead_chunks) return ar->o.max_lead_chunks; /* fixed, or AP_AVG_LEAD_OFF */
+    if (ar->o.max_lead_chunks) return ar->o.max_lead_chunks; /* fixed, or AP_ALLREDUCE_LEAD_OFF */
     return ar->out[k].lead;
 }
 

@@ -147,7 +147,7 @@ after:
  * float32 (the payload is the tensor's bytes) goes header + tensor straight
  * into the stream's send buffer: one copy; other codecs encode into the
  * frame buffer first. 0, AP_EAGAIN or an error, as ap_stream_send. */
-/* The default chunk size for group g (averager.h, chunk_elems): what the
+/* The default chunk size for group g (allreduce.h, chunk_elems): what the
  * slowest declared link moves in 5 ms, rounded down to a power of two, within
  * [4096, 16384] elements. Declared bandwidths are validated finite and > 0. */
 uint32_t ap__avg_auto_chunk(const ap_avg_group_t *g)

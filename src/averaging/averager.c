@@ -1,7 +1,9 @@
 /* The Averager: owned tensors, one step at a time in a given group, async
  * handle with stage and cancel, a blocking form for user threads, and the
  * bandwidth it declares (configured, or measured over past rounds). */
+#include "apiary/allreduce.h"
 #include "apiary/averager.h"
+#include "apiary/avg.h"
 
 #include "apiary/log.h"
 #include "averaging/allreduce.h"
@@ -26,15 +28,15 @@ struct ap_averager {
     size_t n;
     uint64_t *off, *len;
     double up_est, down_est;
-    ap_avg_step_t *running;
+    ap_averager_step_t *running;
 };
 
-struct ap_avg_step {
+struct ap_averager_step {
     ap_averager_t *av;
-    ap_avg_stage_t stage;
+    ap_averager_stage_t stage;
     ap_allreduce_t *ar;
     ap_allreduce_result_t res;
-    ap_avg_step_fn cb;
+    ap_averager_step_fn cb;
     void *arg;
     bool orphaned;           /* freed by the user while running: free at the end */
     ap_avg_search_t *search; /* matchmaking in progress (stage LOOKING) */
@@ -52,7 +54,7 @@ int ap_averager_new(ap_avg_service_t *svc, const size_t *sizes, size_t ntensors,
     if (!isfinite(o.up) || !isfinite(o.down) || o.up < 0 || o.down < 0) return AP_EINVAL;
     uint64_t total = 0;
     for (size_t i = 0; i < ntensors; i++) {
-        if (sizes[i] > AP_AVG_MAX_ELEMS - total) return AP_EINVAL;
+        if (sizes[i] > AP_ALLREDUCE_MAX_ELEMS - total) return AP_EINVAL;
         total += sizes[i];
     }
     ap_averager_t *av = calloc(1, sizeof *av);
@@ -133,11 +135,11 @@ static void measure(ap_averager_t *av, const ap_allreduce_result_t *r)
 
 static void step_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
 {
-    ap_avg_step_t *st = arg;
+    ap_averager_step_t *st = arg;
     ap_averager_t *av = st->av;
     st->res = *res;
     st->ar = NULL;
-    st->stage = res->status == 0 ? AP_AVG_STAGE_DONE : AP_AVG_STAGE_FAILED;
+    st->stage = res->status == 0 ? AP_AVERAGER_STAGE_DONE : AP_AVERAGER_STAGE_FAILED;
     if (av) {
         av->running = NULL;
         measure(av, res);
@@ -150,17 +152,17 @@ static void step_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
 }
 
 int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double weight,
-                           uint64_t deadline_at_us, ap_avg_step_fn cb, void *arg,
-                           ap_avg_step_t **out)
+                           uint64_t deadline_at_us, ap_averager_step_fn cb, void *arg,
+                           ap_averager_step_t **out)
 {
     if (!av || !g || !out) return AP_EINVAL;
     if (av->running) return AP_EBUSY;
-    ap_avg_step_t *st = calloc(1, sizeof *st);
+    ap_averager_step_t *st = calloc(1, sizeof *st);
     if (!st) return AP_ENOMEM;
     st->av = av;
     st->cb = cb;
     st->arg = arg;
-    st->stage = AP_AVG_STAGE_RUNNING;
+    st->stage = AP_AVERAGER_STAGE_RUNNING;
     ap_allreduce_opts_t ro = av->o.round;
     if (deadline_at_us && (!ro.deadline_at_us || deadline_at_us < ro.deadline_at_us))
         ro.deadline_at_us = deadline_at_us;
@@ -179,12 +181,12 @@ int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double we
 
 /* ---- with matchmaking ------------------------------------------------------------ */
 
-static void step_fail(ap_rt_t *rt, ap_avg_step_t *st, int status)
+static void step_fail(ap_rt_t *rt, ap_averager_step_t *st, int status)
 {
     memset(&st->res, 0, sizeof st->res);
     st->res.status = status;
     st->res.elems = st->av->total;
-    st->stage = AP_AVG_STAGE_FAILED;
+    st->stage = AP_AVERAGER_STAGE_FAILED;
     st->av->running = NULL;
     if (st->orphaned) {
         free(st);
@@ -195,7 +197,7 @@ static void step_fail(ap_rt_t *rt, ap_avg_step_t *st, int status)
 
 static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g)
 {
-    ap_avg_step_t *st = arg;
+    ap_averager_step_t *st = arg;
     ap_averager_t *av = st->av;
     st->search = NULL;
     if (status) {
@@ -208,7 +210,7 @@ static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_
         step_fail(rt, st, AP_ECANCELED);
         return;
     }
-    st->stage = AP_AVG_STAGE_RUNNING;
+    st->stage = AP_AVERAGER_STAGE_RUNNING;
     st->group_n = g->n;
     bool aux = av->o.role == AP_AVG_AUX;
     int rc = ap_allreduce_start(av->svc, g, aux ? NULL : av->buf, av->total, aux ? 0 : st->weight,
@@ -217,18 +219,18 @@ static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_
 }
 
 int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
-                     double weight, ap_avg_step_fn cb, void *arg, ap_avg_step_t **out)
+                     double weight, ap_averager_step_fn cb, void *arg, ap_averager_step_t **out)
 {
     if (!av || !mm || !m || !out) return AP_EINVAL;
     if (!isfinite(weight) || weight < 0) return AP_EINVAL;
     if (av->running) return AP_EBUSY;
-    ap_avg_step_t *st = calloc(1, sizeof *st);
+    ap_averager_step_t *st = calloc(1, sizeof *st);
     if (!st) return AP_ENOMEM;
     st->av = av;
     st->cb = cb;
     st->arg = arg;
     st->weight = weight;
-    st->stage = AP_AVG_STAGE_LOOKING;
+    st->stage = AP_AVERAGER_STAGE_LOOKING;
     ap_avg_member_t me;
     ap_averager_member(av, &me);
     int rc = ap_avg_match_start(mm, m, &me, step_matched, st, &st->search);
@@ -241,22 +243,23 @@ int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const ap_avg_ma
     return 0;
 }
 
-size_t ap_avg_step_group_size(const ap_avg_step_t *st)
+size_t ap_averager_step_group_size(const ap_averager_step_t *st)
 {
-    return st && st->stage != AP_AVG_STAGE_LOOKING ? st->group_n : 0;
+    return st && st->stage != AP_AVERAGER_STAGE_LOOKING ? st->group_n : 0;
 }
 
-ap_avg_stage_t ap_avg_step_stage(const ap_avg_step_t *st)
+ap_averager_stage_t ap_averager_step_stage(const ap_averager_step_t *st)
 {
     return st->stage;
 }
 
-const ap_allreduce_result_t *ap_avg_step_result(const ap_avg_step_t *st)
+const ap_allreduce_result_t *ap_averager_step_result(const ap_averager_step_t *st)
 {
-    return st->stage == AP_AVG_STAGE_DONE || st->stage == AP_AVG_STAGE_FAILED ? &st->res : NULL;
+    return st->stage == AP_AVERAGER_STAGE_DONE || st->stage == AP_AVERAGER_STAGE_FAILED ? &st->res
+                                                                                        : NULL;
 }
 
-void ap_avg_step_cancel(ap_avg_step_t *st)
+void ap_averager_step_cancel(ap_averager_step_t *st)
 {
     if (st && st->search)
         ap_avg_match_cancel(st->search);
@@ -264,7 +267,7 @@ void ap_avg_step_cancel(ap_avg_step_t *st)
         ap_allreduce_cancel(st->ar);
 }
 
-void ap_avg_step_free(ap_avg_step_t *st)
+void ap_averager_step_free(ap_averager_step_t *st)
 {
     if (!st) return;
     if (st->search) {
@@ -293,7 +296,7 @@ typedef struct waiter {
     bool finished;
     int rc;
     ap_allreduce_result_t res;
-    ap_avg_step_t *st;
+    ap_averager_step_t *st;
 } waiter_t;
 
 static void waiter_wake(waiter_t *w, int rc)
@@ -305,12 +308,12 @@ static void waiter_wake(waiter_t *w, int rc)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void waiter_step_done(ap_rt_t *rt, void *arg, ap_avg_step_t *st)
+static void waiter_step_done(ap_rt_t *rt, void *arg, ap_averager_step_t *st)
 {
     (void)rt;
     waiter_t *w = arg;
     w->res = st->res;
-    ap_avg_step_free(st);
+    ap_averager_step_free(st);
     waiter_wake(w, w->res.status);
 }
 

@@ -1,6 +1,6 @@
 #include "averaging/avg_codec.h"
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 
 #include "apiary/compress.h"
 #include "apiary/error.h"

@@ -1,8 +1,11 @@
 /* Blocking forms of the averaging API for user threads, through the real
  * driver's ap_node_call_sync (include/apiary/node.h): each runs the loop-
  * thread function on the node's loop and waits for it. */
+#include "apiary/allreduce.h"
 #include "apiary/averager.h"
+#include "apiary/avg.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include <string.h>
 
@@ -121,17 +124,17 @@ typedef struct step_ctx {
     ap_sync_t *done;
 } step_ctx_t;
 
-static void step_done(ap_rt_t *rt, void *arg, ap_avg_step_t *st)
+static void step_done(ap_rt_t *rt, void *arg, ap_averager_step_t *st)
 {
     step_ctx_t *c = arg;
-    const ap_allreduce_result_t *r = ap_avg_step_result(st);
+    const ap_allreduce_result_t *r = ap_averager_step_result(st);
     int status = AP_ESTATE;
     if (r) {
         c->res = *r;
         status = r->status;
     }
-    c->group_n = ap_avg_step_group_size(st);
-    ap_avg_step_free(st);
+    c->group_n = ap_averager_step_group_size(st);
+    ap_averager_step_free(st);
     ap_sync_complete(c->done, status);
 }
 
@@ -140,7 +143,7 @@ static void step_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     step_ctx_t *c = arg;
     c->done = done;
     if (c->look_us) c->m.deadline_at_us = ap_rt_now_us(rt) + c->look_us;
-    ap_avg_step_t *st;
+    ap_averager_step_t *st;
     int rc = ap_averager_step(c->av, c->mm, &c->m, c->weight, step_done, c, &st);
     if (rc) ap_sync_complete(done, rc);
 }

@@ -2,7 +2,7 @@
 #ifndef AP_AVERAGING_BALANCE_H
 #define AP_AVERAGING_BALANCE_H
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 
 /* One peer's constraints, P = 1: α + β·a ≤ up·T and α + β·a ≤ down·T
  * (upload and download have the same α and β because S = R). */

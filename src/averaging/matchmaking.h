@@ -3,7 +3,7 @@
 #ifndef AP_AVERAGING_MATCHMAKING_H
 #define AP_AVERAGING_MATCHMAKING_H
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 
 #define AP__MM_ADDRS_MAX  4
 #define AP__MM_MSG_MAX    (256u << 10) /* cap on a request / response / declaration */

@@ -1,5 +1,5 @@
 /* Moshpit grid groups: the group key of a round and the coordinate update. */
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 
 #include "base/buf.h"
 

@@ -2,6 +2,7 @@
  * driver's ap_node_call_sync (include/apiary/node.h). */
 #include "apiary/dht.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,8 +2,8 @@
  * header and a BLAKE2b-256 checksum. The decoder treats its input as
  * untrusted: every field is checked against the target model before any
  * payload byte is used, and the model is written only after the checksum
- * has been verified. Format: apiary/nn_optim.h and docs/nn.md. */
-#include "apiary/nn_optim.h"
+ * has been verified. Format: apiary/nn.h and docs/nn.md. */
+#include "apiary/nn.h"
 
 #include "apiary/error.h"
 #include "apiary/log.h"
@@ -123,7 +123,7 @@ static const char *kind_name(uint32_t k)
 
 /* Checks the header against the target model/optimizer; sets *total to the
  * exact file size it implies. */
-static int hdr_check(const hdr_t *h, ap_nn_model_t *m, const ap_nn_optim_t *o, size_t *total)
+static int hdr_check(const hdr_t *h, ap_nn_model_t *m, const ap_nn_solver_t *o, size_t *total)
 {
     if (h->kind != (uint32_t)m->kind) {
         ap_warn(NN_LOG, "checkpoint: holds a %s model, this model is a %s", kind_name(h->kind),
@@ -177,13 +177,13 @@ static bool all_finite(const uint8_t *p, size_t n)
     return true;
 }
 
-int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step, uint8_t **buf,
+int ap_nn_checkpoint_encode(ap_nn_model_t *m, const ap_nn_solver_t *o, uint64_t step, uint8_t **buf,
                             size_t *len)
 {
     return ap_nn_checkpoint_encode_flat(m, m->params.data, o, step, buf, len);
 }
 
-int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params, const ap_nn_optim_t *o,
+int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params, const ap_nn_solver_t *o,
                                  uint64_t step, uint8_t **buf, size_t *len)
 {
     *buf = NULL;
@@ -214,7 +214,7 @@ int ap_nn_checkpoint_encode_flat(ap_nn_model_t *m, const float *params, const ap
     return 0;
 }
 
-int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m, ap_nn_optim_t *o,
+int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m, ap_nn_solver_t *o,
                             uint64_t *step)
 {
     if (!buf || !m) return AP_EINVAL;
@@ -248,7 +248,8 @@ int ap_nn_checkpoint_decode(const uint8_t *buf, size_t len, ap_nn_model_t *m, ap
     return 0;
 }
 
-int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_optim_t *o, uint64_t step)
+int ap_nn_checkpoint_save(const char *path, ap_nn_model_t *m, const ap_nn_solver_t *o,
+                          uint64_t step)
 {
     uint8_t *b;
     size_t len;
@@ -286,7 +287,7 @@ int ap_nn_checkpoint_write(const char *path, const uint8_t *b, size_t len)
     return rc;
 }
 
-int ap_nn_checkpoint_load(const char *path, ap_nn_model_t *m, ap_nn_optim_t *o, uint64_t *step)
+int ap_nn_checkpoint_load(const char *path, ap_nn_model_t *m, ap_nn_solver_t *o, uint64_t *step)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

@@ -15,7 +15,7 @@ void ap_collab_config_default(ap_collab_config_t *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->role = AP_AVG_NORMAL;
-    cfg->optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg->solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg->lr.kind = AP_NN_LR_CONSTANT;
     cfg->lr.base = 1e-3f;
     cfg->lr.min = 1e-3f;
@@ -34,7 +34,7 @@ static void fill_defaults(ap_collab_config_t *c)
     if (!c->max_refresh_us) c->max_refresh_us = 10000000;
     if (c->max_refresh_us < c->min_refresh_us) c->max_refresh_us = c->min_refresh_us;
     if (c->max_donors <= 0) c->max_donors = 3;
-    if (c->max_donors > AP_OPTIM_MAX_DONORS) c->max_donors = AP_OPTIM_MAX_DONORS;
+    if (c->max_donors > AP_COLLAB_MAX_DONORS) c->max_donors = AP_COLLAB_MAX_DONORS;
     if (!c->download_timeout_us) c->download_timeout_us = 120000000;
 }
 
@@ -42,7 +42,7 @@ static void fill_defaults(ap_collab_config_t *c)
 
 static void collab_release(ap_collab_t *c)
 {
-    ap_nn_optim_free(c->opt);
+    ap_nn_solver_free(c->opt);
     if (c->acc) ap__big_free(c->acc, c->acc_bytes);
     if (c->buf) ap__big_free(c->buf, c->buf_bytes);
     if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
@@ -121,21 +121,21 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     if (!rt || !dht || !svc || !cfg || !out || (!params && cfg->role != AP_AVG_AUX))
         return AP_EINVAL;
     size_t rl = cfg->run_id ? strlen(cfg->run_id) : 0;
-    if (rl == 0 || rl > AP_OPTIM_RUN_ID_MAX || cfg->target_batch_size == 0 || n == 0 ||
+    if (rl == 0 || rl > AP_COLLAB_RUN_ID_MAX || cfg->target_batch_size == 0 || n == 0 ||
         cfg->role > AP_AVG_AUX || !(cfg->up >= 0) || !(cfg->down >= 0)) {
         ap_warn(OPT_MOD, "collab: bad configuration (run id, target batch size, role or size)");
         return AP_EINVAL;
     }
     size_t ml = cfg->model_desc ? strlen(cfg->model_desc) : 0;
-    bool printable = ml < AP_OPTIM_MODEL_MAX;
+    bool printable = ml < AP_RUN_CONFIG_MODEL_MAX;
     for (size_t i = 0; printable && i < ml; i++)
         printable = cfg->model_desc[i] >= 0x20 && cfg->model_desc[i] <= 0x7e;
     if (!printable || !isfinite(cfg->lr.base) || !isfinite(cfg->lr.min) ||
-        !isfinite(cfg->optim.weight_decay) || !isfinite(cfg->max_grad_norm)) {
+        !isfinite(cfg->solver.weight_decay) || !isfinite(cfg->max_grad_norm)) {
         ap_warn(OPT_MOD,
                 "collab: bad configuration (model description longer than %d bytes or "
                 "not printable, or a non-finite learning rate, weight decay or clip)",
-                AP_OPTIM_MODEL_MAX - 1);
+                AP_RUN_CONFIG_MODEL_MAX - 1);
         return AP_EINVAL;
     }
     ap_collab_t *c = calloc(1, sizeof *c);
@@ -154,7 +154,7 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     c->subkey_len = (size_t)snprintf(c->subkey, sizeof c->subkey, "[owner:%s]", pid);
     c->params = params;
     c->n = n;
-    int rc = ap_nn_optim_new(&c->cfg.optim, n, views, nviews, &c->opt);
+    int rc = ap_nn_solver_new(&c->cfg.solver, n, views, nviews, &c->opt);
     if (rc) {
         free(c);
         return rc;
@@ -409,12 +409,12 @@ uint64_t ap_collab_epoch(const ap_collab_t *c)
     return c->epoch;
 }
 
-const ap_nn_optim_t *ap_collab_optim(const ap_collab_t *c)
+const ap_nn_solver_t *ap_collab_solver(const ap_collab_t *c)
 {
     return c->opt;
 }
 
-ap_nn_optim_t *ap_collab_optim_mut(ap_collab_t *c)
+ap_nn_solver_t *ap_collab_solver_mut(ap_collab_t *c)
 {
     return c->opt;
 }

@@ -2,7 +2,12 @@
 #ifndef AP_OPTIM_COLLAB_IMPL_H
 #define AP_OPTIM_COLLAB_IMPL_H
 
-#include "apiary/optim.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
+#include "apiary/collab.h"
+#include "apiary/nn.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 
 #include <sodium.h>
 
@@ -39,8 +44,8 @@ typedef void (*ap__dl_fn)(struct ap_collab *c, int status, uint64_t epoch, uint6
 
 typedef struct dl_state {
     bool active;
-    ap_peer_id_t donors[AP_OPTIM_MAX_DONORS];
-    bool donor_bad[AP_OPTIM_MAX_DONORS];
+    ap_peer_id_t donors[AP_COLLAB_MAX_DONORS];
+    bool donor_bad[AP_COLLAB_MAX_DONORS];
     int ndonors;
     dl_range_t ranges[AP__MAX_RANGES];
     int nranges;
@@ -81,16 +86,16 @@ struct ap_collab {
     ap_dht_t *dht;
     ap_avg_service_t *svc;
     ap_collab_config_t cfg;
-    char run_id[AP_OPTIM_RUN_ID_MAX + 1];
+    char run_id[AP_COLLAB_RUN_ID_MAX + 1];
     uint8_t run_hash[32];
-    char key[AP_OPTIM_RUN_ID_MAX + 16];
+    char key[AP_COLLAB_RUN_ID_MAX + 16];
     size_t key_len;
     char subkey[AP_PEER_ID_STR_MAX + 16];
     size_t subkey_len;
 
     float *params;
     size_t n;
-    ap_nn_optim_t *opt;
+    ap_nn_solver_t *opt;
     float *acc; /* n: Σ grad·samples of this epoch */
     float *buf; /* total = n + state_count: averaging and downloads */
     size_t total;
@@ -142,17 +147,17 @@ struct ap_collab {
     uint64_t mm_timer;
     ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
     ap_avg_search_t *search; /* the running search (NULL = none) */
-    char mm_key[AP_OPTIM_RUN_ID_MAX + 64];
+    char mm_key[AP_COLLAB_RUN_ID_MAX + 64];
 
     /* the run's configuration (progress records, matchmaking key) */
     ap_run_config_t runcfg;
-    uint8_t cfg_digest[AP_OPTIM_DIGEST_LEN];
+    uint8_t cfg_digest[AP_RUN_CONFIG_DIGEST_LEN];
     char cfg_hex[2 * 8 + 1]; /* the digest's first 8 bytes, for the matchmaking key */
     bool refused;            /* the run refused our configuration: every operation fails */
-    char refusal[AP_OPTIM_CONFIG_MSG_MAX + 96];
+    char refusal[AP_RUN_CONFIG_MSG_MAX + 96];
     struct {
         ap_peer_id_t id;
-        uint8_t digest[AP_OPTIM_DIGEST_LEN];
+        uint8_t digest[AP_RUN_CONFIG_DIGEST_LEN];
     } refused_log[AP__REFUSED_LOG]; /* peers refused and logged (once per configuration) */
     int nrefused_log, refused_next;
 

@@ -22,7 +22,7 @@ void ap__collab_apply_step(ap_collab_t *c, float *grad)
     }
     float lr = ap_nn_lr_at(&c->cfg.lr, c->epoch);
     /* delayed updates: the caller computes on params meanwhile */
-    int rc = ap_nn_optim_step(c->opt, c->bg ? c->shadow : c->params, grad, lr);
+    int rc = ap_nn_solver_step(c->opt, c->bg ? c->shadow : c->params, grad, lr);
     if (rc)
         ap_warn(OPT_MOD, "epoch %llu: optimizer step failed: %s", (unsigned long long)c->epoch,
                 ap_strerror(rc));

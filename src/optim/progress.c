@@ -1,7 +1,9 @@
 /* Progress records and the run's configuration: encoding, digest and
  * validation of untrusted records. */
+#include "apiary/avg.h"
 #include "apiary/log.h"
-#include "apiary/optim.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 
 #include "optim.pb-c.h"
 
@@ -19,7 +21,7 @@ static void config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
     m->state_count = rc->state_count;
     m->codec = rc->codec;
     m->target_batch = rc->target_batch_size;
-    m->optim = rc->optim;
+    m->optim = rc->solver;
     m->lr = rc->lr;
     m->lr_kind = rc->lr_kind;
     m->warmup = rc->warmup;
@@ -36,7 +38,7 @@ static int config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc
 {
     memset(rc, 0, sizeof *rc);
     size_t ml = m->model ? strlen(m->model) : 0;
-    if (ml >= AP_OPTIM_MODEL_MAX) return AP_ECORRUPT;
+    if (ml >= AP_RUN_CONFIG_MODEL_MAX) return AP_ECORRUPT;
     for (size_t i = 0; i < ml; i++)
         if ((unsigned char)m->model[i] < 0x20 || (unsigned char)m->model[i] > 0x7e)
             return AP_ECORRUPT; /* printed in the log */
@@ -48,7 +50,7 @@ static int config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc
     rc->state_count = m->state_count;
     rc->codec = m->codec;
     rc->target_batch_size = m->target_batch;
-    rc->optim = m->optim;
+    rc->solver = m->optim;
     rc->lr = m->lr;
     rc->lr_kind = m->lr_kind;
     rc->warmup = m->warmup;
@@ -62,17 +64,17 @@ static int config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc
     return 0;
 }
 
-void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_OPTIM_DIGEST_LEN])
+void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_RUN_CONFIG_DIGEST_LEN])
 {
     Apiary__Optim__RunConfig m;
     ap_run_config_t t = *rc;
-    t.model[AP_OPTIM_MODEL_MAX - 1] = 0;
+    t.model[AP_RUN_CONFIG_MODEL_MAX - 1] = 0;
     config_to_pb(&t, &m);
     uint8_t buf[CONFIG_PACKED_MAX];
     size_t len = apiary__optim__run_config__get_packed_size(&m);
     if (len > sizeof buf) len = 0; /* cannot happen: bounded fields */
     if (len) apiary__optim__run_config__pack(&m, buf);
-    crypto_generichash(out, AP_OPTIM_DIGEST_LEN, buf, len, NULL, 0);
+    crypto_generichash(out, AP_RUN_CONFIG_DIGEST_LEN, buf, len, NULL, 0);
 }
 
 int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
@@ -93,7 +95,7 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     ap_run_config_t cfg;
     if (p->has_config) {
         cfg = p->config;
-        cfg.model[AP_OPTIM_MODEL_MAX - 1] = 0;
+        cfg.model[AP_RUN_CONFIG_MODEL_MAX - 1] = 0;
         config_to_pb(&cfg, &rc);
         m.config = &rc;
     }
@@ -133,7 +135,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     if (crc) return crc;
 
     if (p.samples < 0 || !isfinite(p.samples_per_s) || p.samples_per_s < 0 ||
-        p.samples_per_s > AP_OPTIM_MAX_SPS || role > AP_AVG_AUX || !isfinite(p.up) ||
+        p.samples_per_s > AP_PROGRESS_MAX_SPS || role > AP_AVG_AUX || !isfinite(p.up) ||
         !isfinite(p.down) || p.up < 0 || p.down < 0)
         return AP_ERANGE;
     if (p.time_ms > now_ms + max_skew_ms || p.epoch_start_ms > p.time_ms) return AP_ERANGE;

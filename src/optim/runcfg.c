@@ -25,7 +25,7 @@ static const char *codec_name(uint32_t c, char *tmp, size_t n)
     }
 }
 
-static const char *optim_name(uint32_t k, char *tmp, size_t n)
+static const char *solver_name(uint32_t k, char *tmp, size_t n)
 {
     switch (k) {
     case AP_NN_SGD:
@@ -65,13 +65,13 @@ void ap__collab_make_run_config(const ap_collab_t *c, ap_run_config_t *rc)
     rc->state_count = c->opt->state_count;
     rc->codec = c->cfg.codec;
     rc->target_batch_size = c->cfg.target_batch_size;
-    rc->optim = (uint32_t)c->cfg.optim.kind;
+    rc->solver = (uint32_t)c->cfg.solver.kind;
     rc->lr_kind = (uint32_t)c->cfg.lr.kind;
     rc->lr = c->cfg.lr.base;
     rc->lr_min = c->cfg.lr.min;
     rc->warmup = c->cfg.lr.warmup;
     rc->lr_total = c->cfg.lr.total;
-    rc->weight_decay = c->cfg.optim.weight_decay;
+    rc->weight_decay = c->cfg.solver.weight_decay;
     rc->clip = c->cfg.max_grad_norm;
     rc->state_every = c->cfg.average_state_every;
     rc->exact = c->cfg.max_local_samples != 0;
@@ -122,7 +122,7 @@ int ap_run_config_diff(const ap_run_config_t *a, const char *a_name, const ap_ru
     if (a->field != b->field)                                                                      \
         return differs(&d, name, a->field ? "on" : "off", b->field ? "on" : "off");
     U64(n_params, "parameter count")
-    NAMED(optim, "optimizer", optim_name)
+    NAMED(solver, "optimizer", solver_name)
     U64(state_count, "optimizer state size")
     NAMED(codec, "compression", codec_name)
     U64(target_batch_size, "target batch size")

@@ -142,12 +142,12 @@ int ap__state_listen(ap_collab_t *c)
     ap_stream_opts_t o = {0};
     o.max_msg = HELLO_MAX;
     o.window = 1u << 20;
-    return ap_rt_stream_listen(c->rt, AP_OPTIM_STATE_PROTO, &o, serve_accept, c);
+    return ap_rt_stream_listen(c->rt, AP_COLLAB_STATE_PROTO, &o, serve_accept, c);
 }
 
 void ap__state_unlisten(ap_collab_t *c)
 {
-    ap_rt_stream_unlisten(c->rt, AP_OPTIM_STATE_PROTO);
+    ap_rt_stream_unlisten(c->rt, AP_COLLAB_STATE_PROTO);
 }
 
 void ap__state_abort_serving(ap_collab_t *c)
@@ -391,7 +391,7 @@ static int open_range(ap_collab_t *c, int ri)
     ap_stream_t *s = NULL;
     c->refs++;
     c->dl.open_streams++;
-    int rc = ap_rt_stream_open(c->rt, &c->dl.donors[d], AP_OPTIM_STATE_PROTO, hello, hl, &o,
+    int rc = ap_rt_stream_open(c->rt, &c->dl.donors[d], AP_COLLAB_STATE_PROTO, hello, hl, &o,
                                &dl_cbs, rr, &s);
     if (rc) {
         c->dl.open_streams--;
@@ -542,7 +542,7 @@ int ap__state_download(ap_collab_t *c, float *dst, uint64_t min_epoch, ap__dl_fn
     c->dl.min_epoch = min_epoch;
     c->dl.epoch = best; /* what the donors' records say (their headers must agree) */
     /* donors at the highest epoch, in a random order (spread the load) */
-    for (size_t i = 0; i < c->nview && c->dl.ndonors < AP_OPTIM_MAX_DONORS; i++) {
+    for (size_t i = 0; i < c->nview && c->dl.ndonors < AP_COLLAB_MAX_DONORS; i++) {
         const ap_progress_t *p = &c->view[i];
         if (!usable(c, p, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
         c->dl.donors[c->dl.ndonors++] = p->peer;

@@ -2,7 +2,11 @@
  * a node of the real driver. */
 #include "collab_impl.h"
 
+#include "apiary/avg.h"
+#include "apiary/collab.h"
+#include "apiary/nn.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 typedef struct sync_args {
     ap_dht_t *dht;

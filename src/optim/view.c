@@ -160,12 +160,12 @@ static void refuse_peer(ap_collab_t *c, const ap_progress_t *p, char *why, size_
         ap_run_config_diff(&c->runcfg, "here", &p->config, at, why, cap);
     for (int i = 0; i < c->nrefused_log; i++)
         if (ap_peer_id_eq(&c->refused_log[i].id, &p->peer) &&
-            memcmp(c->refused_log[i].digest, p->config_digest, AP_OPTIM_DIGEST_LEN) == 0)
+            memcmp(c->refused_log[i].digest, p->config_digest, AP_RUN_CONFIG_DIGEST_LEN) == 0)
             return; /* logged already */
     int k =
         c->nrefused_log < AP__REFUSED_LOG ? c->nrefused_log++ : c->refused_next++ % AP__REFUSED_LOG;
     c->refused_log[k].id = p->peer;
-    memcpy(c->refused_log[k].digest, p->config_digest, AP_OPTIM_DIGEST_LEN);
+    memcpy(c->refused_log[k].digest, p->config_digest, AP_RUN_CONFIG_DIGEST_LEN);
     c->st.peers_refused++;
     ap_warn(OPT_MOD,
             "refusing peer %s: its run configuration differs (%s); it takes no part in "
@@ -178,7 +178,7 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
     int64_t now = ap_rt_wall_ms(c->rt);
     size_t m = 0;
     int n_match = 0, n_diff = 0, n_ahead = 0;
-    char why[AP_OPTIM_CONFIG_MSG_MAX], first_why[AP_OPTIM_CONFIG_MSG_MAX] = "";
+    char why[AP_RUN_CONFIG_MSG_MAX], first_why[AP_RUN_CONFIG_MSG_MAX] = "";
     for (size_t i = 0; res && res->found && res->is_dict && i < res->nrecords && m < AP__VIEW_MAX;
          i++) {
         const ap_dht_record_t *r = &res->records[i];
@@ -202,8 +202,8 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
         }
         p.peer = who;
         if (!ap__collab_is_self(c, &p.peer)) {
-            bool same =
-                p.has_config && memcmp(p.config_digest, c->cfg_digest, AP_OPTIM_DIGEST_LEN) == 0;
+            bool same = p.has_config &&
+                        memcmp(p.config_digest, c->cfg_digest, AP_RUN_CONFIG_DIGEST_LEN) == 0;
             bool live = ap__collab_fresh(c, &p, now) && !p.refused;
             if (!same) {
                 refuse_peer(c, &p, why, sizeof why);

@@ -18,7 +18,6 @@
 #include "procs.h"
 
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -70,11 +69,11 @@ static ap_nn_model_t *load_ckpt(const char *path, uint64_t *epoch)
 {
     ap_nn_model_t *m = train_mlp(512);
     ap_nn_params_t *pr = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_LAMB);
-    ap_nn_optim_t *o = NULL;
-    assert_ok(ap_nn_optim_new(&oc, pr->count, pr->views, pr->nviews, &o));
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_LAMB);
+    ap_nn_solver_t *o = NULL;
+    assert_ok(ap_nn_solver_new(&oc, pr->count, pr->views, pr->nviews, &o));
     assert_ok(ap_nn_checkpoint_load(path, m, o, epoch));
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     return m;
 }
 

@@ -5,6 +5,7 @@
  * the same /memory/ address. */
 #include "testbed.h"
 
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "runtime/rt_impl.h"

@@ -8,7 +8,9 @@
  * averaged; the parts of live reducers must be averaged entirely. */
 #include "aptest.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "averaging/allreduce.h"

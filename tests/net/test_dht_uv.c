@@ -3,7 +3,9 @@
 #include "aptest.h"
 
 #include "apiary/dht.h"
+#include "apiary/host.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include <stdio.h>
 #include <stdlib.h>

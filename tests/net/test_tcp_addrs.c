@@ -9,6 +9,7 @@
  *   addresses and succeeds. */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/multiaddr.h"
 #include "apiary/node.h"
 #include "apiary/runtime.h"

@@ -8,6 +8,7 @@
  * once its calls and streams are done, so every one of them succeeds. */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/node.h"
 #include "apiary/runtime.h"
 #include "net/tcp.h"

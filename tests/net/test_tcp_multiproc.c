@@ -16,6 +16,7 @@
  * never leaves processes behind. Every wait is bounded. */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/node.h"

@@ -6,7 +6,8 @@
 
 #include "aptest.h"
 
-#include "apiary/averager.h"
+#include "apiary/allreduce.h"
+#include "apiary/avg.h"
 #include "apiary/log.h"
 #include "averaging/allreduce.h"
 #include "apiary/sim.h"

@@ -9,12 +9,11 @@
 
 #include "aptest.h"
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
+#include "apiary/collab.h"
 #include "apiary/dht.h"
 #include "apiary/log.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
-#include "apiary/optim.h"
 #include "apiary/sim.h"
 
 #include <math.h>

@@ -76,7 +76,7 @@ static void test_long_rtt(void **state)
     uint32_t chunk = 4096;
     outcome_t fixed = run(4, elems, chunk, ap_test_seed(301));
     outcome_t autol = run(0, elems, chunk, ap_test_seed(301));
-    outcome_t off = run(AP_AVG_LEAD_OFF, elems, chunk, ap_test_seed(301));
+    outcome_t off = run(AP_ALLREDUCE_LEAD_OFF, elems, chunk, ap_test_seed(301));
     double rtt_s = 2 * LAT_US / 1e6;
     printf("100 ms RTT: bound %.3f s; lead 4: %.3f s (%.2fx); auto: %.3f s (%.2fx); unpaced: "
            "%.3f s (%.2fx)\n",
@@ -110,7 +110,7 @@ static void test_short_rtt(void **state)
         equal_links(&e, n, b, idx, bw);
         uint8_t gid[32] = {8, 8, 8};
         ap_allreduce_opts_t o = {.chunk_elems = 16384,
-                                 .max_lead_chunks = pass ? AP_AVG_LEAD_OFF : 0};
+                                 .max_lead_chunks = pass ? AP_ALLREDUCE_LEAD_OFF : 0};
         avg_start(&e, idx, n, gid, bw, bw, &o);
         assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
         t[pass] = 0;

@@ -2,6 +2,7 @@
  * callback, cancel), the blocking form from a user thread, and the measured
  * bandwidth estimate. */
 #include "avg_harness.h"
+#include "apiary/averager.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,7 +14,7 @@ static const size_t sizes[NT] = {5, 1000, 37};
 typedef struct fixture {
     avg_env_t e;
     ap_averager_t *av[4];
-    ap_avg_step_t *st[4];
+    ap_averager_step_t *st[4];
     int cb_calls[4];
     float *orig[4];
     double w[4];
@@ -80,7 +81,7 @@ static void check_mean(fixture_t *f, const ap_avg_role_t *roles)
     }
 }
 
-static void on_step(ap_rt_t *rt, void *arg, ap_avg_step_t *st)
+static void on_step(ap_rt_t *rt, void *arg, ap_averager_step_t *st)
 {
     (void)rt;
     (void)st;
@@ -91,7 +92,7 @@ static bool steps_over(void *arg)
 {
     fixture_t *f = arg;
     for (int i = 0; i < 4; i++)
-        if (f->st[i] && ap_avg_step_stage(f->st[i]) == AP_AVG_STAGE_RUNNING) return false;
+        if (f->st[i] && ap_averager_step_stage(f->st[i]) == AP_AVERAGER_STAGE_RUNNING) return false;
     return true;
 }
 
@@ -109,18 +110,18 @@ static void test_async_steps(void **state)
     for (int i = 0; i < 4; i++) {
         assert_ok(
             ap_averager_step_group(f.av[i], &g, f.w[i], 0, on_step, &f.cb_calls[i], &f.st[i]));
-        assert_int_equal(ap_avg_step_stage(f.st[i]), AP_AVG_STAGE_RUNNING);
-        assert_null(ap_avg_step_result(f.st[i]));
-        ap_avg_step_t *other;
+        assert_int_equal(ap_averager_step_stage(f.st[i]), AP_AVERAGER_STAGE_RUNNING);
+        assert_null(ap_averager_step_result(f.st[i]));
+        ap_averager_step_t *other;
         assert_int_equal(ap_averager_step_group(f.av[i], &g, 1, 0, NULL, NULL, &other), AP_EBUSY);
         assert_int_equal(ap_averager_free(f.av[i]), AP_EBUSY);
     }
     assert_true(avg_run_until(&f.e, steps_over, &f, 60000000ull));
     for (int i = 0; i < 4; i++) {
-        assert_int_equal(ap_avg_step_stage(f.st[i]), AP_AVG_STAGE_DONE);
+        assert_int_equal(ap_averager_step_stage(f.st[i]), AP_AVERAGER_STAGE_DONE);
         assert_int_equal(f.cb_calls[i], 1);
-        assert_true(ap_avg_step_result(f.st[i])->averaged_fraction == 1.0);
-        ap_avg_step_free(f.st[i]);
+        assert_true(ap_averager_step_result(f.st[i])->averaged_fraction == 1.0);
+        ap_averager_step_free(f.st[i]);
         f.st[i] = NULL;
     }
     check_mean(&f, roles);
@@ -145,20 +146,20 @@ static void test_cancel_step(void **state)
         assert_ok(
             ap_averager_step_group(f.av[i], &g, f.w[i], 0, on_step, &f.cb_calls[i], &f.st[i]));
     avg_run_for(&f.e, 5000);
-    ap_avg_step_cancel(f.st[0]);
-    ap_avg_step_free(f.st[3]); /* freed while running: canceled, freed at its end */
+    ap_averager_step_cancel(f.st[0]);
+    ap_averager_step_free(f.st[3]); /* freed while running: canceled, freed at its end */
     f.st[3] = NULL;
     assert_true(avg_run_until(&f.e, steps_over, &f, 600000000ull));
     avg_run_for(&f.e, 1000000);
-    assert_int_equal(ap_avg_step_stage(f.st[0]), AP_AVG_STAGE_FAILED);
-    assert_int_equal(ap_avg_step_result(f.st[0])->status, AP_ECANCELED);
+    assert_int_equal(ap_averager_step_stage(f.st[0]), AP_AVERAGER_STAGE_FAILED);
+    assert_int_equal(ap_averager_step_result(f.st[0])->status, AP_ECANCELED);
     assert_int_equal(f.cb_calls[0], 1);
     assert_int_equal(f.cb_calls[3], 0); /* freed: no callback */
     for (int i = 1; i < 3; i++) {
-        assert_int_equal(ap_avg_step_stage(f.st[i]), AP_AVG_STAGE_DONE);
-        assert_true(ap_avg_step_result(f.st[i])->averaged_fraction < 1.0);
+        assert_int_equal(ap_averager_step_stage(f.st[i]), AP_AVERAGER_STAGE_DONE);
+        assert_true(ap_averager_step_result(f.st[i])->averaged_fraction < 1.0);
     }
-    for (int i = 0; i < 3; i++) ap_avg_step_free(f.st[i]);
+    for (int i = 0; i < 3; i++) ap_averager_step_free(f.st[i]);
     fx_free(&f);
 }
 
@@ -211,7 +212,7 @@ static void test_blocking_form(void **state)
     pthread_join(th, NULL);
     assert_int_equal(u.rc, 0);
     assert_true(u.res.averaged_fraction == 1.0);
-    for (int i = 0; i < 3; i++) ap_avg_step_free(f.st[i]);
+    for (int i = 0; i < 3; i++) ap_averager_step_free(f.st[i]);
     check_mean(&f, roles);
     fx_free(&f);
 }

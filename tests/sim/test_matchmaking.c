@@ -6,6 +6,7 @@
 #include "aptest.h"
 
 #include "apiary/averager.h"
+#include "apiary/avg.h"
 #include "apiary/btard.h"
 #include "apiary/dht.h"
 #include "apiary/log.h"
@@ -508,11 +509,11 @@ static void test_bad_joins(void **state)
 static const size_t sizes[NT] = {333, 1000};
 
 typedef struct stepper {
-    ap_avg_step_t *st;
+    ap_averager_step_t *st;
     int calls;
 } stepper_t;
 
-static void on_step(ap_rt_t *rt, void *arg, ap_avg_step_t *st)
+static void on_step(ap_rt_t *rt, void *arg, ap_averager_step_t *st)
 {
     (void)rt, (void)st;
     ((stepper_t *)arg)->calls++;
@@ -527,8 +528,8 @@ static bool steps_over(void *arg)
 {
     steps_t *x = arg;
     for (int i = 0; i < x->n; i++) {
-        ap_avg_stage_t g = ap_avg_step_stage(x->s[i].st);
-        if (g == AP_AVG_STAGE_LOOKING || g == AP_AVG_STAGE_RUNNING) return false;
+        ap_averager_stage_t g = ap_averager_step_stage(x->s[i].st);
+        if (g == AP_AVERAGER_STAGE_LOOKING || g == AP_AVERAGER_STAGE_RUNNING) return false;
     }
     return true;
 }
@@ -567,17 +568,17 @@ static void test_averager_step(void **state)
                             .target_group_size = N,
                             .deadline_at_us = ap_rt_now_us(rt) + 3 * SEC + (uint64_t)i * 1000};
         assert_ok(ap_averager_step(av[i], e.nd[i].mm, &m, w[i], on_step, &s[i], &s[i].st));
-        assert_int_equal(ap_avg_step_stage(s[i].st), AP_AVG_STAGE_LOOKING);
-        assert_int_equal(ap_avg_step_group_size(s[i].st), 0);
+        assert_int_equal(ap_averager_step_stage(s[i].st), AP_AVERAGER_STAGE_LOOKING);
+        assert_int_equal(ap_averager_step_group_size(s[i].st), 0);
     }
     steps_t x = {s, N};
     assert_true(ap_sim_run_until(e.sim, steps_over, &x, ap_sim_now_us(e.sim) + 30 * SEC));
     for (int i = 0; i < N; i++) {
-        assert_int_equal(ap_avg_step_stage(s[i].st), AP_AVG_STAGE_DONE);
+        assert_int_equal(ap_averager_step_stage(s[i].st), AP_AVERAGER_STAGE_DONE);
         assert_int_equal(s[i].calls, 1);
-        assert_int_equal(ap_avg_step_group_size(s[i].st), N);
-        assert_true(ap_avg_step_result(s[i].st)->averaged_fraction == 1.0);
-        ap_avg_step_free(s[i].st);
+        assert_int_equal(ap_averager_step_group_size(s[i].st), N);
+        assert_true(ap_averager_step_result(s[i].st)->averaged_fraction == 1.0);
+        ap_averager_step_free(s[i].st);
     }
     size_t at = 0;
     for (size_t t = 0; t < NT; t++)
@@ -597,9 +598,9 @@ static void test_averager_step(void **state)
     assert_ok(ap_averager_step(av[0], e.nd[0].mm, &m, 1, on_step, &s[0], &s[0].st));
     steps_t one = {s, 1};
     assert_true(ap_sim_run_until(e.sim, steps_over, &one, ap_sim_now_us(e.sim) + 5 * SEC));
-    assert_int_equal(ap_avg_step_stage(s[0].st), AP_AVG_STAGE_FAILED);
-    assert_int_equal(ap_avg_step_result(s[0].st)->status, AP_ETIMEDOUT);
-    ap_avg_step_free(s[0].st);
+    assert_int_equal(ap_averager_step_stage(s[0].st), AP_AVERAGER_STAGE_FAILED);
+    assert_int_equal(ap_averager_step_result(s[0].st)->status, AP_ETIMEDOUT);
+    ap_averager_step_free(s[0].st);
     for (int i = 0; i < N; i++) {
         assert_ok(ap_averager_free(av[i]));
         free(orig[i]);

@@ -12,7 +12,7 @@ static void base_cfg(ap_collab_config_t *cfg)
     ap_collab_config_default(cfg);
     cfg->run_id = "agree";
     cfg->target_batch_size = 2 * B;
-    cfg->optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg->solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg->lr.base = cfg->lr.min = 1e-2f;
     cfg->average_state_every = 0;
     cfg->averaging_timeout_us = 5000000;

@@ -16,7 +16,7 @@
 
 static void recipe_default(ap_collab_config_t *cfg)
 {
-    cfg->optim = ap_nn_optim_defaults(AP_NN_LAMB);
+    cfg->solver = ap_nn_solver_defaults(AP_NN_LAMB);
     cfg->lr = (ap_nn_lr_schedule_t){
         .kind = AP_NN_LR_CONSTANT, .base = 5e-2f, .min = 5e-2f, .warmup = 3, .total = 0};
     cfg->max_grad_norm = 1.0;
@@ -29,7 +29,7 @@ static int run_curve(uint64_t seed, const ap_collab_config_t *recipe, double *cu
     ap_collab_config_t cfg;
     ap_collab_config_default(&cfg);
     cfg.run_id = "curve";
-    cfg.optim = recipe->optim;
+    cfg.solver = recipe->solver;
     cfg.lr = recipe->lr;
     cfg.max_grad_norm = recipe->max_grad_norm;
     cfg.target_batch_size = 4 * 2 * B;
@@ -101,7 +101,7 @@ static void test_curve_catches_overshoot(void **state)
     (void)state;
     ap_collab_config_t r;
     recipe_default(&r);
-    r.optim = ap_nn_optim_defaults(AP_NN_SGD);
+    r.solver = ap_nn_solver_defaults(AP_NN_SGD);
     r.lr = (ap_nn_lr_schedule_t){.kind = AP_NN_LR_CONSTANT, .base = 30.0f, .min = 30.0f};
     r.max_grad_norm = 0;
     double curve[EPOCHS];

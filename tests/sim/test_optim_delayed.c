@@ -25,7 +25,7 @@ static void run(bool delayed, uint32_t state_every, uint64_t epochs, result_t *r
     ap_collab_config_default(&cfg);
     cfg.run_id = "delayed";
     cfg.target_batch_size = NPEERS * B * 2;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = state_every;
     cfg.averaging_timeout_us = 20000000;
@@ -46,8 +46,8 @@ static void run(bool delayed, uint32_t state_every, uint64_t epochs, result_t *r
         assert_true(ap_sim_run_until(e.sim, oh_reached, &q, ap_sim_now_us(e.sim) + 120000000));
         /* peers that applied the same number of steps hold the same parameters */
         for (int i = 1; i < NPEERS; i++) {
-            const ap_nn_optim_t *o0 = ap_collab_optim(e.p[0].collab);
-            const ap_nn_optim_t *oi = ap_collab_optim(e.p[i].collab);
+            const ap_nn_solver_t *o0 = ap_collab_solver(e.p[0].collab);
+            const ap_nn_solver_t *oi = ap_collab_solver(e.p[i].collab);
             if (o0->step != oi->step) continue;
             size_t n = ap_nn_model_params(e.p[0].model)->count;
             double d = oh_max_diff(ap_collab_current_params(e.p[0].collab),
@@ -70,7 +70,7 @@ static void run(bool delayed, uint32_t state_every, uint64_t epochs, result_t *r
         assert_true(ap_collab_epoch(c) >= epochs);
         ap_nn_params_t *pp = ap_nn_model_params(e.p[i].model);
         ap_nn_params_t *p0 = ap_nn_model_params(e.p[0].model);
-        if (ap_collab_optim(c)->step == ap_collab_optim(e.p[0].collab)->step) {
+        if (ap_collab_solver(c)->step == ap_collab_solver(e.p[0].collab)->step) {
             double d = oh_max_diff(pp->data, p0->data, pp->count);
             if (d > r->worst) r->worst = d;
             r->compared++;
@@ -149,18 +149,18 @@ static void cap_checkpoint(cap_watch_t *w)
     assert_int_equal(epoch, ap_collab_epoch(p->collab));
     ap_nn_model_t *m = oh_model(B, 99);
     ap_nn_params_t *pr = ap_nn_model_params(m);
-    ap_nn_optim_t *o = NULL;
-    assert_ok(ap_nn_optim_new(&w->e->cfg.optim, pr->count, pr->views, pr->nviews, &o));
+    ap_nn_solver_t *o = NULL;
+    assert_ok(ap_nn_solver_new(&w->e->cfg.solver, pr->count, pr->views, pr->nviews, &o));
     uint64_t step = 0;
     assert_ok(ap_nn_checkpoint_decode(buf, len, m, o, &step));
     assert_int_equal(step, epoch);
-    const ap_nn_optim_t *mine = ap_collab_optim(p->collab);
+    const ap_nn_solver_t *mine = ap_collab_solver(p->collab);
     assert_int_equal(o->step, mine->step);
     assert_memory_equal(o->state, mine->state, mine->state_count * sizeof(float));
     assert_memory_equal(pr->data, ap_collab_current_params(p->collab), pr->count * sizeof(float));
     if (ap_collab_update_pending(p->collab)) w->ckpts_pending++;
     w->ckpts++;
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
     free(w->last_ckpt);
     w->last_ckpt = buf;
@@ -211,7 +211,7 @@ static void test_delayed_cap(void **state)
     ap_collab_config_default(&cfg);
     cfg.run_id = "delayed-cap";
     cfg.target_batch_size = NPEERS * B * 2;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = 0;
     cfg.averaging_timeout_us = 20000000;
@@ -260,7 +260,7 @@ static void test_delayed_cap(void **state)
     e.cfg = rc;
     e.max_epochs = epochs + 2;
     oh_peer_up(&e, 0, 1);
-    ap_nn_optim_t *o = ap_collab_optim_mut(e.p[0].collab);
+    ap_nn_solver_t *o = ap_collab_solver_mut(e.p[0].collab);
     uint64_t step = 0;
     assert_ok(ap_nn_checkpoint_decode(w.last_ckpt, w.last_len, e.p[0].model, o, &step));
     assert_int_equal(step, w.last_epoch);

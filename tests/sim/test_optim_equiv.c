@@ -19,7 +19,7 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
     ap_collab_config_default(&cfg);
     cfg.run_id = "equiv";
     cfg.target_batch_size = NPEERS * B;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = state_every;
     cfg.averaging_timeout_us = 5000000;
@@ -53,8 +53,8 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
     /* the single-process reference */
     ap_nn_model_t *ref = oh_model(NPEERS * B, e.init_seed);
     ap_nn_params_t *rp = ap_nn_model_params(ref);
-    ap_nn_optim_t *o = NULL;
-    assert_ok(ap_nn_optim_new(&cfg.optim, rp->count, rp->views, rp->nviews, &o));
+    ap_nn_solver_t *o = NULL;
+    assert_ok(ap_nn_solver_new(&cfg.solver, rp->count, rp->views, rp->nviews, &o));
     float *x = malloc(sizeof(float) * NPEERS * B * OH_DIM);
     int32_t *y = malloc(sizeof(int32_t) * NPEERS * B);
     double loss0 = oh_eval(rp->data, rp->count);
@@ -65,7 +65,7 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
         float l;
         assert_ok(ap_nn_mlp_forward(ref, x, y, NPEERS * B, &l));
         assert_ok(ap_nn_mlp_backward(ref));
-        assert_ok(ap_nn_optim_step(o, rp->data, rp->grad, ap_nn_lr_at(&cfg.lr, k)));
+        assert_ok(ap_nn_solver_step(o, rp->data, rp->grad, ap_nn_lr_at(&cfg.lr, k)));
     }
     double lref = oh_eval(rp->data, rp->count);
     for (int i = 0; i < NPEERS; i++) {
@@ -77,13 +77,13 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
         assert_true(d < tol_param);
         assert_true(fabs(l - lref) <= tol_loss * lref);
         assert_int_equal(ap_collab_epoch(e.p[i].collab), epochs);
-        assert_int_equal(ap_collab_optim(e.p[i].collab)->step, epochs);
+        assert_int_equal(ap_collab_solver(e.p[i].collab)->step, epochs);
     }
     /* it trained: the test cannot pass with a collaboration that does nothing */
     assert_true(lref < 0.7 * loss0);
     free(x);
     free(y);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(ref);
     oh_env_free(&e);
 }
@@ -152,7 +152,7 @@ static void test_auxiliary_peer(void **state)
     ap_collab_config_default(&cfg);
     cfg.run_id = "aux";
     cfg.target_batch_size = 3 * B;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = 0;
     cfg.averaging_timeout_us = 5000000;
@@ -179,8 +179,8 @@ static void test_auxiliary_peer(void **state)
     assert_int_equal(e.p[3].batches, 0);                   /* and trained nothing */
     ap_nn_model_t *ref = oh_model(3 * B, e.init_seed);
     ap_nn_params_t *rp = ap_nn_model_params(ref);
-    ap_nn_optim_t *o = NULL;
-    assert_ok(ap_nn_optim_new(&cfg.optim, rp->count, rp->views, rp->nviews, &o));
+    ap_nn_solver_t *o = NULL;
+    assert_ok(ap_nn_solver_new(&cfg.solver, rp->count, rp->views, rp->nviews, &o));
     float *x = malloc(sizeof(float) * 3 * B * OH_DIM);
     int32_t *y = malloc(sizeof(int32_t) * 3 * B);
     for (uint64_t k = 0; k < epochs; k++) {
@@ -189,14 +189,14 @@ static void test_auxiliary_peer(void **state)
         float l;
         assert_ok(ap_nn_mlp_forward(ref, x, y, 3 * B, &l));
         assert_ok(ap_nn_mlp_backward(ref));
-        assert_ok(ap_nn_optim_step(o, rp->data, rp->grad, ap_nn_lr_at(&cfg.lr, k)));
+        assert_ok(ap_nn_solver_step(o, rp->data, rp->grad, ap_nn_lr_at(&cfg.lr, k)));
     }
     for (int i = 0; i < 3; i++)
         assert_true(oh_max_diff(ap_nn_model_params(e.p[i].model)->data, rp->data, rp->count) <
                     1e-4);
     free(x);
     free(y);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(ref);
     oh_env_free(&e);
 }

@@ -49,7 +49,7 @@ static void test_heterogeneous_churn(void **state)
     ap_collab_config_t cfg;
     ap_collab_config_default(&cfg);
     cfg.run_id = "hetero";
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 5e-3f;
     cfg.average_state_every = 2;
     cfg.averaging_timeout_us = 8000000;

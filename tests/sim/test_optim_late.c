@@ -42,7 +42,7 @@ static void test_late_peer_drops(void **state)
     ap_collab_config_default(&cfg);
     cfg.run_id = "late";
     cfg.target_batch_size = 6 * B; /* two batches of each fast peer */
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = 0;
     cfg.averaging_timeout_us = 5000000;
@@ -172,7 +172,7 @@ static void test_impossible_progress_refused(void **state)
     ap_collab_config_default(&cfg);
     cfg.run_id = "bad";
     cfg.target_batch_size = 2 * N * B;
-    cfg.optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg.lr.base = cfg.lr.min = 1e-2f;
     cfg.average_state_every = 0;
     cfg.averaging_timeout_us = 5000000;

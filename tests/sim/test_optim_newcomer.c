@@ -14,7 +14,7 @@ static void base_cfg(ap_collab_config_t *cfg)
     ap_collab_config_default(cfg);
     cfg->run_id = "newcomer";
     cfg->target_batch_size = 3 * B;
-    cfg->optim = ap_nn_optim_defaults(AP_NN_ADAM);
+    cfg->solver = ap_nn_solver_defaults(AP_NN_ADAM);
     cfg->lr.base = cfg->lr.min = 1e-2f;
     cfg->average_state_every = 0;
     cfg->averaging_timeout_us = 5000000;
@@ -55,7 +55,7 @@ static void test_newcomer_catches_up(void **state)
     assert_ok(ap_sim_restart(e.sim, 3));
     assert_true(ap_sim_run_until(e.sim, started3, &e, ap_sim_now_us(e.sim) + 30000000));
     {
-        const ap_nn_optim_t *o3 = ap_collab_optim(e.p[3].collab);
+        const ap_nn_solver_t *o3 = ap_collab_solver(e.p[3].collab);
         double link_s = (double)((o3->n + o3->state_count) * sizeof(float)) * 8 / 64000.0;
         double took_s = (double)(ap_sim_now_us(e.sim) - t_join) / 1e6;
         print_message("newcomer in sync %.2f s after joining; its link needs %.2f s for the "
@@ -78,8 +78,8 @@ static void test_newcomer_catches_up(void **state)
         if (ap_collab_epoch(e.p[i].collab) != ep3) continue;
         ap_nn_params_t *pi = ap_nn_model_params(e.p[i].model);
         if (oh_max_diff(pi->data, p3->data, pi->count) == 0.0) same++;
-        assert_int_equal(ap_collab_optim(e.p[i].collab)->step,
-                         ap_collab_optim(e.p[3].collab)->step);
+        assert_int_equal(ap_collab_solver(e.p[i].collab)->step,
+                         ap_collab_solver(e.p[3].collab)->step);
     }
     assert_true(same >= 1);
 
@@ -133,9 +133,9 @@ static void test_donor_leaves_mid_transfer(void **state)
     p0 = ap_nn_model_params(e.p[ref].model);
     assert_int_equal(ap_collab_epoch(e.p[3].collab), ap_collab_epoch(e.p[ref].collab));
     assert_true(oh_max_diff(p0->data, p3->data, p0->count) == 0.0);
-    assert_true(memcmp(ap_collab_optim(e.p[ref].collab)->state,
-                       ap_collab_optim(e.p[3].collab)->state,
-                       ap_collab_optim(e.p[ref].collab)->state_count * sizeof(float)) == 0);
+    assert_true(memcmp(ap_collab_solver(e.p[ref].collab)->state,
+                       ap_collab_solver(e.p[3].collab)->state,
+                       ap_collab_solver(e.p[ref].collab)->state_count * sizeof(float)) == 0);
     oh_env_free(&e);
 }
 
@@ -274,7 +274,7 @@ static int evil_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_
     evil_t *ev = arg;
     uint64_t off, cnt;
     parse_req(hello, len, &off, &cnt);
-    const ap_nn_optim_t *o = ap_collab_optim(ev->honest_twin);
+    const ap_nn_solver_t *o = ap_collab_solver(ev->honest_twin);
     ap_stream_set_cbs(s, &evil_cbs, NULL);
     uint8_t hb[128];
     size_t hl = 0;
@@ -325,7 +325,7 @@ static void test_bad_donors_refused(void **state)
         assert_ok(ap_dht_new(rt, &dc, &edht[k]));
         const char *ad[1] = {"/sim/0"};
         assert_ok(ap_dht_bootstrap(edht[k], ad, 1, oh_boot_done, NULL));
-        assert_ok(ap_rt_stream_listen(rt, AP_OPTIM_STATE_PROTO, NULL, evil_accept, &ev[k]));
+        assert_ok(ap_rt_stream_listen(rt, AP_COLLAB_STATE_PROTO, NULL, evil_accept, &ev[k]));
     }
     ap_sim_run_for(e.sim, 500000);
     for (int k = 0; k < 3; k++) {
@@ -367,7 +367,7 @@ static void test_bad_donors_refused(void **state)
     ap_nn_params_t *p3 = ap_nn_model_params(e.p[3].model);
     assert_true(oh_max_diff(p0->data, p3->data, p0->count) == 0.0);
     for (int k = 0; k < 3; k++) {
-        ap_rt_stream_unlisten(ap_sim_node(e.sim, 4 + k), AP_OPTIM_STATE_PROTO);
+        ap_rt_stream_unlisten(ap_sim_node(e.sim, 4 + k), AP_COLLAB_STATE_PROTO);
         ap_dht_free(edht[k]);
     }
     oh_env_free(&e);

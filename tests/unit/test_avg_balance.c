@@ -3,7 +3,7 @@
  * and the default chunk size a group's links imply. */
 #include "aptest.h"
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 #include "averaging/allreduce.h"
 #include "base/arena.h"
 

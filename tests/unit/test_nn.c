@@ -6,7 +6,6 @@
 
 #include "apiary/log.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -561,7 +560,7 @@ static void test_gpt_stages(void **state)
     ap_nn_model_free(mw), ap_nn_model_free(m0), ap_nn_model_free(m1);
 }
 
-static float train_gpt_steps(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *tok,
+static float train_gpt_steps(ap_nn_model_t *m, ap_nn_solver_t *o, const int32_t *tok,
                              const int32_t *tg, int B, int T, int steps, float lr)
 {
     float loss = 0;
@@ -571,7 +570,7 @@ static float train_gpt_steps(ap_nn_model_t *m, ap_nn_optim_t *o, const int32_t *
         assert_ok(ap_nn_gpt_loss(m, tok, tg, B, T, &loss));
         assert_ok(ap_nn_gpt_backward(m, NULL, NULL));
         ap_nn_clip_grad_norm(p->grad, p->count, 1.0);
-        assert_ok(ap_nn_optim_step(o, p->data, p->grad, lr));
+        assert_ok(ap_nn_solver_step(o, p->data, p->grad, lr));
     }
     return loss;
 }
@@ -589,10 +588,10 @@ static void test_gpt_overfit(void **state)
     assert_ok(ap_nn_gpt_new(&cfg, &m));
     ap_nn_model_init(m, 1);
     ap_nn_params_t *p = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
     oc.weight_decay = 0;
-    ap_nn_optim_t *o;
-    assert_ok(ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o));
+    ap_nn_solver_t *o;
+    assert_ok(ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o));
     float first;
     assert_ok(ap_nn_gpt_loss(m, tok, tg, B, T, &first));
     expect_close("initial loss", 0, first, log(256.0), 0.05, 0);
@@ -602,7 +601,7 @@ static void test_gpt_overfit(void **state)
     uint8_t gen[8];
     assert_ok(ap_nn_gpt_generate(m, (const uint8_t *)text, 12, gen, 8, 0.05f, 5));
     assert_memory_equal(gen, text + 12, 8);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
 }
 
@@ -747,10 +746,10 @@ static void test_mlp(void **state)
     check_grad("mlp.grad", r.w, p->grad, p->count, mref_loss, &r, 1e-3, 1e-5);
     free(r.w);
     /* it learns the synthetic task: held-out accuracy > 90% */
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_SGD);
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_SGD);
     oc.nesterov = true;
-    ap_nn_optim_t *o;
-    assert_ok(ap_nn_optim_new(&oc, p->count, NULL, 0, &o));
+    ap_nn_solver_t *o;
+    assert_ok(ap_nn_solver_new(&oc, p->count, NULL, 0, &o));
     float xb[64 * 6];
     int32_t yb[64];
     for (int s = 0; s < 300; s++) {
@@ -758,7 +757,7 @@ static void test_mlp(void **state)
         ap_nn_model_zero_grad(m);
         assert_ok(ap_nn_mlp_forward(m, xb, yb, 64, &loss));
         assert_ok(ap_nn_mlp_backward(m));
-        assert_ok(ap_nn_optim_step(o, p->data, p->grad, 0.05f));
+        assert_ok(ap_nn_solver_step(o, p->data, p->grad, 0.05f));
     }
     float xt[256 * 6];
     int32_t yt[256];
@@ -775,21 +774,21 @@ static void test_mlp(void **state)
     if (right < 231) fail_msg("accuracy %d/256", right);
     int32_t badlab[1] = {4};
     assert_int_equal(ap_nn_mlp_forward(m, xt, badlab, 1, &loss), AP_EINVAL);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
 }
 
 /* ---- optimizers: hand-computed steps ------------------------------------ */
 
-static void run_opt(ap_nn_optim_config_t oc, const float *p0, const float (*g)[3], int steps,
+static void run_opt(ap_nn_solver_config_t oc, const float *p0, const float (*g)[3], int steps,
                     float lr, float *out)
 {
-    ap_nn_optim_t *o;
-    assert_ok(ap_nn_optim_new(&oc, 3, NULL, 0, &o));
+    ap_nn_solver_t *o;
+    assert_ok(ap_nn_solver_new(&oc, 3, NULL, 0, &o));
     memcpy(out, p0, 12);
-    for (int s = 0; s < steps; s++) assert_ok(ap_nn_optim_step(o, out, g[s], lr));
+    for (int s = 0; s < steps; s++) assert_ok(ap_nn_solver_step(o, out, g[s], lr));
     assert_int_equal(o->step, steps);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
 }
 
 static void test_optim_steps(void **state)
@@ -798,11 +797,11 @@ static void test_optim_steps(void **state)
     const float p0[3] = {1.0f, -2.0f, 0.5f};
     const float g[2][3] = {{0.5f, -1.0f, 2.0f}, {1.0f, 0.0f, -1.0f}};
     float p[3];
-    ap_nn_optim_config_t c;
+    ap_nn_solver_config_t c;
     /* SGD, momentum 0.9, lr 0.1:
      * s1: buf = g1; p = p0 - 0.1 g1 = {0.95, -1.9, 0.3}
      * s2: buf = 0.9 g1 + g2 = {1.45, -0.9, 0.8}; p = {0.805, -1.81, 0.22} */
-    c = ap_nn_optim_defaults(AP_NN_SGD);
+    c = ap_nn_solver_defaults(AP_NN_SGD);
     run_opt(c, p0, g, 2, 0.1f, p);
     const float sgd[3] = {0.805f, -1.81f, 0.22f};
     for (int i = 0; i < 3; i++) expect_close("sgd", i, p[i], sgd[i], 1e-6, 1e-6);
@@ -824,7 +823,7 @@ static void test_optim_steps(void **state)
      * coordinate 2: m = .18-.1 = .08, v = .003996+.001 = .004996;
      *   m_hat = .421052632, v_hat = 2.499249625, p = .49 - .01*.421052632/1.580901459
      *   = .487336627 */
-    c = ap_nn_optim_defaults(AP_NN_ADAM);
+    c = ap_nn_solver_defaults(AP_NN_ADAM);
     run_opt(c, p0, g, 1, 0.01f, p);
     const float ad1[3] = {0.99f, -1.99f, 0.49f};
     for (int i = 0; i < 3; i++) expect_close("adam1", i, p[i], ad1[i], 1e-6, 1e-6);
@@ -837,7 +836,7 @@ static void test_optim_steps(void **state)
     c.weight_decay = 0.1f;
     run_opt(c, p0, g, 1, 0.01f, p);
     for (int i = 0; i < 3; i++) expect_close("adam-l2", i, p[i], ad1[i], 1e-6, 1e-6);
-    c = ap_nn_optim_defaults(AP_NN_ADAMW);
+    c = ap_nn_solver_defaults(AP_NN_ADAMW);
     c.weight_decay = 0.1f;
     run_opt(c, p0, g, 1, 0.01f, p);
     const float aw[3] = {0.989f, -1.988f, 0.4895f};
@@ -845,7 +844,7 @@ static void test_optim_steps(void **state)
     /* LAMB (wd 0, eps 1e-6) step 1: r = sign(g)*(|g|/(|g|+1e-6)) ~ {1,-1,1};
      * ||p0|| = sqrt(1+4+.25) = 2.291287847, ||r|| = sqrt(3) (to 1e-6);
      * trust = 1.322876; p = p0 - 0.01*1.322876*r = {0.98677124, -1.98677124, 0.48677124} */
-    c = ap_nn_optim_defaults(AP_NN_LAMB);
+    c = ap_nn_solver_defaults(AP_NN_LAMB);
     c.weight_decay = 0;
     run_opt(c, p0, g, 1, 0.01f, p);
     const float lb[3] = {0.98677124f, -1.98677124f, 0.48677124f};
@@ -854,20 +853,20 @@ static void test_optim_steps(void **state)
      * seg A = {0,1}: ||p|| = sqrt(5) = 2.236068, ||r|| = sqrt(2): trust 1.581139
      * seg B = {2}: ||p|| = .5, ||r|| = 1: trust .5 */
     ap_nn_view_t segs[2] = {{.offset = 0, .count = 2}, {.offset = 2, .count = 1}};
-    ap_nn_optim_t *o;
-    assert_ok(ap_nn_optim_new(&c, 3, segs, 2, &o));
+    ap_nn_solver_t *o;
+    assert_ok(ap_nn_solver_new(&c, 3, segs, 2, &o));
     memcpy(p, p0, 12);
-    assert_ok(ap_nn_optim_step(o, p, g[0], 0.01f));
+    assert_ok(ap_nn_solver_step(o, p, g[0], 0.01f));
     const float lb2[3] = {1.0f - 0.01581139f, -2.0f + 0.01581139f, 0.5f - 0.005f};
     for (int i = 0; i < 3; i++) expect_close("lamb-seg", i, p[i], lb2[i], 1e-5, 1e-6);
     assert_int_equal(o->state_count, 6);
-    ap_nn_optim_reset(o);
+    ap_nn_solver_reset(o);
     assert_int_equal(o->step, 0);
-    assert_int_equal(ap_nn_optim_step(o, p, g[0], NAN), AP_ENONFINITE);
-    ap_nn_optim_free(o);
-    ap_nn_optim_config_t badc = ap_nn_optim_defaults(AP_NN_ADAM);
+    assert_int_equal(ap_nn_solver_step(o, p, g[0], NAN), AP_ENONFINITE);
+    ap_nn_solver_free(o);
+    ap_nn_solver_config_t badc = ap_nn_solver_defaults(AP_NN_ADAM);
     badc.beta1 = 1.0f;
-    assert_int_equal(ap_nn_optim_new(&badc, 3, NULL, 0, &o), AP_EINVAL);
+    assert_int_equal(ap_nn_solver_new(&badc, 3, NULL, 0, &o), AP_EINVAL);
 }
 
 static void test_clip_and_schedule(void **state)
@@ -959,10 +958,10 @@ static void test_checkpoint(void **state)
     assert_ok(ap_nn_gpt_new(&cfg, &m2));
     ap_nn_model_init(m, 1);
     ap_nn_params_t *p = ap_nn_model_params(m), *p2 = ap_nn_model_params(m2);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
-    ap_nn_optim_t *o, *o2;
-    assert_ok(ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o));
-    assert_ok(ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o2));
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
+    ap_nn_solver_t *o, *o2;
+    assert_ok(ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o));
+    assert_ok(ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o2));
     int32_t tok[16], tg[16];
     for (int i = 0; i < 16; i++) tok[i] = i * 7, tg[i] = i * 5;
     train_gpt_steps(m, o, tok, tg, 2, 8, 3, 1e-3f);
@@ -1002,9 +1001,9 @@ static void test_checkpoint(void **state)
     assert_int_equal(ap_nn_checkpoint_decode(buf, len, m3, NULL, NULL), AP_EINVAL);
     assert_int_equal(ap_nn_checkpoint_load(path, m3, NULL, NULL), AP_EINVAL);
     /* another optimizer kind */
-    ap_nn_optim_config_t sc = ap_nn_optim_defaults(AP_NN_SGD);
-    ap_nn_optim_t *os;
-    assert_ok(ap_nn_optim_new(&sc, p->count, NULL, 0, &os));
+    ap_nn_solver_config_t sc = ap_nn_solver_defaults(AP_NN_SGD);
+    ap_nn_solver_t *os;
+    assert_ok(ap_nn_solver_new(&sc, p->count, NULL, 0, &os));
     assert_int_equal(ap_nn_checkpoint_decode(buf, len, m2, os, NULL), AP_EINVAL);
     /* an MLP file into a GPT */
     ap_nn_mlp_config_t mc = {.in_dim = 4, .n_classes = 2, .max_batch = 1};
@@ -1025,7 +1024,7 @@ static void test_checkpoint(void **state)
     /* m2 still holds the good weights after all the failures */
     assert_memory_equal(p->data, p2->data, p->count * 4);
     free(buf);
-    ap_nn_optim_free(os), ap_nn_optim_free(o), ap_nn_optim_free(o2);
+    ap_nn_solver_free(os), ap_nn_solver_free(o), ap_nn_solver_free(o2);
     ap_nn_model_free(mm), ap_nn_model_free(m3), ap_nn_model_free(m), ap_nn_model_free(m2);
 }
 

@@ -3,7 +3,11 @@
  * trip, digest checked, and differences named with both values. */
 #include "aptest.h"
 
-#include "apiary/optim.h"
+#include "apiary/avg.h"
+#include "apiary/collab.h"
+#include "apiary/nn.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 
 #include <math.h>
 #include <string.h>
@@ -64,7 +68,7 @@ static void test_impossible_refused(void **state)
     p.samples_per_s = NAN;
     assert_int_equal(roundtrip(&p, &q), AP_ERANGE);
     p = honest();
-    p.samples_per_s = 2 * AP_OPTIM_MAX_SPS;
+    p.samples_per_s = 2 * AP_PROGRESS_MAX_SPS;
     assert_int_equal(roundtrip(&p, &q), AP_ERANGE);
     p = honest();
     p.time_ms = NOW + 60000; /* far future */
@@ -103,7 +107,7 @@ static ap_run_config_t run_cfg(void)
     rc.state_count = 2000;
     rc.codec = AP_AVG_CODEC_F32;
     rc.target_batch_size = 256;
-    rc.optim = AP_NN_ADAM;
+    rc.solver = AP_NN_ADAM;
     rc.lr = 3e-3f;
     rc.lr_min = 3e-3f;
     rc.clip = 1.0;
@@ -126,10 +130,10 @@ static void test_run_config_roundtrip(void **state)
     assert_string_equal(q.config.model, p.config.model);
     assert_int_equal(q.config.n_params, 1000);
     assert_true(q.config.exact);
-    uint8_t d[AP_OPTIM_DIGEST_LEN];
+    uint8_t d[AP_RUN_CONFIG_DIGEST_LEN];
     ap_run_config_digest(&p.config, d);
     assert_memory_equal(d, q.config_digest, sizeof d);
-    char why[AP_OPTIM_CONFIG_MSG_MAX];
+    char why[AP_RUN_CONFIG_MSG_MAX];
     assert_int_equal(ap_run_config_diff(&p.config, "here", &q.config, "there", why, sizeof why), 0);
     /* a record without a configuration decodes without one */
     ap_progress_t r = honest();
@@ -150,7 +154,7 @@ static void test_run_config_roundtrip(void **state)
     assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q1));
     buf[hit] ^= 1;
     assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q));
-    assert_true(memcmp(q.config_digest, q1.config_digest, AP_OPTIM_DIGEST_LEN) != 0);
+    assert_true(memcmp(q.config_digest, q1.config_digest, AP_RUN_CONFIG_DIGEST_LEN) != 0);
     assert_int_equal(ap_run_config_diff(&q1.config, "a", &q.config, "b", why, sizeof why), 1);
     assert_non_null(strstr(why, "learning rate: 1.5 a, "));
     /* non-finite numbers and unprintable model names are refused */
@@ -168,7 +172,7 @@ static void test_run_config_diff_names_field(void **state)
 {
     (void)state;
     ap_run_config_t a = run_cfg(), b = run_cfg();
-    char why[AP_OPTIM_CONFIG_MSG_MAX];
+    char why[AP_RUN_CONFIG_MSG_MAX];
     b.codec = AP_AVG_CODEC_FP16;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
     assert_string_equal(why, "compression: none here, fp16 at X");
@@ -183,7 +187,7 @@ static void test_run_config_diff_names_field(void **state)
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
     assert_string_equal(why, "target batch size: 256 here, 512 at X");
     b = run_cfg();
-    b.optim = AP_NN_LAMB;
+    b.solver = AP_NN_LAMB;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
     assert_string_equal(why, "optimizer: adam here, lamb at X");
     b = run_cfg();

@@ -3,7 +3,7 @@
  * the optimizer and schedule names round-trip through the model kit. */
 #include "aptest.h"
 
-#include "apiary/nn_optim.h"
+#include "apiary/nn.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,17 +94,17 @@ static void test_good_flags(void **state)
 static void test_names(void **state)
 {
     (void)state;
-    const ap_nn_optim_kind_t kinds[] = {AP_NN_SGD, AP_NN_ADAM, AP_NN_ADAMW, AP_NN_LAMB};
+    const ap_nn_solver_kind_t kinds[] = {AP_NN_SGD, AP_NN_ADAM, AP_NN_ADAMW, AP_NN_LAMB};
     for (size_t i = 0; i < 4; i++) {
-        ap_nn_optim_kind_t k = 0;
-        assert_int_equal(ap_nn_optim_kind_from_name(ap_nn_optim_kind_name(kinds[i]), &k), 0);
+        ap_nn_solver_kind_t k = 0;
+        assert_int_equal(ap_nn_solver_kind_from_name(ap_nn_solver_kind_name(kinds[i]), &k), 0);
         assert_int_equal(k, kinds[i]);
     }
-    ap_nn_optim_kind_t k = AP_NN_ADAM;
-    assert_int_equal(ap_nn_optim_kind_from_name("Adam", &k), AP_EINVAL);
-    assert_int_equal(ap_nn_optim_kind_from_name(NULL, &k), AP_EINVAL);
+    ap_nn_solver_kind_t k = AP_NN_ADAM;
+    assert_int_equal(ap_nn_solver_kind_from_name("Adam", &k), AP_EINVAL);
+    assert_int_equal(ap_nn_solver_kind_from_name(NULL, &k), AP_EINVAL);
     assert_int_equal(k, AP_NN_ADAM);
-    assert_string_equal(ap_nn_optim_kind_name((ap_nn_optim_kind_t)99), "?");
+    assert_string_equal(ap_nn_solver_kind_name((ap_nn_solver_kind_t)99), "?");
     const ap_nn_lr_kind_t lk[] = {AP_NN_LR_CONSTANT, AP_NN_LR_LINEAR, AP_NN_LR_COSINE};
     for (size_t i = 0; i < 3; i++) {
         ap_nn_lr_kind_t l = 99;

@@ -2,6 +2,7 @@
  * connection's state machine through a fake transport. */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
 #include "runtime/uv/uv_impl.h"

@@ -2,7 +2,9 @@
  * work offload. */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 #include "runtime/uv/uv_impl.h"
 
 #include <stdatomic.h>

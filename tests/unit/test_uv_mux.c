@@ -3,7 +3,9 @@
  * fragmented messages, dialing, and two nodes on two hosts (threads). */
 #include "aptest.h"
 
+#include "apiary/host.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 #include "runtime/uv/uv_impl.h"
 
 #include <stdlib.h>

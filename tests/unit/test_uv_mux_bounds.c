@@ -8,6 +8,7 @@
 #include "aptest.h"
 #include "fake_conn.h"
 
+#include "apiary/host.h"
 #include "apiary/node.h"
 #include "runtime/uv/frame.h"
 #include "runtime/uv/uv_impl.h"

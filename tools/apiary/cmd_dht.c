@@ -5,9 +5,11 @@
 
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -12,6 +12,7 @@
 #include "cli.h"
 
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/masha.h"

@@ -7,7 +7,6 @@
 #include "apiary/error.h"
 #include "apiary/log.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -54,13 +53,13 @@ static int write_fuzz_corpus(const char *dir)
     ap_nn_mlp_config_t mc = {
         .in_dim = 3, .n_hidden = 1, .hidden = {4}, .n_classes = 2, .max_batch = 1};
     ap_nn_model_t *g = NULL, *m = NULL;
-    ap_nn_optim_t *o = NULL;
+    ap_nn_solver_t *o = NULL;
     int rc = ap_nn_gpt_new(&gc, &g);
     if (!rc) rc = ap_nn_mlp_new(&mc, &m);
     if (!rc) {
         ap_nn_params_t *p = ap_nn_model_params(g);
-        ap_nn_optim_config_t oc = ap_nn_optim_defaults(AP_NN_ADAMW);
-        rc = ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o);
+        ap_nn_solver_config_t oc = ap_nn_solver_defaults(AP_NN_ADAMW);
+        rc = ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o);
     }
     if (rc) goto out;
     ap_nn_model_init(g, 1);
@@ -71,7 +70,7 @@ static int write_fuzz_corpus(const char *dir)
         const char *name;
         uint8_t sel;
         ap_nn_model_t *model;
-        ap_nn_optim_t *opt;
+        ap_nn_solver_t *opt;
     } seeds[] = {{"gpt_adamw", 0, g, o},
                  {"gpt_weights", 1, g, NULL},
                  {"mlp", 2, m, NULL},
@@ -89,7 +88,7 @@ static int write_fuzz_corpus(const char *dir)
         free(buf);
     }
 out:
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(g);
     ap_nn_model_free(m);
     if (rc) fprintf(stderr, "apiary nn-train: fuzz corpus: %s\n", ap_strerror(rc));
@@ -104,7 +103,7 @@ static int nn_train_main(int argc, char **argv)
     float lr = 1e-3f, clip = 1.0f, dropout = 0.0f;
     bool share = false;
     uint64_t seed = 1;
-    ap_nn_optim_kind_t okind = AP_NN_ADAMW;
+    ap_nn_solver_kind_t okind = AP_NN_ADAMW;
     ap_nn_lr_kind_t sched = AP_NN_LR_COSINE;
     enum {
         O_DATA = 256,
@@ -190,7 +189,7 @@ static int nn_train_main(int argc, char **argv)
             steps = (int)v_;
         } break;
         case O_OPTIM:
-            if (ap_nn_optim_kind_from_name(optarg, &okind)) {
+            if (ap_nn_solver_kind_from_name(optarg, &okind)) {
                 fprintf(stderr, "apiary nn-train: unknown optimizer '%s' (adamw|adam|sgd|lamb)\n",
                         optarg);
                 return 2;
@@ -276,7 +275,7 @@ static int nn_train_main(int argc, char **argv)
     cfg.share_layers = share;
     cfg.dropout = dropout;
     ap_nn_model_t *m = NULL;
-    ap_nn_optim_t *o = NULL;
+    ap_nn_solver_t *o = NULL;
     int32_t *tok = NULL, *tg = NULL;
     if ((rc = ap_nn_gpt_new(&cfg, &m))) {
         fprintf(stderr, "apiary nn-train: bad model configuration: %s (see the log line above)\n",
@@ -286,8 +285,8 @@ static int nn_train_main(int argc, char **argv)
     ap_nn_model_init(m, seed);
     ap_nn_model_set_train(m, true, seed);
     ap_nn_params_t *p = ap_nn_model_params(m);
-    ap_nn_optim_config_t oc = ap_nn_optim_defaults(okind);
-    if ((rc = ap_nn_optim_new(&oc, p->count, p->views, p->nviews, &o))) goto out;
+    ap_nn_solver_config_t oc = ap_nn_solver_defaults(okind);
+    if ((rc = ap_nn_solver_new(&oc, p->count, p->views, p->nviews, &o))) goto out;
     uint64_t step = 0;
     if (resume && (rc = ap_nn_checkpoint_load(resume, m, o, &step))) {
         fprintf(stderr, "apiary nn-train: cannot resume from %s: %s\n", resume, ap_strerror(rc));
@@ -328,7 +327,7 @@ static int nn_train_main(int argc, char **argv)
                     (unsigned long long)step);
             continue;
         }
-        if ((rc = ap_nn_optim_step(o, p->data, p->grad, ap_nn_lr_at(&ls, step)))) goto out;
+        if ((rc = ap_nn_solver_step(o, p->data, p->grad, ap_nn_lr_at(&ls, step)))) goto out;
         ema = ema == 0 ? loss : 0.95 * ema + 0.05 * loss;
         done++;
         double el = now_s() - t0;
@@ -360,7 +359,7 @@ out:
     if (rc) fprintf(stderr, "apiary nn-train: %s\n", ap_strerror(rc));
     free(tok);
     free(tg);
-    ap_nn_optim_free(o);
+    ap_nn_solver_free(o);
     ap_nn_model_free(m);
     ap_nn_text_free(text);
     return rc ? 1 : 0;

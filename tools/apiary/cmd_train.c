@@ -5,16 +5,18 @@
 #include "cli.h"
 #include "train_watch.h"
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
+#include "apiary/collab.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/host.h"
 #include "apiary/identity.h"
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
 #include "apiary/node.h"
-#include "apiary/optim.h"
+#include "apiary/run_config.h"
+#include "apiary/sync.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -115,7 +117,7 @@ typedef struct topts {
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
     bool share;
-    ap_nn_optim_kind_t optim;
+    ap_nn_solver_kind_t optim;
     ap_nn_lr_kind_t sched;
     uint64_t decay_epochs;
     uint8_t codec;
@@ -318,7 +320,7 @@ static int run(const topts_t *o)
     ap_nn_text_t *text = NULL;
     int T = o->ctx, rc;
     bool gpt = strcmp(o->model, "gpt") == 0;
-    char model_desc[AP_OPTIM_MODEL_MAX] = "";
+    char model_desc[AP_RUN_CONFIG_MODEL_MAX] = "";
     if (gpt) {
         ap_nn_gpt_config_t gc = ap_nn_gpt_config_default(T, o->layers, o->heads, o->embd, o->batch);
         gc.share_layers = o->share;
@@ -411,7 +413,7 @@ static int run(const topts_t *o)
     cfg.run_id = o->run_id;
     cfg.target_batch_size = o->target;
     cfg.role = o->aux ? AP_AVG_AUX : o->client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
-    cfg.optim = ap_nn_optim_defaults(o->optim);
+    cfg.solver = ap_nn_solver_defaults(o->optim);
     cfg.lr = (ap_nn_lr_schedule_t){.kind = o->sched,
                                    .base = (float)o->lr,
                                    .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
@@ -443,7 +445,7 @@ static int run(const topts_t *o)
         snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
         uint64_t step = 0;
         if (access(ckpath, R_OK) == 0) {
-            int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_optim_mut(c), &step);
+            int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_solver_mut(c), &step);
             if (lr == 0) {
                 ap_collab_set_epoch(c, step);
                 printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
@@ -481,7 +483,7 @@ static int run(const topts_t *o)
                            : "normal",
                o->run_id, pr->count, (unsigned long long)o->target);
         printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
-               ap_nn_optim_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
+               ap_nn_solver_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
         if (o->sched != AP_NN_LR_CONSTANT)
             printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
         printf(", clip %g\n", o->clip);
@@ -942,7 +944,7 @@ static int train_main(int argc, char **argv)
             o.share = true;
             break;
         case O_OPTIM:
-            if (ap_nn_optim_kind_from_name(optarg, &o.optim)) {
+            if (ap_nn_solver_kind_from_name(optarg, &o.optim)) {
                 fprintf(stderr, "apiary train: --optim %s: use lamb, adamw, adam or sgd\n", optarg);
                 return 2;
             }

@@ -9,7 +9,7 @@
  * says so every 10 s, with the reason from the collaboration's state. */
 #include "train_watch.h"
 
-#include "apiary/optim.h"
+#include "apiary/collab.h"
 
 #include <math.h>
 #include <pthread.h>

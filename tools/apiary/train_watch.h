@@ -2,7 +2,7 @@
 #ifndef AP_CLI_TRAIN_WATCH_H
 #define AP_CLI_TRAIN_WATCH_H
 
-#include "apiary/optim.h"
+#include "apiary/collab.h"
 
 #include <signal.h>
 #include <stdbool.h>

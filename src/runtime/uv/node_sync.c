@@ -1,5 +1,6 @@
 /* Blocking forms of runtime.h queries for user threads of the real driver. */
 #include "apiary/node.h"
+#include "apiary/sync.h"
 
 typedef struct addrs_ctx {
     char (*addrs)[AP_RT_ADDR_MAX];

@@ -2,6 +2,7 @@
 #ifndef AP_RUNTIME_UV_IMPL_H
 #define AP_RUNTIME_UV_IMPL_H
 
+#include "apiary/host.h"
 #include "apiary/node.h"
 #include "base/buf.h"
 #include "base/u64map.h"

@@ -2,7 +2,7 @@
  * reference: torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW (PyTorch
  * 1.13 semantics), LAMB: You et al. 2019, "Large Batch Optimization for Deep
  * Learning: Training BERT in 76 minutes", Algorithm 2. */
-#include "apiary/nn_optim.h"
+#include "apiary/nn.h"
 
 #include "apiary/error.h"
 #include "apiary/log.h"
@@ -17,9 +17,9 @@
 #pragma GCC optimize("O3", "no-trapping-math", "no-math-errno")
 #endif
 
-ap_nn_optim_config_t ap_nn_optim_defaults(ap_nn_optim_kind_t kind)
+ap_nn_solver_config_t ap_nn_solver_defaults(ap_nn_solver_kind_t kind)
 {
-    ap_nn_optim_config_t c = {.kind = kind, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    ap_nn_solver_config_t c = {.kind = kind, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     if (kind == AP_NN_SGD) c.momentum = 0.9f;
     if (kind == AP_NN_ADAMW) c.weight_decay = 0.01f;
     if (kind == AP_NN_LAMB) {
@@ -29,7 +29,7 @@ ap_nn_optim_config_t ap_nn_optim_defaults(ap_nn_optim_kind_t kind)
     return c;
 }
 
-static bool valid(const ap_nn_optim_config_t *c)
+static bool valid(const ap_nn_solver_config_t *c)
 {
     if (c->kind < AP_NN_SGD || c->kind > AP_NN_LAMB) return false;
     if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay)) return false;
@@ -39,8 +39,8 @@ static bool valid(const ap_nn_optim_config_t *c)
            c->eps > 0.0f && isfinite(c->eps);
 }
 
-int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n, const ap_nn_view_t *views,
-                    size_t nviews, ap_nn_optim_t **out)
+int ap_nn_solver_new(const ap_nn_solver_config_t *cfg, size_t n, const ap_nn_view_t *views,
+                     size_t nviews, ap_nn_solver_t **out)
 {
     *out = NULL;
     if (!cfg || !valid(cfg) || n == 0) {
@@ -49,7 +49,7 @@ int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n, const ap_nn_view_
     }
     for (size_t i = 0; i < nviews; i++)
         if (views[i].offset + views[i].count > n) return AP_EINVAL;
-    ap_nn_optim_t *o = calloc(1, sizeof *o);
+    ap_nn_solver_t *o = calloc(1, sizeof *o);
     if (!o) return AP_ENOMEM;
     o->cfg = *cfg;
     o->n = n;
@@ -64,7 +64,7 @@ int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n, const ap_nn_view_
         if (o->segs) o->segs[0].count = n;
     }
     if (!o->state || !o->segs) {
-        ap_nn_optim_free(o);
+        ap_nn_solver_free(o);
         return AP_ENOMEM;
     }
     if (nviews) memcpy(o->segs, views, nviews * sizeof *views);
@@ -72,7 +72,7 @@ int ap_nn_optim_new(const ap_nn_optim_config_t *cfg, size_t n, const ap_nn_view_
     return 0;
 }
 
-void ap_nn_optim_free(ap_nn_optim_t *o)
+void ap_nn_solver_free(ap_nn_solver_t *o)
 {
     if (!o) return;
     ap__big_free(o->state, o->state_count * sizeof(float));
@@ -80,14 +80,14 @@ void ap_nn_optim_free(ap_nn_optim_t *o)
     free(o);
 }
 
-void ap_nn_optim_reset(ap_nn_optim_t *o)
+void ap_nn_solver_reset(ap_nn_solver_t *o)
 {
     memset(o->state, 0, o->state_count * sizeof(float));
     o->step = 0;
 }
 
 typedef struct ostep {
-    ap_nn_optim_t *o;
+    ap_nn_solver_t *o;
     float *p;
     const float *g;
     float lr, bc1, bc2;
@@ -96,7 +96,7 @@ typedef struct ostep {
 NN_SIMD static void sgd_range(void *arg, size_t i0, size_t i1)
 {
     const ostep_t *s = arg;
-    const ap_nn_optim_config_t *c = &s->o->cfg;
+    const ap_nn_solver_config_t *c = &s->o->cfg;
     float *buf = s->o->state;
     const bool first = s->o->step == 0;
     for (size_t i = i0; i < i1; i++) {
@@ -113,7 +113,7 @@ NN_SIMD static void sgd_range(void *arg, size_t i0, size_t i1)
 NN_SIMD static void adam_range(void *arg, size_t i0, size_t i1)
 {
     const ostep_t *s = arg;
-    const ap_nn_optim_config_t *c = &s->o->cfg;
+    const ap_nn_solver_config_t *c = &s->o->cfg;
     float *restrict mo = s->o->state, *restrict ve = s->o->state + s->o->n;
     float *restrict p = s->p;
     const float *restrict gr = s->g;
@@ -135,7 +135,7 @@ NN_SIMD static void adam_range(void *arg, size_t i0, size_t i1)
 static void lamb_segs(void *arg, size_t j0, size_t j1)
 {
     const ostep_t *s = arg;
-    const ap_nn_optim_config_t *c = &s->o->cfg;
+    const ap_nn_solver_config_t *c = &s->o->cfg;
     float *mo = s->o->state, *ve = s->o->state + s->o->n;
     for (size_t j = j0; j < j1; j++) {
         const ap_nn_view_t *v = &s->o->segs[j];
@@ -160,7 +160,7 @@ static void lamb_segs(void *arg, size_t j0, size_t j1)
     }
 }
 
-int ap_nn_optim_step(ap_nn_optim_t *o, float *params, const float *grads, float lr)
+int ap_nn_solver_step(ap_nn_solver_t *o, float *params, const float *grads, float lr)
 {
     if (!o || !params || !grads) return AP_EINVAL;
     if (!isfinite(lr)) {
@@ -168,7 +168,7 @@ int ap_nn_optim_step(ap_nn_optim_t *o, float *params, const float *grads, float 
         return AP_ENONFINITE;
     }
     ostep_t s = {.o = o, .p = params, .g = grads, .lr = lr};
-    const ap_nn_optim_config_t *c = &o->cfg;
+    const ap_nn_solver_config_t *c = &o->cfg;
     double t = (double)(o->step + 1);
     s.bc1 = (float)(1.0 - pow(c->beta1, t));
     s.bc2 = (float)(1.0 - pow(c->beta2, t));
@@ -254,18 +254,18 @@ static const struct {
   lr_names[] = {
       {"constant", AP_NN_LR_CONSTANT}, {"linear", AP_NN_LR_LINEAR}, {"cosine", AP_NN_LR_COSINE}};
 
-const char *ap_nn_optim_kind_name(ap_nn_optim_kind_t kind)
+const char *ap_nn_solver_kind_name(ap_nn_solver_kind_t kind)
 {
     for (size_t i = 0; i < sizeof optim_names / sizeof optim_names[0]; i++)
         if (optim_names[i].kind == (int)kind) return optim_names[i].name;
     return "?";
 }
 
-int ap_nn_optim_kind_from_name(const char *name, ap_nn_optim_kind_t *out)
+int ap_nn_solver_kind_from_name(const char *name, ap_nn_solver_kind_t *out)
 {
     for (size_t i = 0; name && i < sizeof optim_names / sizeof optim_names[0]; i++)
         if (strcmp(optim_names[i].name, name) == 0) {
-            *out = (ap_nn_optim_kind_t)optim_names[i].kind;
+            *out = (ap_nn_solver_kind_t)optim_names[i].kind;
             return 0;
         }
     return AP_EINVAL;

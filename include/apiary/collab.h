@@ -1,5 +1,7 @@
-/* Apiary — collaborative training (DeDLOC): the collaborative optimizer, the
- * progress tracker and state sharing.
+/* Apiary — collaborative training (DeDLOC), prefix ap_collab_: the
+ * collaborative optimizer, its progress tracking and state sharing. The
+ * progress record is in apiary/progress.h, the run's configuration in
+ * apiary/run_config.h.
  *
  * A RUN (named by run_id) is one model trained by any number of peers. One
  * GLOBAL EPOCH is target_batch_size samples, contributed by whichever peers
@@ -14,8 +16,8 @@
  *     and refreshes that view more often as the ETA nears;
  *   - when the epoch is due, averages the accumulated gradients with the
  *     other peers of the epoch (all-reduce, weight = samples accumulated) and
- *     applies the same optimizer step (SGD/Adam/AdamW/LAMB from the model kit,
- *     apiary/nn_optim.h) as every other peer: this equals one big-batch step;
+ *     applies the same step of the model kit's solver (SGD/Adam/AdamW/LAMB,
+ *     apiary/nn.h) as every other peer: this equals one big-batch step;
  *   - every average_state_every epochs also averages parameters and optimizer
  *     state (equal weights), which pulls peers that drifted apart back
  *     together;
@@ -56,119 +58,37 @@
  * the optimizer and allocated once in ap_collab_new.
  *
  * Protocol code: sans-I/O, runtime.h only (runs unchanged on the simulator). */
-#ifndef APIARY_OPTIM_H
-#define APIARY_OPTIM_H
+#ifndef APIARY_COLLAB_H
+#define APIARY_COLLAB_H
 
-#include "apiary/averager.h"
+#include "apiary/avg.h"
 #include "apiary/common.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
 #include "apiary/nn.h"
-#include "apiary/nn_optim.h"
+#include "apiary/progress.h"
+#include "apiary/run_config.h"
 #include "apiary/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define AP_OPTIM_STATE_PROTO "/apiary/optim/state/1"
-#define AP_OPTIM_RUN_ID_MAX  128 /* bytes of a run id */
-#define AP_OPTIM_MAX_DONORS  16
-/* Cap on the samples/s a progress record may claim. */
-#define AP_OPTIM_MAX_SPS 1e9
-
-/* ---- the run's configuration ---------------------------------------------------
- *
- * What every peer of a run must share. It travels in every progress record
- * (the fields; readers compare their 16-byte digest) and, as its digest, in
- * the key of the DHT matchmaker's groups (so join requests only reach peers of the same
- * configuration). A reader refuses the record of a peer whose configuration
- * differs from its own, naming the first differing field and both values;
- * such a peer is in no group, no estimate and no download. A peer that finds
- * itself alone against the run (no live peer agrees with it, and it is
- * starting, or a peer that differs is in a later epoch) stops with
- * AP_ECONFIG (ap_collab_refusal says why) after one record marked refused,
- * so the others log the difference too. docs/training.md, "Peers must
- * agree". */
-
-#define AP_OPTIM_MODEL_MAX      64 /* bytes of the model description, with the NUL */
-#define AP_OPTIM_DIGEST_LEN     16
-#define AP_OPTIM_CONFIG_MSG_MAX 256 /* bytes of a difference's description */
-
-typedef struct ap_run_config {
-    char model[AP_OPTIM_MODEL_MAX]; /* the application's name of the model's shape ("" = none) */
-    uint64_t n_params, state_count;
-    uint32_t codec; /* ap_avg_codec_t of the gradient rounds */
-    uint64_t target_batch_size;
-    uint32_t optim;   /* ap_nn_optim_kind_t */
-    uint32_t lr_kind; /* ap_nn_lr_kind_t */
-    float lr, lr_min, weight_decay;
-    uint64_t warmup, lr_total;
-    double clip;
-    uint32_t state_every;
-    bool exact, dht_matchmaking;
-} ap_run_config_t;
-
-/* BLAKE2b-128 of the configuration's canonical encoding. */
-AP_EXPORT void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_OPTIM_DIGEST_LEN]);
-/* 0 if a and b agree; else 1 and out (cap bytes, NUL-terminated) names the
- * first differing field with both values: "<field>: <a> <a_name>, <b>
- * <b_name>" (e.g. "compression: fp16 here, none at 12D3KooW..."). */
-AP_EXPORT int ap_run_config_diff(const ap_run_config_t *a, const char *a_name,
-                                 const ap_run_config_t *b, const char *b_name, char *out,
-                                 size_t cap);
-
-/* ---- progress records ------------------------------------------------------ */
-
-typedef struct ap_progress {
-    ap_peer_id_t peer;
-    uint64_t epoch;
-    int64_t samples;        /* accumulated in this epoch */
-    double samples_per_s;   /* the peer's recent speed */
-    int64_t time_ms;        /* wall clock of the report */
-    int64_t epoch_start_ms; /* wall clock when the peer began this epoch */
-    ap_avg_role_t role;
-    double up, down;  /* declared bandwidth, bytes/s */
-    bool donor;       /* serves state downloads */
-    int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
-    bool refused;     /* the peer stopped: the run refused its configuration */
-    bool has_config;  /* config and config_digest are set (always, from ap_collab) */
-    uint8_t config_digest[AP_OPTIM_DIGEST_LEN]; /* of config (set by encode and decode) */
-    ap_run_config_t config;
-} ap_progress_t;
-
-/* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
- * the length or AP_EMSGSIZE. */
-AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap);
-/* Decodes and validates an untrusted record read from the DHT. now_ms is the
- * reader's wall clock, max_skew_ms the tolerated clock skew. Refused (error,
- * nothing written):
- *   AP_ECORRUPT   undecodable;
- *   AP_ERANGE     negative samples or speed, non-finite numbers, speed over
- *                 AP_OPTIM_MAX_SPS, a time more than max_skew_ms in the future,
- *                 an epoch start after the report, a ready time outside
- *                 [epoch start, report], a bad role or bandwidth;
- *   AP_ELIMIT     more samples than the reported speed allows over the epoch's
- *                 duration (samples > 2·sps·(elapsed + 1 s) + 1);
- *   AP_ECORRUPT   also: a configuration with a model description that is too
- *                 long or not printable; AP_ERANGE: a non-finite learning
- *                 rate, weight decay or clipping norm.
- * A record without a configuration decodes with has_config false.
- * peer is not part of the encoding (it is the owner of the subkey). */
-AP_EXPORT AP_NODISCARD int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
-                                              int64_t max_skew_ms, ap_progress_t *out);
+#define AP_COLLAB_STATE_PROTO "/apiary/optim/state/1"
+#define AP_COLLAB_RUN_ID_MAX  128 /* bytes of a run id */
+#define AP_COLLAB_MAX_DONORS  16
 
 /* ---- the collaborative optimizer --------------------------------------------- */
 
 typedef struct ap_collab ap_collab_t;
 
 typedef struct ap_collab_config {
-    const char *run_id;         /* 1..AP_OPTIM_RUN_ID_MAX bytes; copied */
-    uint64_t target_batch_size; /* samples per global epoch (> 0) */
-    ap_avg_role_t role;         /* NORMAL, CLIENT (no incoming connections) or AUX */
-    ap_nn_optim_config_t optim; /* the local optimizer every peer applies */
-    ap_nn_lr_schedule_t lr;     /* learning rate per global epoch (warm-up, decay) */
-    double max_grad_norm;       /* clip the averaged gradient (0 = no clipping) */
+    const char *run_id;           /* 1..AP_COLLAB_RUN_ID_MAX bytes; copied */
+    uint64_t target_batch_size;   /* samples per global epoch (> 0) */
+    ap_avg_role_t role;           /* NORMAL, CLIENT (no incoming connections) or AUX */
+    ap_nn_solver_config_t solver; /* the local optimizer every peer applies */
+    ap_nn_lr_schedule_t lr;       /* learning rate per global epoch (warm-up, decay) */
+    double max_grad_norm;         /* clip the averaged gradient (0 = no clipping) */
     /* What the model is (ap_nn_model_kind, 0 = not given; ap_nn_model_shape):
      * part of the run's configuration every peer must share with optim, lr
      * and max_grad_norm; the optimizer's arithmetic does not read it. */
@@ -230,7 +150,7 @@ typedef struct ap_collab_config {
     bool dht_matchmaking;
     /* The model's shape as the application names it (e.g. "gpt L2 H4 E128
      * T64"), part of the run's configuration every peer must share; at most
-     * AP_OPTIM_MODEL_MAX - 1 printable bytes, copied. NULL = none (the
+     * AP_RUN_CONFIG_MODEL_MAX - 1 printable bytes, copied. NULL = none (the
      * parameter count still must match). */
     const char *model_desc;
 } ap_collab_config_t;
@@ -287,7 +207,7 @@ typedef void (*ap_collab_fn)(ap_rt_t *rt, void *arg, int status);
 /* Creates the optimizer. dht and svc (the node's DHT and averaging service)
  * are borrowed and must outlive it. params (n floats) is borrowed (see
  * BUFFERS); views (may be NULL) give LAMB its per-layer segments and are
- * copied. Registers AP_OPTIM_STATE_PROTO on rt (one collab per runtime).
+ * copied. Registers AP_COLLAB_STATE_PROTO on rt (one collab per runtime).
  * AP_EINVAL on a bad config. Loop thread. */
 AP_EXPORT int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
                             const ap_collab_config_t *cfg, float *params, size_t n,
@@ -342,7 +262,7 @@ AP_EXPORT bool ap_collab_update_pending(const ap_collab_t *c);
  * malloc'd (caller frees; write it with ap_nn_checkpoint_write, off the loop
  * thread); *epoch may be NULL. AP_EINVAL if m's size differs, AP_ESTATE for
  * an AUX peer (no parameters). Resume with ap_nn_checkpoint_load into the
- * model and ap_collab_optim_mut, then ap_collab_set_epoch(step). */
+ * model and ap_collab_solver_mut, then ap_collab_set_epoch(step). */
 AP_EXPORT int ap_collab_checkpoint_encode(const ap_collab_t *c, ap_nn_model_t *m, uint8_t **buf,
                                           size_t *len, uint64_t *epoch);
 
@@ -356,11 +276,11 @@ AP_EXPORT void ap_collab_run_config(const ap_collab_t *c, ap_run_config_t *out);
 AP_EXPORT const char *ap_collab_refusal(const ap_collab_t *c);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
 /* The optimizer state (owned by the collab; read-only for the caller). */
-AP_EXPORT const ap_nn_optim_t *ap_collab_optim(const ap_collab_t *c);
+AP_EXPORT const ap_nn_solver_t *ap_collab_solver(const ap_collab_t *c);
 /* Overrides the epoch and optimizer state, e.g. when resuming from a
- * checkpoint (ap_nn_checkpoint_load into ap_collab_optim_mut). Loop thread,
+ * checkpoint (ap_nn_checkpoint_load into ap_collab_solver_mut). Loop thread,
  * only while nothing is pending. */
-AP_EXPORT ap_nn_optim_t *ap_collab_optim_mut(ap_collab_t *c);
+AP_EXPORT ap_nn_solver_t *ap_collab_solver_mut(ap_collab_t *c);
 AP_EXPORT void ap_collab_set_epoch(ap_collab_t *c, uint64_t epoch);
 
 /* Lets a pending submit go: its callback runs now with AP_ECANCELED (the
