@@ -81,7 +81,7 @@ def _optim_config(opt):
             if other.get(k) != g.get(k):
                 raise ValueError("param groups differ in %r: one set of hyperparameters is "
                                  "supported" % k)
-    cfg = C.NnOptimConfig()
+    cfg = C.NnSolverConfig()
     cfg.kind = kind
     cfg.weight_decay = float(g.get("weight_decay", 0.0))
     if kind == C.AP_NN_SGD:
@@ -198,7 +198,7 @@ class Optimizer(torch.optim.Optimizer):
         cfg.target_batch_size = target_batch_size
         cfg.role = C.AP_AVG_AUX if self.auxiliary else (
             C.AP_AVG_CLIENT if self.client_mode else C.AP_AVG_NORMAL)
-        cfg.optim = ocfg
+        cfg.solver = ocfg
         cfg.lr.kind = 0
         cfg.lr.base = lr
         cfg.lr.min = lr
