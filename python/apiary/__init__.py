@@ -13,6 +13,7 @@ from .compression import (BFloat16Compression, BlockwiseQuantization, Compressio
 
 try:  # torch is optional: the DHT works without it
     from .optim import Optimizer
+    from .averager import DecentralizedAverager
 except ImportError as _e:  # pragma: no cover
     _torch_error = _e
 
@@ -20,7 +21,9 @@ except ImportError as _e:  # pragma: no cover
         def __init__(self, *a, **k):
             raise ImportError("apiary.Optimizer needs torch (python3-torch): %s" % _torch_error)
 
-__all__ = ["DHT", "PeerID", "ValueWithExpiration", "get_dht_time", "ApiaryError", "Optimizer",
+    DecentralizedAverager = Optimizer
+
+__all__ = ["DHT", "PeerID", "ValueWithExpiration", "get_dht_time", "ApiaryError", "Optimizer", "DecentralizedAverager",
            "CompressionBase", "NoCompression", "Float16Compression", "ScaledFloat16Compression",
            "BFloat16Compression", "Uniform8BitQuantization", "BlockwiseQuantization"]
 __version__ = "0.1.0"

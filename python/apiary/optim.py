@@ -220,9 +220,7 @@ class Optimizer(torch.optim.Optimizer):
         self._c = None
         self._svc = None
         self._host, self._rt, self._dht = dht._c_handles()
-        svc = C.c_void_p()
-        C.check(L.ap_avg_service_new_sync(self._rt, ctypes.byref(svc)), "averaging service")
-        self._svc = svc
+        self._svc = dht._avg_service()
         dht._dependents.append(self)
         defaults = dict(opt.defaults)
         super().__init__(plist, defaults)
@@ -366,9 +364,7 @@ class Optimizer(torch.optim.Optimizer):
         if self._c:
             L.ap_collab_free_sync(self._rt, self._c)
             self._c = None
-        if self._svc:
-            L.ap_avg_service_free_sync(self._rt, self._svc)
-            self._svc = None
+        self._svc = None  # the DHT's, freed with it
         try:
             self.dht._dependents.remove(self)
         except ValueError:
