@@ -419,7 +419,7 @@ static int worker_main(int argc, char **argv)
     if (missing) fprintf(stderr, "avg-worker: %d members not connected after 60 s\n", missing);
     char ids[AP_PEER_ID_STR_MAX];
     char addrs[1][AP_RT_ADDR_MAX] = {{0}};
-    ap_rt_listen_addrs(w.rt, addrs, 1, false);
+    ap_node_listen_addrs_sync(w.rt, addrs, 1, false); /* the host runs its own thread */
     printf("{\"event\":\"up\",\"index\":%d,\"id\":\"%s\",\"role\":\"%s\",\"addr\":\"%s\","
            "\"unconnected\":%d}\n",
            w.self, ap_peer_id_str(ap_rt_self(w.rt), ids), ap_arp_role_name(me->role), addrs[0],

@@ -87,11 +87,12 @@ static int add_peers(opts_t *o, const char *list)
     return 0;
 }
 
-static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+/* The node's listen addresses with /p2p/<id>, at most max; a negative error
+ * as ap_node_listen_addrs_sync. */
+static int listen_addrs(ap_rt_t *rt, char (*addrs)[AP_RT_ADDR_MAX], int max)
 {
-    char(*out)[AP_RT_ADDR_MAX] = arg;
-    int n = ap_rt_listen_addrs(rt, out, 4, true);
-    ap_sync_complete(done, n > 4 ? 4 : n);
+    int n = ap_node_listen_addrs_sync(rt, addrs, max, true);
+    return n > max ? max : n;
 }
 
 static void wall_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
@@ -160,7 +161,7 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
         return rc;
     }
     char addrs[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
-    int na = client ? 0 : ap_node_call_sync(n->rt, addr_fn, addrs);
+    int na = client ? 0 : listen_addrs(n->rt, addrs, AP_NODE_MAX_ANNOUNCE);
     if (!client && !ap_cli_check_reachable("dht", addrs, na, o->peers, o->npeers)) {
         node_close(n);
         return AP_EUNREACH;
@@ -312,7 +313,7 @@ static int run_node(const opts_t *o)
     int rc = node_open(&n, o, "/ip4/0.0.0.0/tcp/0");
     if (rc) return 1;
     char addrs[4][AP_RT_ADDR_MAX];
-    int na = ap_node_call_sync(n.rt, addr_fn, addrs);
+    int na = listen_addrs(n.rt, addrs, 4);
     char id[AP_PEER_ID_STR_MAX];
     ap_peer_id_str(ap_rt_self(n.rt), id);
     printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");

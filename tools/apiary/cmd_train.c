@@ -127,27 +127,6 @@ typedef struct topts {
     uint32_t shard, nshards;
 } topts_t;
 
-typedef struct svc_args {
-    ap_avg_service_t *svc;
-} svc_args_t;
-
-static void svc_new(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    ap_sync_complete(done, ap_avg_service_new(rt, &((svc_args_t *)arg)->svc));
-}
-
-static void svc_free(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    ap_sync_complete(done, ap_avg_service_free(((svc_args_t *)arg)->svc));
-}
-
-static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
-{
-    char(*out)[AP_RT_ADDR_MAX] = arg;
-    int n = ap_rt_listen_addrs(rt, out, 4, true);
-    ap_sync_complete(done, n > 4 ? 4 : n);
-}
-
 static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     ap_rt_get_stats(rt, arg);
@@ -385,7 +364,8 @@ static int run(const topts_t *o)
         return 1;
     }
     char addrs[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
-    int na = ap_node_call_sync(rt, addr_fn, addrs);
+    int na = ap_node_listen_addrs_sync(rt, addrs, AP_NODE_MAX_ANNOUNCE, true);
+    if (na > AP_NODE_MAX_ANNOUNCE) na = AP_NODE_MAX_ANNOUNCE;
     if (!o->client && !ap_cli_check_reachable("train", addrs, na, o->peers, o->npeers)) {
         ap_host_free(host);
         ap_nn_model_free(m);
@@ -396,7 +376,7 @@ static int run(const topts_t *o)
     ap_dht_config_default(&dc);
     dc.client_mode = o->client;
     ap_dht_t *dht = NULL;
-    svc_args_t sa = {0};
+    ap_avg_service_t *svc = NULL;
     ap_collab_t *c = NULL;
     rc = ap_dht_new_sync(rt, &dc, &dht);
     if (!rc && o->npeers) {
@@ -407,7 +387,7 @@ static int run(const topts_t *o)
                     "addresses (they need /p2p/<PeerID>) and that those nodes run\n",
                     o->npeers, ap_strerror(rc));
     }
-    if (!rc) rc = ap_node_call_sync(rt, svc_new, &sa);
+    if (!rc) rc = ap_avg_service_new_sync(rt, &svc);
     ap_collab_config_t cfg;
     ap_collab_config_default(&cfg);
     cfg.run_id = o->run_id;
@@ -434,8 +414,7 @@ static int run(const topts_t *o)
     cfg.dht_matchmaking = o->dhtmm;
     cfg.model_desc = model_desc;
     if (!rc) {
-        rc = ap_collab_new_sync(rt, dht, sa.svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
-                                &c);
+        rc = ap_collab_new_sync(rt, dht, svc, &cfg, pr->data, pr->count, pr->views, pr->nviews, &c);
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
     }
     char ckpath[1024] = "";
@@ -701,7 +680,7 @@ static int run(const topts_t *o)
         fflush(stdout);
         ap_collab_free_sync(rt, c);
     }
-    if (sa.svc) ap_node_call_sync(rt, svc_free, &sa);
+    if (svc) ap_avg_service_free_sync(rt, svc);
     if (dht) ap_dht_free_sync(dht);
     ap_host_free(host);
     ap_nn_model_free(m);
