@@ -186,6 +186,7 @@ class Optimizer(torch.optim.Optimizer):
                 shapes.append(tuple(p.shape))
                 off += k
         self._plist = plist
+        self._gptr = ctypes.cast(self._grad.data_ptr(), C.P(C.c_float))
         digest = hashlib.blake2b(repr(shapes).encode(), digest_size=6).hexdigest()
         self._model_desc = ("torch %d tensors %s" % (len(plist), digest)).encode()
 
@@ -310,8 +311,7 @@ class Optimizer(torch.optim.Optimizer):
                 raise RuntimeError("params[%d].grad was replaced (set_to_none?): call "
                                    "opt.zero_grad() of this Optimizer, which zeroes in place" % i)
         lv = float(loss) if loss is not None else 0.0
-        rc = C.lib().ap_collab_submit_sync(c, ctypes.cast(self._grad.data_ptr(),
-                                                          C.P(C.c_float)), b, lv)
+        rc = C.lib().ap_collab_submit_sync(c, self._gptr, b, lv)
         self._raise_refusal(rc)
         if rc < 0 and C.err_name(rc) != "ECANCELED":
             C.check(rc, "step")
