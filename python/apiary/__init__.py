@@ -7,6 +7,23 @@ See docs/python.md for what is covered and every difference from hivemind.
 """
 from .dht import DHT, PeerID, ValueWithExpiration, get_dht_time
 from ._lib import ApiaryError
+from .compression import (BFloat16Compression, BlockwiseQuantization, CompressionBase,
+                          Float16Compression, NoCompression, ScaledFloat16Compression,
+                          Uniform8BitQuantization)
 
-__all__ = ["DHT", "PeerID", "ValueWithExpiration", "get_dht_time", "ApiaryError"]
+try:  # torch is optional: the DHT works without it
+    from .optim import Optimizer
+    from .averager import DecentralizedAverager
+except ImportError as _e:  # pragma: no cover
+    _torch_error = _e
+
+    class Optimizer:  # noqa: D401
+        def __init__(self, *a, **k):
+            raise ImportError("apiary.Optimizer needs torch (python3-torch): %s" % _torch_error)
+
+    DecentralizedAverager = Optimizer
+
+__all__ = ["DHT", "PeerID", "ValueWithExpiration", "get_dht_time", "ApiaryError", "Optimizer", "DecentralizedAverager",
+           "CompressionBase", "NoCompression", "Float16Compression", "ScaledFloat16Compression",
+           "BFloat16Compression", "Uniform8BitQuantization", "BlockwiseQuantization"]
 __version__ = "0.1.0"

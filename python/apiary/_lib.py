@@ -215,3 +215,25 @@ def collab_protos(L):
     _proto(L, "ap_collab_get_stats_sync", c_int, c_void_p, P(CollabStats))
     _proto(L, "ap_collab_refusal", c_char_p, c_void_p)
     L._collab_ready = True
+
+
+# ---- averaging (apiary/avg.h, apiary/averager.h) -------------------------------------
+class AvgMatch(ctypes.Structure):
+    _fields_ = [("key", P(c_u8)), ("key_len", c_size_t), ("target_group_size", c_u32),
+                ("min_group_size", c_u32), ("deadline_at_us", c_u64), ("poll_us", c_u64),
+                ("answer_grace_us", c_u64), ("exclude", c_void_p), ("exclude_arg", c_void_p)]
+
+
+def averager_protos(L):
+    if getattr(L, "_avg_ready", False):
+        return
+    collab_protos(L)
+    _proto(L, "ap_avg_matchmaker_new_sync", c_int, c_void_p, c_void_p, c_void_p, P(c_void_p))
+    _proto(L, "ap_avg_matchmaker_free_sync", c_int, c_void_p, c_void_p)
+    _proto(L, "ap_averager_new_sync", c_int, c_void_p, c_void_p, P(c_size_t), c_size_t, c_void_p,
+           P(c_void_p))
+    _proto(L, "ap_averager_free_sync", c_int, c_void_p, c_void_p)
+    _proto(L, "ap_averager_tensor", P(c_float), c_void_p, c_size_t, P(c_size_t))
+    _proto(L, "ap_averager_step_sync", c_int, c_void_p, c_void_p, c_void_p, P(AvgMatch), c_u64,
+           c_double, c_void_p, P(c_size_t))
+    L._avg_ready = True

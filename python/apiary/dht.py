@@ -159,6 +159,9 @@ class DHT:
         self._closed = False
         self._peer_id = None
         self._max_ttl_s = 86400
+        self._dependents = []  # Optimizers / averagers on this node: shut down first
+        self._svc = None  # the node's averaging service and matchmaker, made on first use
+        self._mm = None
         if start:
             self.run_in_background(await_ready=await_ready)
 
@@ -241,8 +244,16 @@ class DHT:
         with self._lock:
             if self._closed:
                 return
+            for dep in list(self._dependents):
+                dep.shutdown()
             self._closed = True
             L = C.lib()
+            if self._mm:
+                L.ap_avg_matchmaker_free_sync(self._rt, self._mm)
+                self._mm = None
+            if self._svc:
+                L.ap_avg_service_free_sync(self._rt, self._svc)
+                self._svc = None
             if self._dht:
                 L.ap_dht_free_sync(self._dht)
             if self._host:
@@ -359,3 +370,29 @@ class DHT:
     def _c_handles(self):
         self._handle()
         return self._host, self._rt, self._dht
+
+    def _avg_service(self):
+        """The node's averaging service (one per node), made on first use."""
+        with self._lock:
+            self._handle()
+            if not self._svc:
+                L = C.lib()
+                C.collab_protos(L)
+                svc = ctypes.c_void_p()
+                C.check(L.ap_avg_service_new_sync(self._rt, ctypes.byref(svc)),
+                        "averaging service")
+                self._svc = svc
+            return self._svc
+
+    def _matchmaker(self):
+        """The node's DHT matchmaker (one per node), made on first use."""
+        with self._lock:
+            svc = self._avg_service()
+            if not self._mm:
+                L = C.lib()
+                C.averager_protos(L)
+                mm = ctypes.c_void_p()
+                C.check(L.ap_avg_matchmaker_new_sync(self._rt, svc, self._dht, ctypes.byref(mm)),
+                        "matchmaker")
+                self._mm = mm
+            return self._mm
