@@ -5,7 +5,8 @@
  * the pipeline and choose, per stage and per call, one server of that stage.
  * See docs/swarm.md for the design.
  *
- * This header holds the parts a trainer uses to choose servers.
+ * This header holds the balancer a trainer uses to choose servers, the stage
+ * call messages, and the stage compute a server runs on them.
  *
  * BALANCER. Interleaved weighted round-robin over the servers of one stage.
  * Every server carries an accumulated expected time ("key"); a task goes to
@@ -37,8 +38,12 @@
 #define APIARY_SWARM_H
 
 #include "apiary/common.h"
+#include "apiary/compress.h"
+#include "apiary/dht.h"
 #include "apiary/error.h"
+#include "apiary/nn.h"
 #include "apiary/peer.h"
+#include "apiary/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -109,6 +114,197 @@ AP_EXPORT double ap_swarm_balancer_throughput(const ap_swarm_balancer_t *b, uint
 /* The info of a tracked server. AP_ENOTFOUND if unknown. */
 AP_EXPORT int ap_swarm_balancer_info(const ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
                                      uint64_t now_us, ap_swarm_server_info_t *out);
+
+/* ---- stage calls -----------------------------------------------------------
+ * A trainer calls a stage server with a request and gets a response, both
+ * byte strings specified in docs/swarm.md. Activations and their gradients
+ * travel compressed by a codec of compress.h (blockwise 8-bit by default).
+ *   FORWARD   first stage: tokens; other stages: in (B,T,C).
+ *             Response: out (B,T,C), or for the last stage the loss (with
+ *             targets) and no tensor.
+ *   BACKWARD  the forward's input again (tokens or in) plus dout (B,T,C) of
+ *             the stage's output, or targets for the last stage. The server
+ *             recomputes the forward (the backward may reach another server
+ *             than the forward did), accumulates its parameter gradients and
+ *             answers din (B,T,C) (none for the first stage) and, for the
+ *             last stage, the loss. */
+
+#define AP_SWARM_PROTO_STAGE "/apiary/swarm/stage/1"
+#define AP_SWARM_TENSOR_MAX  (1u << 22)  /* B*T*C floats per tensor */
+#define AP_SWARM_TOKENS_MAX  (1u << 20)  /* B*T per micro-batch */
+#define AP_SWARM_MSG_MAX     (64u << 20) /* bytes of a request or response */
+
+typedef enum ap_swarm_op { AP_SWARM_FORWARD = 1, AP_SWARM_BACKWARD = 2 } ap_swarm_op_t;
+
+/* A decoded request, or one to encode. Arrays are NULL when absent; decoded
+ * ones are owned by the struct (ap_swarm_req_clear). */
+typedef struct ap_swarm_req {
+    ap_swarm_op_t op;
+    uint32_t stage;   /* index of the stage called */
+    uint32_t B, T, C; /* micro-batch, sequence, width */
+    int32_t *tokens;  /* (B,T) */
+    int32_t *targets; /* (B,T) */
+    float *in;        /* (B,T,C) */
+    float *dout;      /* (B,T,C) */
+} ap_swarm_req_t;
+
+typedef struct ap_swarm_resp {
+    ap_swarm_op_t op;
+    uint32_t B, T, C;
+    bool has_loss;
+    float loss;
+    float *act; /* out (FORWARD) or din (BACKWARD), (B,T,C); NULL if none */
+} ap_swarm_resp_t;
+
+/* Encodes into a malloc'd buffer (*out, *len; the caller frees). Tensors
+ * are encoded with codec (NULL = BLOCKWISE8). AP_EINVAL on a bad shape,
+ * AP_ELIMIT beyond the caps, AP_ENONFINITE from a lossy codec. */
+AP_EXPORT int ap_swarm_req_encode(const ap_swarm_req_t *r, const ap_codec_cfg_t *codec,
+                                  uint8_t **out, size_t *len);
+AP_EXPORT int ap_swarm_resp_encode(const ap_swarm_resp_t *r, const ap_codec_cfg_t *codec,
+                                   uint8_t **out, size_t *len);
+/* Decodes untrusted bytes into *r (zeroed first; on error nothing to free).
+ * Checks the header, shapes against the caps, each tensor's codec header
+ * (one chunk of exactly B*T*C elements) and that every decoded value is
+ * finite. *why (may be NULL) receives a static reason on error. AP_ECORRUPT,
+ * AP_EVERSION, AP_ELIMIT, AP_ENONFINITE, AP_ENOMEM. */
+AP_EXPORT int ap_swarm_req_decode(const uint8_t *in, size_t len, ap_swarm_req_t *r,
+                                  const char **why);
+AP_EXPORT int ap_swarm_resp_decode(const uint8_t *in, size_t len, ap_swarm_resp_t *r,
+                                   const char **why);
+AP_EXPORT void ap_swarm_req_clear(ap_swarm_req_t *r);
+AP_EXPORT void ap_swarm_resp_clear(ap_swarm_resp_t *r);
+
+/* Checks that a response answers a request: same op and shape, an
+ * activation tensor exactly when one is due, a loss exactly when due (last
+ * stage: last is true). A server whose answer fails this answered garbage.
+ * 0 or AP_EPROTO with *why. */
+AP_EXPORT int ap_swarm_resp_check(const ap_swarm_req_t *q, const ap_swarm_resp_t *r, bool first,
+                                  bool last, const char **why);
+
+/* Runs a decoded request on a stage model (a GPT stage of the model kit):
+ * checks it fits the stage (stage index, width, batch and context caps, the
+ * inputs this stage needs), runs forward, or forward and backward
+ * (accumulating into the model's gradients), and fills *resp (owned:
+ * ap_swarm_resp_clear). AP_EINVAL with *why when the request does not fit,
+ * or the model kit's error. */
+AP_EXPORT int ap_swarm_stage_run(ap_nn_model_t *m, uint32_t stage, const ap_swarm_req_t *q,
+                                 ap_swarm_resp_t *resp, const char **why);
+
+/* ---- adaptive rebalancing ---------------------------------------------------
+ * Every server periodically (ap_swarm_rebalance_delay) reads all stages'
+ * server records from the DHT and computes the same plan from them; a server
+ * that finds itself in the plan downloads its new stage's state from that
+ * stage's peers, then serves it. The plan (docs/swarm.md, with why it
+ * converges): repeatedly take the single move, of one server from a stage
+ * with at least two servers to another stage, that most improves the sorted
+ * vector of stage throughputs (lexicographically: first the minimum), if it
+ * raises the first component it changes by at least the margin (relative);
+ * ties go to the lowest peer id; a stage loses at most one server per plan
+ * and a server moves at most once. */
+
+#define AP_SWARM_STAGES_MAX 256
+
+typedef struct ap_swarm_member {
+    ap_peer_id_t peer;
+    uint32_t stage;    /* < nstages */
+    double throughput; /* as announced in its record, units/s */
+} ap_swarm_member_t;
+
+/* Fills to[i] with member i's stage after this period's moves (its own stage
+ * if it stays) and returns the number of movers, or AP_EINVAL (nstages 0 or
+ * over AP_SWARM_STAGES_MAX, a stage index out of range, a negative or
+ * non-finite throughput), AP_ENOMEM. margin: e.g. 0.05. Deterministic in
+ * the set of members (their order does not matter). */
+AP_EXPORT int ap_swarm_rebalance_plan(const ap_swarm_member_t *m, size_t n, uint32_t nstages,
+                                      double margin, uint32_t *to);
+/* The delay to the next rebalancing check: uniform in [period/2, 3 period/2)
+ * from u in [0,1) (ap_rt_rand_double), so servers do not act in lockstep. */
+AP_EXPORT uint64_t ap_swarm_rebalance_delay(uint64_t period_us, double u);
+/* The pipeline's throughput under an assignment: the least stage total
+ * (0 if a stage has no server). */
+AP_EXPORT double ap_swarm_pipeline_throughput(const ap_swarm_member_t *m, const uint32_t *stage,
+                                              size_t n, uint32_t nstages);
+
+/* ---- stage servers and trainers on a runtime ----------------------------------
+ * Sans-I/O: both talk only to runtime.h. Loop-thread only. */
+
+typedef struct ap_swarm_server ap_swarm_server_t;
+typedef struct ap_swarm_trainer ap_swarm_trainer_t;
+
+typedef struct ap_swarm_server_stats {
+    uint64_t forwards, backwards; /* calls answered */
+    uint64_t refused;             /* calls refused (bad bytes or not fitting the stage) */
+} ap_swarm_server_stats_t;
+
+/* Serves stage `stage` of a GPT stage model m (borrowed; the server
+ * accumulates its gradients) under AP_SWARM_PROTO_STAGE, answering with
+ * codec (NULL = BLOCKWISE8). Refusals go back as an error with the reason
+ * and a log line naming the caller. The compute runs on the loop thread.
+ * AP_EEXIST if rt serves a stage already. */
+AP_EXPORT int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage,
+                                  const ap_codec_cfg_t *codec, ap_swarm_server_t **out);
+AP_EXPORT void ap_swarm_server_free(ap_swarm_server_t *s);
+AP_EXPORT void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *out);
+
+/* A trainer drives micro-batches through nstages stages, one balancer per
+ * stage. codec NULL = BLOCKWISE8; attempts = calls per pipeline step before
+ * the micro-batch fails (0 = 16). */
+AP_EXPORT int ap_swarm_trainer_new(ap_rt_t *rt, uint32_t nstages, uint32_t width,
+                                   const ap_codec_cfg_t *codec, int attempts,
+                                   ap_swarm_trainer_t **out);
+/* Cancels the micro-batches in flight (their callbacks run with
+ * AP_ECANCELED) and frees. */
+AP_EXPORT void ap_swarm_trainer_free(ap_swarm_trainer_t *t);
+/* The balancer of a stage (to feed it servers from the DHT: update). */
+AP_EXPORT ap_swarm_balancer_t *ap_swarm_trainer_balancer(ap_swarm_trainer_t *t, uint32_t stage);
+
+typedef void (*ap_swarm_batch_fn)(ap_rt_t *rt, void *arg, int status, float loss);
+/* Pushes one micro-batch (tokens and targets (B,T), copied) forward through
+ * every stage and backward again. A failed or garbage answer bans that
+ * server and the step is retried on another; a timeout retries without a
+ * ban. done runs once, later: 0 and the loss, or the error of the last
+ * attempt. */
+AP_EXPORT int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_t T,
+                                      const int32_t *tokens, const int32_t *targets,
+                                      ap_swarm_batch_fn done, void *arg);
+AP_EXPORT uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t); /* sent + received */
+
+/* ---- announcements in the DHT ------------------------------------------------
+ * A stage server announces itself under the key ap_swarm_stage_key(run,
+ * stage) with the owner-signed subkey "[owner:<its PeerID>]" (the DHT checks
+ * the signature) and the value below, and refreshes it before it expires.
+ * Value (big-endian, 24 bytes): magic 0x57, version 1, 2 zero bytes,
+ * throughput (IEEE double bits, units/s, finite and >= 0), queue length
+ * (uint32), stage version (uint64, e.g. the optimizer epoch). */
+
+#define AP_SWARM_ANNOUNCE_LEN 24
+#define AP_SWARM_RUN_MAX      128 /* run id bytes */
+#define AP_SWARM_KEY_MAX      (AP_SWARM_RUN_MAX + 32)
+
+typedef struct ap_swarm_announce {
+    double throughput;
+    uint32_t queue;
+    uint64_t version;
+} ap_swarm_announce_t;
+
+/* "swarm/<run>/stage/<stage>" into key (AP_SWARM_KEY_MAX bytes); returns its
+ * length, or AP_EINVAL for an empty run id or one over AP_SWARM_RUN_MAX. */
+AP_EXPORT int ap_swarm_stage_key(const char *run, uint32_t stage, char key[AP_SWARM_KEY_MAX]);
+AP_EXPORT void ap_swarm_announce_encode(const ap_swarm_announce_t *a,
+                                        uint8_t out[AP_SWARM_ANNOUNCE_LEN]);
+/* AP_ECORRUPT (length, magic, reserved bytes, throughput), AP_EVERSION. */
+AP_EXPORT int ap_swarm_announce_decode(const uint8_t *in, size_t len, ap_swarm_announce_t *a);
+/* Reads the announcer of a record from its "[owner:<PeerID>]" subkey. */
+AP_EXPORT int ap_swarm_announce_owner(const ap_dht_record_t *rec, ap_peer_id_t *peer);
+
+/* Feeds a balancer from the result of a DHT get of a stage key: every
+ * well-formed entry updates its server with the announced throughput and
+ * the record's expiry, converted from wall-clock milliseconds (wall_ms =
+ * ap_rt_wall_ms now) to the balancer's clock (now_us). Malformed entries are
+ * skipped. Returns the number of servers fed, or AP_EINVAL. */
+AP_EXPORT int ap_swarm_balancer_feed(ap_swarm_balancer_t *b, const ap_dht_result_t *res,
+                                     uint64_t now_us, int64_t wall_ms);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,277 @@
+/* A SWARM trainer on a runtime: drives micro-batches through the stages,
+ * choosing each call's server with the stage's balancer, retrying failed or
+ * garbage answers on another server. Sans-I/O: runtime.h only. */
+#include "apiary/log.h"
+#include "apiary/swarm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD          "swarm"
+#define WAIT_US      200000 /* no eligible server: look again after this */
+#define ATTEMPTS_DEF 16
+
+typedef struct mb mb_t;
+
+struct ap_swarm_trainer {
+    ap_rt_t *rt;
+    uint32_t S, C;
+    ap_codec_cfg_t codec;
+    int attempts;
+    ap_swarm_balancer_t **bal;
+    mb_t *head;
+    uint64_t bytes;
+};
+
+struct mb {
+    ap_swarm_trainer_t *t;
+    mb_t *prev, *next;
+    uint32_t B, T;
+    int32_t *tokens, *targets;
+    float **ins; /* ins[s]: input of stage s (s >= 1) */
+    float *dout;
+    bool backward;
+    uint32_t s;
+    int attempt, last_err;
+    uint64_t call_id, timer_id, sent_us;
+    ap_peer_id_t peer;
+    float loss;
+    ap_swarm_batch_fn done;
+    void *arg;
+};
+
+static void step(mb_t *b);
+
+static void finish(mb_t *b, int status)
+{
+    ap_swarm_trainer_t *t = b->t;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        t->head = b->next;
+    if (b->next) b->next->prev = b->prev;
+    if (b->timer_id) ap_rt_timer_stop(t->rt, b->timer_id);
+    for (uint32_t s = 0; s < t->S; s++) free(b->ins[s]);
+    free(b->ins);
+    free(b->dout);
+    free(b->tokens);
+    free(b->targets);
+    ap_swarm_batch_fn done = b->done;
+    void *arg = b->arg;
+    float loss = b->loss;
+    free(b);
+    if (done) done(t->rt, arg, status, loss);
+}
+
+static void on_wait(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    mb_t *b = arg;
+    b->timer_id = 0;
+    step(b);
+}
+
+/* Another attempt at the current step, or the end of the micro-batch. */
+static void retry(mb_t *b, int err, bool wait)
+{
+    b->last_err = err;
+    if (++b->attempt >= b->t->attempts) {
+        finish(b, err);
+        return;
+    }
+    if (!wait) {
+        step(b);
+        return;
+    }
+    b->timer_id = ap_rt_timer_start(b->t->rt, WAIT_US, 0, on_wait, b);
+    if (!b->timer_id) finish(b, AP_ENOMEM);
+}
+
+static void build(const mb_t *b, ap_swarm_req_t *q)
+{
+    const ap_swarm_trainer_t *t = b->t;
+    memset(q, 0, sizeof *q);
+    q->op = b->backward ? AP_SWARM_BACKWARD : AP_SWARM_FORWARD;
+    q->stage = b->s;
+    q->B = b->B;
+    q->T = b->T;
+    q->C = t->C;
+    q->tokens = b->s == 0 ? b->tokens : NULL;
+    q->in = b->s == 0 ? NULL : b->ins[b->s];
+    q->targets = b->backward && b->s == t->S - 1 ? b->targets : NULL;
+    q->dout = b->backward && b->s < t->S - 1 ? b->dout : NULL;
+}
+
+static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                    const char *errmsg)
+{
+    mb_t *b = arg;
+    ap_swarm_trainer_t *t = b->t;
+    b->call_id = 0;
+    const uint64_t now = ap_rt_now_us(rt), elapsed = now - b->sent_us;
+    ap_swarm_balancer_t *bal = t->bal[b->s];
+    const double size = (double)b->B * b->T;
+    char who[AP_PEER_SHORT_LEN];
+    if (status == AP_ECANCELED) {
+        finish(b, AP_ECANCELED);
+        return;
+    }
+    if (status) {
+        ap_peer_id_short(&b->peer, who);
+        ap_info(MOD, "stage %u: call to %s failed: %s%s%s", b->s, who, ap_err_name(status),
+                errmsg ? ": " : "", errmsg ? errmsg : "");
+        ap_swarm_balancer_report(bal, &b->peer, status, size, elapsed, now);
+        retry(b, status, false);
+        return;
+    }
+    t->bytes += len;
+    ap_swarm_req_t q;
+    build(b, &q);
+    ap_swarm_resp_t r;
+    const char *why = NULL;
+    int rc = ap_swarm_resp_decode(resp, len, &r, &why);
+    if (!rc) rc = ap_swarm_resp_check(&q, &r, b->s == 0, b->s == t->S - 1, &why);
+    if (rc) {
+        ap_swarm_resp_clear(&r);
+        ap_peer_id_short(&b->peer, who);
+        ap_warn(MOD, "stage %u: server %s answered garbage (%s): banned", b->s, who,
+                why ? why : ap_err_name(rc));
+        ap_swarm_balancer_report(bal, &b->peer, AP_EPROTO, size, elapsed, now);
+        retry(b, AP_EPROTO, false);
+        return;
+    }
+    ap_swarm_balancer_report(bal, &b->peer, 0, size, elapsed, now);
+    b->attempt = 0;
+    if (!b->backward) {
+        b->ins[b->s + 1] = r.act;
+        b->s++;
+        if (b->s == t->S - 1) b->backward = true;
+    } else {
+        if (b->s == t->S - 1) b->loss = r.loss;
+        free(b->dout);
+        b->dout = r.act;
+        if (b->s == 0) {
+            finish(b, 0);
+            return;
+        }
+        b->s--;
+    }
+    step(b);
+}
+
+static void step(mb_t *b)
+{
+    ap_swarm_trainer_t *t = b->t;
+    const uint64_t now = ap_rt_now_us(t->rt);
+    uint64_t deadline = 0;
+    int rc = ap_swarm_balancer_pick(t->bal[b->s], (double)b->B * b->T, now, &b->peer, &deadline);
+    if (rc) {
+        retry(b, AP_EUNREACH, true);
+        return;
+    }
+    ap_swarm_req_t q;
+    build(b, &q);
+    uint8_t *buf;
+    size_t len;
+    if ((rc = ap_swarm_req_encode(&q, &t->codec, &buf, &len))) {
+        finish(b, rc);
+        return;
+    }
+    t->bytes += len;
+    ap_rpc_opts_t o = {.timeout_us = deadline, .max_resp = AP_SWARM_MSG_MAX};
+    b->sent_us = now;
+    b->call_id = ap_rt_rpc_call(t->rt, &b->peer, AP_SWARM_PROTO_STAGE, buf, len, &o, on_done, b);
+    free(buf);
+    if (!b->call_id) finish(b, AP_ENOMEM);
+}
+
+int ap_swarm_trainer_new(ap_rt_t *rt, uint32_t nstages, uint32_t width, const ap_codec_cfg_t *codec,
+                         int attempts, ap_swarm_trainer_t **out)
+{
+    if (!rt || !out || !nstages || nstages > AP_SWARM_STAGES_MAX || !width) return AP_EINVAL;
+    ap_swarm_trainer_t *t = calloc(1, sizeof *t);
+    if (!t) return AP_ENOMEM;
+    t->rt = rt;
+    t->S = nstages;
+    t->C = width;
+    if (codec)
+        t->codec = *codec;
+    else
+        t->codec.id = AP_CODEC_BLOCKWISE8;
+    t->attempts = attempts > 0 ? attempts : ATTEMPTS_DEF;
+    t->bal = calloc(nstages, sizeof *t->bal);
+    if (!t->bal) {
+        free(t);
+        return AP_ENOMEM;
+    }
+    for (uint32_t s = 0; s < nstages; s++)
+        if (!(t->bal[s] = ap_swarm_balancer_new(NULL))) {
+            ap_swarm_trainer_free(t);
+            return AP_ENOMEM;
+        }
+    *out = t;
+    return 0;
+}
+
+void ap_swarm_trainer_free(ap_swarm_trainer_t *t)
+{
+    if (!t) return;
+    while (t->head) {
+        mb_t *b = t->head;
+        if (b->call_id && ap_rt_rpc_cancel(t->rt, b->call_id)) continue; /* on_done finished it */
+        finish(b, AP_ECANCELED);
+    }
+    for (uint32_t s = 0; s < t->S; s++) ap_swarm_balancer_free(t->bal[s]);
+    free(t->bal);
+    free(t);
+}
+
+ap_swarm_balancer_t *ap_swarm_trainer_balancer(ap_swarm_trainer_t *t, uint32_t stage)
+{
+    return t && stage < t->S ? t->bal[stage] : NULL;
+}
+
+uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t)
+{
+    return t ? t->bytes : 0;
+}
+
+int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_t T, const int32_t *tokens,
+                            const int32_t *targets, ap_swarm_batch_fn done, void *arg)
+{
+    if (!t || !tokens || !targets || !B || !T) return AP_EINVAL;
+    if ((uint64_t)B * T > AP_SWARM_TOKENS_MAX || (uint64_t)B * T * t->C > AP_SWARM_TENSOR_MAX)
+        return AP_ELIMIT;
+    const size_t N = (size_t)B * T;
+    mb_t *b = calloc(1, sizeof *b);
+    if (!b) return AP_ENOMEM;
+    b->t = t;
+    b->B = B;
+    b->T = T;
+    b->tokens = malloc(N * sizeof *b->tokens);
+    b->targets = malloc(N * sizeof *b->targets);
+    b->ins = calloc(t->S, sizeof *b->ins);
+    if (!b->tokens || !b->targets || !b->ins) {
+        free(b->tokens);
+        free(b->targets);
+        free(b->ins);
+        free(b);
+        return AP_ENOMEM;
+    }
+    memcpy(b->tokens, tokens, N * sizeof *tokens);
+    memcpy(b->targets, targets, N * sizeof *targets);
+    b->backward = t->S == 1;
+    b->done = done;
+    b->arg = arg;
+    b->next = t->head;
+    if (t->head) t->head->prev = b;
+    t->head = b;
+    /* Start from a timer so done never runs inside this call. */
+    b->timer_id = ap_rt_timer_start(t->rt, 0, 0, on_wait, b);
+    if (!b->timer_id) {
+        b->done = NULL;
+        finish(b, AP_ENOMEM);
+        return AP_ENOMEM;
+    }
+    return 0;
+}

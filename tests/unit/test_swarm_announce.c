@@ -1,0 +1,105 @@
+/* SWARM announcements: the stage key, the value codec and its refusals, the
+ * owner subkey, and a balancer fed from a DHT result (expiry converted from
+ * wall-clock time; malformed and expired entries skipped). */
+#include "aptest.h"
+
+#include "apiary/swarm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static ap_peer_id_t pid(int i)
+{
+    uint8_t pk[AP_ED25519_PK_LEN] = {0};
+    pk[0] = (uint8_t)(i + 1);
+    ap_peer_id_t id;
+    ap_peer_id_from_ed25519(&id, pk);
+    return id;
+}
+
+static void test_codec(void **state)
+{
+    (void)state;
+    char key[AP_SWARM_KEY_MAX];
+    assert_int_equal(ap_swarm_stage_key("run1", 3, key), 18);
+    assert_string_equal(key, "swarm/run1/stage/3");
+    assert_int_equal(ap_swarm_stage_key("", 3, key), AP_EINVAL);
+    char big[AP_SWARM_RUN_MAX + 2];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    assert_int_equal(ap_swarm_stage_key(big, 3, key), AP_EINVAL);
+
+    ap_swarm_announce_t a = {.throughput = 123.5, .queue = 7, .version = 99}, d;
+    uint8_t v[AP_SWARM_ANNOUNCE_LEN];
+    ap_swarm_announce_encode(&a, v);
+    assert_ok(ap_swarm_announce_decode(v, sizeof v, &d));
+    assert_true(d.throughput == 123.5 && d.queue == 7 && d.version == 99);
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v - 1, &d), AP_ECORRUPT);
+    v[1] = 2;
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_EVERSION);
+    v[1] = 1;
+    v[2] = 1;
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
+    v[2] = 0;
+    a.throughput = NAN;
+    ap_swarm_announce_encode(&a, v); /* a non-finite claim is sent as 0 */
+    assert_ok(ap_swarm_announce_decode(v, sizeof v, &d));
+    assert_true(d.throughput == 0);
+    double nan = NAN;
+    uint64_t bits;
+    memcpy(&bits, &nan, 8);
+    for (int k = 0; k < 8; k++) v[4 + k] = (uint8_t)(bits >> (56 - 8 * k));
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
+}
+
+static void test_feed(void **state)
+{
+    (void)state;
+    char sk[4][96], pidtxt[AP_PEER_ID_STR_MAX];
+    uint8_t vals[4][AP_SWARM_ANNOUNCE_LEN];
+    ap_dht_record_t recs[5];
+    const int64_t wall = 1700000000000;
+    for (int i = 0; i < 4; i++) {
+        ap_peer_id_t p = pid(i);
+        snprintf(sk[i], sizeof sk[i], "[owner:%s]", ap_peer_id_str(&p, pidtxt));
+        ap_swarm_announce_t a = {.throughput = 10.0 * (i + 1)};
+        ap_swarm_announce_encode(&a, vals[i]);
+        recs[i] = (ap_dht_record_t){.subkey = (const uint8_t *)sk[i],
+                                    .subkey_len = strlen(sk[i]),
+                                    .value = vals[i],
+                                    .value_len = sizeof vals[i],
+                                    .expiration_ms = wall + 30000};
+    }
+    recs[2].expiration_ms = wall - 1; /* expired */
+    recs[3].value_len = 5;            /* malformed */
+    recs[4] = recs[0];
+    recs[4].subkey = (const uint8_t *)"plain";
+    recs[4].subkey_len = 5; /* not an owner subkey */
+    ap_dht_result_t res = {.found = true, .is_dict = true, .nrecords = 5, .records = recs};
+    ap_swarm_balancer_t *b = ap_swarm_balancer_new(NULL);
+    const uint64_t now = 5000000;
+    assert_int_equal(ap_swarm_balancer_feed(b, &res, now, wall), 2);
+    assert_int_equal(ap_swarm_balancer_count(b), 2);
+    ap_swarm_server_info_t info;
+    ap_peer_id_t p1 = pid(1);
+    assert_ok(ap_swarm_balancer_info(b, &p1, now, &info));
+    assert_true(info.throughput == 20.0);
+    assert_int_equal(info.expires_us, now + 30000000ull);
+    /* Past the expiry the servers are gone. */
+    ap_peer_id_t q;
+    assert_int_equal(ap_swarm_balancer_pick(b, 1, now + 30000000ull, &q, NULL), AP_ENOTFOUND);
+    res.found = false;
+    assert_int_equal(ap_swarm_balancer_feed(b, &res, now, wall), 0);
+    assert_int_equal(ap_swarm_balancer_feed(NULL, &res, now, wall), AP_EINVAL);
+    ap_swarm_balancer_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec),
+        cmocka_unit_test(test_feed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
