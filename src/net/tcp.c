@@ -470,6 +470,7 @@ void ap__tcp_close(ap_tcp_t *t, void (*done)(void *arg), void *arg)
     uv_close((uv_handle_t *)&t->sweep, handle_closed);
     uv_close((uv_handle_t *)&t->kick, kick_closed);
     for (ap_tcp_conn_t *c = t->conns; c; c = c->next) ap__tcp_conn_abort(c, AP_ESHUTDOWN);
+    ap__tcp_p2p_close(t);
     for (dial_req_t *r = t->resolving; r; r = r->next) ap_multiaddr_resolve_cancel(r->res);
 }
 

@@ -64,6 +64,7 @@ struct ap_tcp_conn {
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool admitted; /* counted by t->admit (inbound: from accept; outbound: from connect) */
     bool has_expected;
+    bool sniffed;        /* the first inbound bytes were looked at (tcp_p2p.c) */
     bool in_read;        /* inside read_cb: the open tail waits (see flush) */
     size_t rx_unflushed; /* bytes processed in this read since writes went out */
     bool sink;           /* injected (fuzzing): no socket; written bytes are dropped */
@@ -109,6 +110,7 @@ struct ap_tcp {
     void (*done)(void *);
     void *done_arg;
     ap_tcp_stats_t stats;
+    struct ap_p2p_host *p2p; /* serves libp2p dialers on the same port (tcp_p2p.c) */
 };
 
 /* tcp.c */
@@ -142,6 +144,14 @@ void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
 void ap__tcp_dial_done(dial_req_t *r, int status, ap_tcp_conn_t *c);
 /* Completes every dial waiting for c. */
 void ap__tcp_dials_done(ap_tcp_conn_t *c, int status);
+
+/* tcp_p2p.c */
+/* On an inbound connection's first bytes: when they start multistream-select
+ * (0x13), hands the socket to the libp2p host and closes c; returns true
+ * when c is gone. */
+bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n);
+/* Frees the libp2p host on close (counted as a handle). */
+void ap__tcp_p2p_close(ap_tcp_t *t);
 
 /* tcp_io.c */
 void ap__tcp_wblocks_free(ap_tcp_conn_t *c);

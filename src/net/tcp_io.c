@@ -407,6 +407,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     t->stats.bytes_received += (uint64_t)nread;
     c->last_rx = ap__tcp_now_ms(t);
+    if (!c->outbound && !c->sniffed) {
+        c->sniffed = true;
+        if (ap__tcp_sniff(c, t->rbuf, (size_t)nread)) return;
+    }
     c->in_read = true;
     c->rx_unflushed = 0;
     ap__tcp_process(c, t->rbuf, (size_t)nread);

@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PROTOS_MAX  32
 #define NOISE_PROTO "/noise"
@@ -30,6 +31,8 @@ struct ap_p2p_host {
     ap_multiaddr_t bound;
     size_t nconns;
     struct ap_p2p_conn *conns; /* every live connection */
+    void (*done)(void *);      /* after the host is freed (ap__p2p_host_free_then) */
+    void *done_arg;
 };
 
 enum { P_CONNECT, P_MSS, P_NOISE, P_MUXSEL, P_YAMUX, P_DEAD };
@@ -314,6 +317,15 @@ ap_p2p_conn_t *ap__p2p_stream_conn(const ap_p2p_stream_t *s)
 
 /* ---- the upgrade ------------------------------------------------------------- */
 
+static void host_release(ap_p2p_host_t *h)
+{
+    void (*done)(void *) = h->done;
+    void *arg = h->done_arg;
+    ap__secure_creds_clear(&h->creds);
+    free(h);
+    if (done) done(arg);
+}
+
 static void conn_closed(uv_handle_t *hd)
 {
     ap_p2p_conn_t *c = hd->data;
@@ -334,10 +346,7 @@ static void conn_closed(uv_handle_t *hd)
     ap__buf_free(&c->raw);
     free(c);
     h->nconns--;
-    if (h->freeing && h->nconns == 0 && !h->listening) {
-        ap__secure_creds_clear(&h->creds);
-        free(h);
-    }
+    if (h->freeing && h->nconns == 0 && !h->listening) host_release(h);
 }
 
 static void conn_fail(ap_p2p_conn_t *c, int err)
@@ -684,10 +693,7 @@ static void listener_closed(uv_handle_t *hd)
 {
     ap_p2p_host_t *h = hd->data;
     h->listening = false;
-    if (h->nconns == 0) {
-        ap__secure_creds_clear(&h->creds);
-        free(h);
-    }
+    if (h->nconns == 0) host_release(h);
 }
 
 void ap__p2p_host_free(ap_p2p_host_t *h)
@@ -698,8 +704,34 @@ void ap__p2p_host_free(ap_p2p_host_t *h)
         uv_close((uv_handle_t *)&h->listener, listener_closed);
         return;
     }
-    if (h->nconns == 0) {
-        ap__secure_creds_clear(&h->creds);
-        free(h);
+    if (h->nconns == 0) host_release(h);
+}
+
+void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg)
+{
+    h->done = done;
+    h->done_arg = arg;
+    ap__p2p_host_free(h);
+}
+
+int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n)
+{
+    if (h->freeing) return AP_ESHUTDOWN;
+    ap_p2p_conn_t *c = conn_new(h, false, NULL);
+    if (!c) return AP_ENOMEM;
+    if (uv_tcp_open(&c->tcp, sock) != 0) {
+        close(sock);
+        conn_fail(c, AP_EIO);
+        return AP_EIO;
     }
+    if (n > 0 && ap__buf_reserve(&c->raw, n) != 0) {
+        conn_fail(c, AP_ENOMEM); /* closes sock with the handle */
+        return AP_ENOMEM;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    memcpy(c->raw.data, pre, n);
+    c->raw.len = n;
+    start(c);
+    if (n > 0 && !c->closing) process(c);
+    return 0;
 }

@@ -53,6 +53,12 @@ int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr
 /* Closes the listener and every connection; frees h once they are gone
  * (run the loop). */
 void ap__p2p_host_free(ap_p2p_host_t *h);
+/* As ap__p2p_host_free, then calls done(arg) once h is freed. */
+void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg);
+/* Serves an accepted TCP socket as the listening side of a libp2p
+ * connection; pre holds the n bytes already read from it (the start of
+ * "/multistream/1.0.0"). h owns sock from here on, also on error. */
+int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n);
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);
 
 /* Dials ma (ip4/ip6 + tcp; a /p2p/ part is the PeerID the remote must

@@ -2,11 +2,13 @@
  * upgrade (multistream-select /noise, Noise SHA-256, yamux chosen in the
  * handshake), ping and identify (every field), an unknown protocol answered
  * "na", a wrong expected PeerID refused; then `apiary ping` and
- * `apiary identify --json` against a host in this process. */
+ * `apiary identify --json` against a host in this process; and a libp2p
+ * dialer served ping and identify on an Apiary transport's own TCP port. */
 #include "aptest.h"
 
 #include "apiary/identity.h"
 #include "p2p/identify.h"
+#include "net/tcp.h"
 #include "p2p/p2p_conn.h"
 
 #include <pthread.h>
@@ -264,11 +266,61 @@ static void test_cli(void **state)
     assert_int_equal(uv_loop_close(&s.loop), 0);
 }
 
+static void tcp_done(void *arg)
+{
+    *(bool *)arg = true;
+}
+
+/* The transport's listener hands a connection starting with 0x13 to libp2p. */
+static void test_tcp_port(void **state)
+{
+    (void)state;
+    static ctx_t x;
+    memset(&x, 0, sizeof x);
+    uv_loop_init(&x.loop);
+    ap_identity_t ida, idb;
+    ident(&ida, 3);
+    ident(&idb, 4);
+    ap_tcp_t *t = NULL;
+    assert_ok(ap__tcp_new(&x.loop, &ida, NULL, NULL, NULL, &t));
+    assert_ok(ap__tcp_listen(t, "/ip4/127.0.0.1/tcp/0"));
+    ap_multiaddr_t bound;
+    assert_int_equal(ap__tcp_listen_addrs(t, &bound, 1), 1);
+    bound.has_peer = true;
+    bound.peer = ida.id;
+    ap_p2p_host_t *b = ap__p2p_host_new(&x.loop, &idb, "apiary-test/2");
+    assert_non_null(b);
+    assert_ok(ap__p2p_dial(b, &bound, &cbs, &x, &x.conn));
+    RUN_UNTIL(&x, x.ready || x.closed);
+    assert_true(x.ready);
+    assert_true(ap_peer_id_eq(ap__p2p_conn_peer(x.conn), &ida.id));
+    assert_ok(ap__p2p_stream_open(x.conn, &ping_c, &x, NULL));
+    RUN_UNTIL(&x, x.len == 32);
+    assert_memory_equal(x.buf, "0123456789abcdef0123456789ABCDEF", 32);
+    x.len = 0;
+    x.fin = false;
+    assert_ok(ap__p2p_stream_open(x.conn, &id_c, &x, NULL));
+    RUN_UNTIL(&x, x.fin);
+    size_t hl, bl;
+    assert_int_equal(ap__identify_frame(x.buf, x.len, &hl, &bl), 1);
+    static ap_identify_t info;
+    assert_ok(ap__identify_decode(x.buf + hl, bl, &info));
+    assert_string_equal(info.agent_version, "apiary");
+
+    bool done = false;
+    ap__p2p_host_free(b);
+    ap__tcp_close(t, tcp_done, &done);
+    RUN_UNTIL(&x, done && x.closed);
+    uv_run(&x.loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&x.loop), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apiary_to_apiary),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_tcp_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "apiary/identity.h"
 #include "p2p/identify.h"
+#include "net/tcp.h"
 #include "p2p/p2p_conn.h"
 
 #include <fcntl.h>
@@ -369,12 +370,71 @@ static void test_js_dials_apiary(void **state)
     assert_int_equal(uv_loop_close(&s.loop), 0);
 }
 
+/* ---- js dials an Apiary transport's own TCP port ---------------------------- */
+
+typedef struct tsrv {
+    uv_loop_t loop;
+    uv_async_t stop;
+    ap_tcp_t *t;
+} tsrv_t;
+
+static void tstop_cb(uv_async_t *a)
+{
+    tsrv_t *s = a->data;
+    ap__tcp_close(s->t, NULL, NULL);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *tserve(void *arg)
+{
+    uv_run(&((tsrv_t *)arg)->loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void test_js_dials_tcp_port(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    static tsrv_t s;
+    uv_loop_init(&s.loop);
+    ap_identity_t me;
+    assert_ok(ap_identity_generate(&me));
+    assert_ok(ap__tcp_new(&s.loop, &me, NULL, NULL, NULL, &s.t));
+    assert_ok(ap__tcp_listen(s.t, "/ip4/127.0.0.1/tcp/0"));
+    ap_multiaddr_t bound;
+    assert_int_equal(ap__tcp_listen_addrs(s.t, &bound, 1), 1);
+    uv_async_init(&s.loop, &s.stop, tstop_cb);
+    s.stop.data = &s;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, tserve, &s), 0);
+
+    char addr[AP_MA_TEXT_MAX], pid[AP_PEER_ID_STR_MAX], want[600];
+    bound.has_peer = true;
+    bound.peer = me.id;
+    ap_multiaddr_print(&bound, addr, sizeof addr);
+    ap_peer_id_str(&me.id, pid);
+    int st;
+    char *out = js_dial(addr, &st);
+    if (st != 0 || !strstr(out, "\"ok\":true")) fail_msg("js dial: status %d: %s", st, out);
+    snprintf(want, sizeof want, "\"peer\":\"%s\"", pid);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"muxer\":\"/yamux/1.0.0\""));
+    assert_non_null(strstr(out, "\"/ipfs/ping/1.0.0\""));
+    assert_non_null(strstr(out, "\"key_matches\":true"));
+    print_message("js -> apiary transport port: %s", out);
+
+    uv_async_send(&s.stop);
+    pthread_join(th, NULL);
+    assert_int_equal(uv_loop_close(&s.loop), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apiary_dials_js),
         cmocka_unit_test(test_js_dials_apiary),
+        cmocka_unit_test(test_js_dials_tcp_port),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1,0 +1,64 @@
+/* libp2p on the transport's TCP port: an inbound connection whose first byte
+ * is 0x13 (the length of "/multistream/1.0.0\n") is a libp2p dialer. A native
+ * handshake starts with a 2-byte frame length far below 0x1300, so the two
+ * cannot be confused. The socket moves to a libp2p host sharing the
+ * transport's identity, which serves identify and ping. */
+#include "apiary/error.h"
+#include "apiary/log.h"
+#include "net/tcp_impl.h"
+#include "p2p/p2p_conn.h"
+
+#include <unistd.h>
+
+#define MSS_FIRST_BYTE 0x13
+
+static ap_p2p_host_t *host(ap_tcp_t *t)
+{
+    if (t->p2p) return t->p2p;
+    ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
+    if (!h) return NULL;
+    if (ap__p2p_host_serve_basics(h) != 0) {
+        ap__p2p_host_free(h);
+        return NULL;
+    }
+    t->p2p = h;
+    return h;
+}
+
+bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
+{
+    ap_tcp_t *t = c->t;
+    if (n == 0 || p[0] != MSS_FIRST_BYTE || t->closing) return false;
+    ap_p2p_host_t *h = host(t);
+    uv_os_fd_t fd;
+    if (!h || uv_fileno((uv_handle_t *)&c->h, &fd) != 0) {
+        ap__tcp_conn_fail(c, AP_ENOMEM, "cannot serve its libp2p connection");
+        return true;
+    }
+    int dup_fd = dup(fd);
+    if (dup_fd < 0) {
+        ap__tcp_conn_fail(c, AP_EIO, "cannot serve its libp2p connection");
+        return true;
+    }
+    ap_debug(MOD, "%s speaks multistream-select: serving it as libp2p", c->who);
+    ap__tcp_conn_abort(c, AP_ECLOSED); /* closes our descriptor; dup_fd keeps the socket */
+    int rc = ap__p2p_host_adopt(h, (uv_os_sock_t)dup_fd, p, n);
+    if (rc) ap_debug(MOD, "libp2p connection not served: %s", ap_strerror(rc));
+    return true;
+}
+
+static void p2p_freed(void *arg)
+{
+    ap_tcp_t *t = arg;
+    t->handles--;
+    ap__tcp_maybe_finish(t);
+}
+
+void ap__tcp_p2p_close(ap_tcp_t *t)
+{
+    if (!t->p2p) return;
+    ap_p2p_host_t *h = t->p2p;
+    t->p2p = NULL;
+    t->handles++;
+    ap__p2p_host_free_then(h, p2p_freed, t);
+}
