@@ -1,8 +1,10 @@
 /* Fuzz target: the collaborative optimizer's decoders of untrusted bytes.
  * First byte selects:
- *   even: a progress record (ap_progress_decode): accepted records must obey
+ *   even (not 2): a progress record (ap_progress_decode): accepted records must obey
  *         the documented invariants (also of the run configuration they
  *         carry) and survive a re-encode round trip;
+ *   2:    a state request to a started peer (fuzz_serve): the rest of the
+ *         input is the stream's hello (a StateRequest with its RunConfig);
  *   odd:  a state download from a fuzzed donor on the simulator: the rest of
  *         the input is a sequence of [u16 length][bytes] stream messages the
  *         donor sends (header, chunks, checksum). Whatever it sends, the
@@ -98,9 +100,64 @@ static void fuzz_download(const uint8_t *d, size_t n)
     ap_sim_free(sim);
 }
 
+/* A state request (the hello of /apiary/optim/state/1) to a started peer:
+ * refused or served, never a crash; the peer's parameters stay as they were. */
+static void sr_close(ap_stream_t *s, void *arg, int status)
+{
+    *(bool *)arg = true;
+}
+static void sr_end(ap_stream_t *s, void *arg)
+{
+    ap_stream_close(s);
+}
+static const ap_stream_cbs_t sr_cbs = {.on_end = sr_end, .on_close = sr_close};
+
+static bool flag_set(void *arg)
+{
+    return *(bool *)arg;
+}
+
+static void fuzz_serve(const uint8_t *d, size_t n)
+{
+    ap_sim_t *sim = ap_sim_new(1);
+    ap_sim_add_node(sim, NULL);
+    ap_sim_add_node(sim, NULL);
+    ap_rt_t *a = ap_sim_node(sim, 0), *b = ap_sim_node(sim, 1);
+    ap_dht_t *dht = NULL;
+    ap_avg_service_t *svc = NULL;
+    ap_dht_new(a, NULL, &dht);
+    ap_avg_service_new(a, &svc);
+    float params[NPAR];
+    for (int i = 0; i < NPAR; i++) params[i] = (float)i;
+    ap_collab_config_t cfg;
+    ap_collab_config_default(&cfg);
+    cfg.run_id = "fuzz";
+    cfg.target_batch_size = 8;
+    cfg.solver = ap_nn_solver_defaults(AP_NN_SGD);
+    ap_collab_t *c = NULL;
+    if (ap_collab_new(a, dht, svc, &cfg, params, NPAR, NULL, 0, &c) == 0) {
+        c->started = true; /* serves state */
+        bool closed = false;
+        ap_stream_t *s = NULL;
+        if (ap_rt_stream_open(b, ap_rt_self(a), AP_COLLAB_STATE_PROTO, d, n, NULL, &sr_cbs, &closed,
+                              &s) == 0)
+            ap_sim_run_until(sim, flag_set, &closed, ap_sim_now_us(sim) + 10000000);
+        for (int i = 0; i < NPAR; i++)
+            if (params[i] != (float)i) abort();
+        ap_collab_free(c);
+    }
+    ap_dht_free(dht);
+    ap_avg_service_free(svc);
+    ap_sim_free(sim);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
+    if (data[0] == 2) {
+        fuzz_serve(data + 1, size - 1);
+        return 0;
+    }
     if (data[0] % 2 == 0) {
         ap_progress_t p;
         int64_t now = 1700000000000;

@@ -8,6 +8,7 @@
 #include "apiary/nn.h"
 #include "apiary/progress.h"
 #include "apiary/run_config.h"
+#include "optim.pb-c.h"
 
 #include <sodium.h>
 
@@ -229,6 +230,11 @@ void ap__collab_after_epoch(struct ap_collab *c);
 
 /* ---- runcfg.c: the run's configuration ---- */
 void ap__collab_make_run_config(const struct ap_collab *c, ap_run_config_t *rc);
+/* The RunConfig message of progress records and state requests (progress.c):
+ * from_pb validates an untrusted one (AP_ECORRUPT / AP_ERANGE). to_pb points
+ * m->model into rc. */
+void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m);
+int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc);
 
 /* ---- epoch.c: the step and the epoch change ---- */
 typedef enum ap__epoch_how {

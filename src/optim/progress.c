@@ -4,6 +4,7 @@
 #include "apiary/log.h"
 #include "apiary/progress.h"
 #include "apiary/run_config.h"
+#include "optim/collab_impl.h"
 
 #include "optim.pb-c.h"
 
@@ -13,7 +14,7 @@
 
 #define CONFIG_PACKED_MAX 512 /* a packed RunConfig: model < 64 bytes + 15 scalars */
 
-static void config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
+void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
 {
     apiary__optim__run_config__init(m);
     m->model = (char *)rc->model;
@@ -34,7 +35,7 @@ static void config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
     m->dht_matchmaking = rc->dht_matchmaking;
 }
 
-static int config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
+int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
 {
     memset(rc, 0, sizeof *rc);
     size_t ml = m->model ? strlen(m->model) : 0;
@@ -69,7 +70,7 @@ void ap_run_config_digest(const ap_run_config_t *rc, uint8_t out[AP_RUN_CONFIG_D
     Apiary__Optim__RunConfig m;
     ap_run_config_t t = *rc;
     t.model[AP_RUN_CONFIG_MODEL_MAX - 1] = 0;
-    config_to_pb(&t, &m);
+    ap__run_config_to_pb(&t, &m);
     uint8_t buf[CONFIG_PACKED_MAX];
     size_t len = apiary__optim__run_config__get_packed_size(&m);
     if (len > sizeof buf) len = 0; /* cannot happen: bounded fields */
@@ -96,7 +97,7 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     if (p->has_config) {
         cfg = p->config;
         cfg.model[AP_RUN_CONFIG_MODEL_MAX - 1] = 0;
-        config_to_pb(&cfg, &rc);
+        ap__run_config_to_pb(&cfg, &rc);
         m.config = &rc;
     }
     size_t len = apiary__optim__progress__get_packed_size(&m);
@@ -127,7 +128,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     uint32_t role = m->role;
     int crc = 0;
     if (m->config) {
-        crc = config_from_pb(m->config, &p.config);
+        crc = ap__run_config_from_pb(m->config, &p.config);
         if (!crc) ap_run_config_digest(&p.config, p.config_digest);
         p.has_config = crc == 0;
     }

@@ -12,10 +12,11 @@
 #include "optim.pb-c.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define HELLO_MAX 256
+#define HELLO_MAX 1024 /* a StateRequest: 32-byte hash, 4 varints, a RunConfig (< 512) */
 
 /* ---- donor side ------------------------------------------------------------------ */
 
@@ -66,6 +67,31 @@ static void serve_close(ap_stream_t *s, void *arg, int status)
 static const ap_stream_cbs_t serve_cbs = {
     .on_msg = serve_msg, .on_writable = serve_writable, .on_close = serve_close};
 
+/* A state request must carry the requester's run configuration, equal to
+ * this peer's (the same check as for progress records: a peer of another
+ * configuration gets no state). Names the first differing field in why. */
+static int config_check(ap_collab_t *c, const Apiary__Optim__RunConfig *m, const char *sh,
+                        char *why, size_t cap)
+{
+    if (!m) {
+        snprintf(why, cap, "configuration: announced here, none at %s", sh);
+        return AP_ECONFIG;
+    }
+    ap_run_config_t theirs;
+    int rc = ap__run_config_from_pb(m, &theirs);
+    if (rc) {
+        snprintf(why, cap, "configuration: undecodable from %s (%s)", sh, ap_strerror(rc));
+        return AP_ECONFIG;
+    }
+    uint8_t d[AP_RUN_CONFIG_DIGEST_LEN];
+    ap_run_config_digest(&theirs, d);
+    if (memcmp(d, c->cfg_digest, AP_RUN_CONFIG_DIGEST_LEN) == 0) return 0;
+    char at[AP_PEER_SHORT_LEN + 8];
+    snprintf(at, sizeof at, "at %s", sh);
+    ap_run_config_diff(&c->runcfg, "here", &theirs, at, why, cap);
+    return AP_ECONFIG;
+}
+
 static int serve_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id_t *peer,
                         const uint8_t *hello, size_t len)
 {
@@ -79,14 +105,22 @@ static int serve_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id
         return AP_EPROTO;
     }
     int rc = 0;
+    char why[256] = "";
     if (rq->run_hash.len != 32 || memcmp(rq->run_hash.data, c->run_hash, 32) != 0)
         rc = AP_ENOTFOUND;
+    else if ((rc = config_check(c, rq->config, sh, why, sizeof why)) != 0)
+        ;
     else if (rq->n_params != c->n || rq->state_count != c->opt->state_count)
         rc = AP_EINVAL;
     else if (rq->count == 0 || rq->offset > c->total || rq->count > c->total - rq->offset)
         rc = AP_ERANGE;
     uint64_t off = rq->offset, cnt = rq->count;
     apiary__optim__state_request__free_unpacked(rq, NULL);
+    if (rc == AP_ECONFIG) {
+        ap_warn(OPT_MOD, "state request from %s refused: its run configuration differs (%s)", sh,
+                why);
+        return rc;
+    }
     if (rc) {
         ap_warn(OPT_MOD, "state request from %s refused: %s", sh, ap_strerror(rc));
         return rc;
@@ -376,6 +410,10 @@ static int open_range(ap_collab_t *c, int ri)
     rq.count = r->count;
     rq.n_params = c->n;
     rq.state_count = c->opt->state_count;
+    Apiary__Optim__RunConfig cfg;
+    ap__run_config_to_pb(&c->runcfg, &cfg);
+    rq.config = &cfg;
+    if (apiary__optim__state_request__get_packed_size(&rq) > HELLO_MAX) return AP_EMSGSIZE;
     uint8_t hello[HELLO_MAX];
     size_t hl = apiary__optim__state_request__pack(&rq, hello);
     range_ref_t *rr = malloc(sizeof *rr);

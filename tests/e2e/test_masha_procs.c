@@ -5,19 +5,22 @@
  * distance). Negative cases: a worker given a wrong server PeerID fails with
  * a clear error (and the server is unharmed); a worker killed with SIGKILL
  * mid-run makes the server fail instead of hanging. Every child is killed by
- * the teardown if a check fails. */
+ * the teardown if a check fails. --announce replaces the printed address. */
 #include "aptest.h"
 
 #include "apiary/identity.h"
 #include "apiary/masha.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -398,6 +401,72 @@ static void test_worker_killed_midrun(void **state)
     assert_non_null(strstr(s->ebuf, "the run failed"));
 }
 
+/* A free TCP port on the wildcard address (the kernel's pick, released). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* --announce: the server listens on the wildcard address and prints the
+ * announced address (127.0.0.2, which its listener also answers), not the
+ * listen address; workers given that address complete the run. A malformed
+ * --announce is a usage error naming the expected form. */
+static void test_server_announce(void **state)
+{
+    (void)state;
+    const char *bargs[] = {
+        "masha", "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--announce", "/ip4/127.0.0.2/tcp/0",
+        NULL};
+    child_t *b = spawn(bargs);
+    expect_exit(b, 2);
+    assert_non_null(strstr(b->ebuf, "--announce needs an address peers can dial"));
+
+    int port = free_port();
+    char listen[64], announce[64];
+    snprintf(listen, sizeof listen, "/ip4/0.0.0.0/tcp/%d", port);
+    snprintf(announce, sizeof announce, "/ip4/127.0.0.2/tcp/%d", port);
+    const char *sargs[24];
+    int n = 0;
+    const char *const head[] = {"masha",      "server", "--listen", listen,
+                                "--announce", announce, NULL};
+    push_args(sargs, &n, head);
+    push_args(sargs, &n, two);
+    sargs[n] = NULL;
+    child_t *s = spawn(sargs);
+    if (!wait_for(s, has_line, NULL, budget_s()) || s->reaped)
+        fail_msg("server printed no address; stderr:\n%s", s->ebuf);
+    char addr[512], want[80];
+    size_t len = (size_t)(strchr(s->obuf, '\n') - s->obuf);
+    assert_true(len < sizeof addr);
+    memcpy(addr, s->obuf, len);
+    addr[len] = '\0';
+    snprintf(want, sizeof want, "%s/p2p/12D3KooW", announce);
+    if (strncmp(addr, want, strlen(want)) != 0)
+        fail_msg("server printed %s, expected the announced %s/p2p/...", addr, announce);
+    child_t *w[2];
+    for (int m = 0; m < 2; m++) {
+        const char *wargs[24];
+        n = 0;
+        const char *const h2[] = {"masha",   "worker",      "--server", addr,
+                                  "--index", m ? "1" : "0", NULL};
+        push_args(wargs, &n, h2);
+        push_args(wargs, &n, two);
+        wargs[n] = NULL;
+        w[m] = spawn(wargs);
+    }
+    expect_exit(w[0], 0);
+    expect_exit(w[1], 0);
+    expect_exit(s, 0);
+    assert_non_null(strstr(summary(s), "\"converged\":true"));
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -406,6 +475,7 @@ int main(void)
         cmocka_unit_test_teardown(test_masha2_server_compressed, teardown),
         cmocka_unit_test_teardown(test_wrong_server_id, teardown),
         cmocka_unit_test_teardown(test_worker_killed_midrun, teardown),
+        cmocka_unit_test_teardown(test_server_announce, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * parameters, optimizer state and epoch from several donors; a download
  * survives a donor crashing mid-transfer; wrong-shaped and corrupt parts from
  * malicious donors are refused and fetched from honest donors instead; dead
- * donors are backed off from instead of hammered. */
+ * donors are backed off from instead of hammered; a state request of another
+ * run configuration is refused. */
 #include "optim_harness.h"
 
 #include "optim/collab_impl.h" /* to see which donors a download uses */
@@ -373,6 +374,102 @@ static void test_bad_donors_refused(void **state)
     oh_env_free(&e);
 }
 
+/* ---- state requests carry the run configuration -------------------------------- */
+
+typedef struct probe {
+    int msgs, status;
+    bool closed;
+} probe_t;
+
+static void probe_msg(ap_stream_t *s, void *arg, const uint8_t *d, size_t len)
+{
+    ((probe_t *)arg)->msgs++;
+}
+static void probe_close(ap_stream_t *s, void *arg, int status)
+{
+    probe_t *p = arg;
+    p->closed = true;
+    p->status = status;
+}
+static void probe_end(ap_stream_t *s, void *arg)
+{
+    ap_stream_close(s);
+}
+static const ap_stream_cbs_t probe_cbs = {
+    .on_msg = probe_msg, .on_end = probe_end, .on_close = probe_close};
+
+static char last_warn[512];
+static void warn_sink(void *arg, ap_log_level_t level, const char *module, const char *msg)
+{
+    if (level >= AP_LOG_WARN && strstr(msg, "state request")) {
+        snprintf(last_warn, sizeof last_warn, "%s", msg);
+    }
+}
+
+static bool probe_done(void *arg)
+{
+    return ((probe_t *)arg)->closed;
+}
+
+/* Asks donor node 0 for 4 floats with run configuration cfg (NULL: none). */
+static void probe_state(oh_env_t *e, const ap_run_config_t *cfg, probe_t *pr)
+{
+    ap_collab_t *c = e->p[0].collab;
+    Apiary__Optim__StateRequest rq = APIARY__OPTIM__STATE_REQUEST__INIT;
+    rq.run_hash.data = c->run_hash;
+    rq.run_hash.len = 32;
+    rq.offset = 0;
+    rq.count = 4;
+    rq.n_params = c->n;
+    rq.state_count = c->opt->state_count;
+    Apiary__Optim__RunConfig m;
+    if (cfg) {
+        ap__run_config_to_pb(cfg, &m);
+        rq.config = &m;
+    }
+    uint8_t hello[1024];
+    size_t hl = apiary__optim__state_request__pack(&rq, hello);
+    memset(pr, 0, sizeof *pr);
+    last_warn[0] = 0;
+    ap_stream_t *s;
+    assert_ok(ap_rt_stream_open(ap_sim_node(e->sim, 4), ap_rt_self(ap_sim_node(e->sim, 0)),
+                                AP_COLLAB_STATE_PROTO, hello, hl, NULL, &probe_cbs, pr, &s));
+    assert_true(ap_sim_run_until(e->sim, probe_done, pr, ap_sim_now_us(e->sim) + 30000000));
+}
+
+/* A donor serves a state request only with its own run configuration: one of
+ * another codec or none is refused, the donor logging the differing field. */
+static void test_state_request_config(void **state)
+{
+    (void)state;
+    oh_env_t e;
+    start_three(&e, 2, 5, NULL);
+    assert_ok(ap_sim_restart(e.sim, 4));
+    ap_sim_run_for(e.sim, 100);
+    oh_peer_down(&e, 4); /* a bare node: it only opens streams */
+    ap_log_set_sink(warn_sink, NULL);
+    ap_run_config_t cfg;
+    ap_collab_run_config(e.p[0].collab, &cfg);
+    probe_t pr;
+    probe_state(&e, &cfg, &pr); /* the run's own: served */
+    assert_int_equal(pr.status, 0);
+    assert_true(pr.msgs >= 3); /* header, the floats, the checksum */
+    ap_run_config_t other = cfg;
+    other.codec = cfg.codec == AP_AVG_CODEC_F32 ? AP_AVG_CODEC_FP16 : AP_AVG_CODEC_F32;
+    probe_state(&e, &other, &pr);
+    print_message("refused: %s\n", last_warn);
+    assert_int_not_equal(pr.status, 0);
+    assert_int_equal(pr.msgs, 0);
+    assert_non_null(strstr(last_warn, "run configuration differs"));
+    assert_non_null(strstr(last_warn, "compression: "));
+    probe_state(&e, NULL, &pr);
+    assert_int_not_equal(pr.status, 0);
+    assert_int_equal(pr.msgs, 0);
+    assert_non_null(strstr(last_warn, "none at"));
+    ap_log_set_sink(NULL, NULL);
+    oh_env_free(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -381,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_bad_donors_refused),
         cmocka_unit_test(test_dead_donor_dropped),
         cmocka_unit_test(test_dead_donors_backed_off),
+        cmocka_unit_test(test_state_request_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

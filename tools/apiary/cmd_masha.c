@@ -36,6 +36,8 @@
 typedef struct masha_args {
     bool server;
     const char *listen, *server_addr, *identity;
+    const char *announce[AP_NODE_MAX_ANNOUNCE];
+    int nannounce;
     int index;
     ap_masha_bilinear_cfg_t pc;
     ap_masha_opts_t o;
@@ -81,6 +83,8 @@ static void usage(FILE *f)
             "  --target T            stop at |z-z*|^2 <= T |z0-z*|^2 (default 1e-6)\n"
             "  --max-iters N         give up after N iterations (default 100000)\n"
             "common:\n"
+            "  --announce MULTIADDR  address to give to peers instead of --listen's, e.g.\n"
+            "                        a forwarded port /ip4/A.B.C.D/tcp/PORT (repeatable)\n"
             "  --identity PATH       Ed25519 key file (created if missing; default: a fresh key)\n"
             "  --timeout SEC         fail if the run is not over after SEC seconds (default 300)\n"
             "  --log-level LEVEL     error|warn|info|debug\n"
@@ -164,9 +168,11 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
         O_IDENTITY,
         O_TIMEOUT,
         O_LOG,
-        O_HELP
+        O_HELP,
+        O_ANNOUNCE
     };
     static const struct option opts[] = {{"listen", required_argument, NULL, O_LISTEN},
+                                         {"announce", required_argument, NULL, O_ANNOUNCE},
                                          {"server", required_argument, NULL, O_SERVER},
                                          {"index", required_argument, NULL, O_INDEX},
                                          {"workers", required_argument, NULL, O_WORKERS},
@@ -213,6 +219,9 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
         switch (c) {
         case O_LISTEN:
             a->listen = optarg;
+            break;
+        case O_ANNOUNCE:
+            if (!ap_cli_announce(optarg, a->announce, &a->nannounce)) return EXIT_USAGE;
             break;
         case O_SERVER:
             a->server_addr = optarg;
@@ -432,7 +441,10 @@ static int make_node(masha_args_t *a, ap_host_t **hp, ap_rt_t **rtp)
         if (have_id) ap_identity_wipe(&id);
         return 1;
     }
-    ap_node_opts_t no = {.listen = a->listen, .ed25519_sk = have_id ? id.sk : NULL};
+    ap_node_opts_t no = {.listen = a->listen,
+                         .ed25519_sk = have_id ? id.sk : NULL,
+                         .announce = a->announce,
+                         .nannounce = a->nannounce};
     ap_rt_t *rt;
     int rc = ap_node_new(h, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
