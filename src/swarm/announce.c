@@ -41,7 +41,7 @@ int ap_swarm_announce_decode(const uint8_t *in, size_t len, ap_swarm_announce_t 
     uint64_t bits = ap__get_be64(in + 4);
     double t;
     memcpy(&t, &bits, 8);
-    if (!isfinite(t) || t < 0) return AP_ECORRUPT;
+    if (!isfinite(t) || signbit(t)) return AP_ECORRUPT; /* also -0: one encoding per value */
     a->throughput = t;
     a->queue = ap__get_be32(in + 12);
     a->version = ap__get_be64(in + 16);

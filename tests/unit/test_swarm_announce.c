@@ -51,6 +51,9 @@ static void test_codec(void **state)
     memcpy(&bits, &nan, 8);
     for (int k = 0; k < 8; k++) v[4 + k] = (uint8_t)(bits >> (56 - 8 * k));
     assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
+    memset(v + 4, 0, 8);
+    v[4] = 0x80; /* -0: refused, so every value has one encoding */
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
 }
 
 static void test_feed(void **state)
