@@ -194,6 +194,8 @@ class CollabStats(ctypes.Structure):
                                      "state_loads", "state_parts_refused", "records_refused",
                                      "bytes_served")] + \
                [("last_loss", c_float)] + \
+               [(n, c_u64) for n in ("rounds", "bytes_sent", "bytes_received")] + \
+               [("last_round_ms", c_u32)] + \
                [(n, c_u64) for n in ("samples_during_rounds", "delayed_steps", "submits_held",
                                      "samples_dropped", "group_wait_us", "averaging_us",
                                      "download_us", "state_donor_failures", "peers_refused")] + \

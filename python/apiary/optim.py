@@ -255,9 +255,17 @@ class Optimizer(torch.optim.Optimizer):
         return self._c
 
     def _stats(self):
-        st = C.CollabStats()
-        C.check(C.lib().ap_collab_get_stats_sync(self._handle(), ctypes.byref(st)), "stats")
-        return st
+        # The C side writes into a buffer with a guard band: a mirror that fell behind
+        # ap_collab_stats_t fails here with a clear error instead of corrupting the heap.
+        size = ctypes.sizeof(C.CollabStats)
+        buf = (ctypes.c_uint8 * (size + 64))(*([0xA5] * (size + 64)))
+        C.check(C.lib().ap_collab_get_stats_sync(self._handle(),
+                                                 ctypes.cast(buf, ctypes.POINTER(C.CollabStats))),
+                "stats")
+        if bytes(buf[size:]) != b"\xa5" * 64:
+            raise RuntimeError("libapiary's ap_collab_stats_t is larger than apiary._lib.CollabStats:"
+                               " the package and the library do not match")
+        return C.CollabStats.from_buffer_copy(bytes(buf[:size]))
 
     # ---- hivemind's API ------------------------------------------------------------------------
     @property
