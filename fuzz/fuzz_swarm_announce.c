@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ap_swarm_announce_encode(&a, back);
         if (memcmp(back, data, sizeof back)) abort();
     }
-    const uint8_t *semi = memchr(data, ';', size);
+    const uint8_t *semi = size ? memchr(data, ';', size) : NULL; /* data may be NULL when empty */
     size_t sk = semi ? (size_t)(semi - data) : size;
     ap_dht_record_t rec = {.subkey = data,
                            .subkey_len = sk,
