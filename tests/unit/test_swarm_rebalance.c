@@ -8,6 +8,7 @@
 #include "aptest.h"
 
 #include "apiary/swarm.h"
+#include "swarm_optimum.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,52 +38,11 @@ static ap_peer_id_t pid(uint32_t i)
     return id;
 }
 
-/* Exact optimum of max-min stage totals for integer speeds: DP over servers
- * on the sorted tuple of stage totals capped at floor(total / S) (the
- * minimum never exceeds that cap, so capping loses nothing). */
+/* The exact optimum (testing/swarm_optimum.c). */
 static int opt_throughput(const ap_swarm_member_t *m, size_t n)
 {
-    int total = 0;
-    for (size_t i = 0; i < n; i++) total += (int)m[i].throughput;
-    const int U = total / S, D = U + 1;
-    const size_t NS = (size_t)D * D * D * D;
-    char *cur = calloc(NS, 1), *nxt = calloc(NS, 1);
-    cur[0] = 1;
-    for (size_t i = 0; i < n; i++) {
-        memset(nxt, 0, NS);
-        int v = (int)m[i].throughput;
-        for (size_t st = 0; st < NS; st++) {
-            if (!cur[st]) continue;
-            int t[S];
-            size_t x = st;
-            for (int k = 0; k < S; k++) t[k] = (int)(x % (size_t)D), x /= (size_t)D;
-            for (int k = 0; k < S; k++) {
-                int u[S];
-                memcpy(u, t, sizeof u);
-                u[k] = u[k] + v > U ? U : u[k] + v;
-                size_t y = 0;
-                for (int j = S - 1; j >= 0; j--) y = y * (size_t)D + (size_t)u[j];
-                nxt[y] = 1;
-            }
-        }
-        char *tmp = cur;
-        cur = nxt;
-        nxt = tmp;
-    }
-    int best = 0;
-    for (size_t st = 0; st < NS; st++) {
-        if (!cur[st]) continue;
-        size_t x = st;
-        int lo = U;
-        for (int k = 0; k < S; k++) {
-            int t = (int)(x % (size_t)D);
-            x /= (size_t)D;
-            if (t < lo) lo = t;
-        }
-        if (lo > best) best = lo;
-    }
-    free(cur);
-    free(nxt);
+    int best = ap_test_swarm_optimum(m, n, S);
+    assert_true(best >= 0);
     return best;
 }
 
