@@ -3,10 +3,13 @@
  * handshake), ping and identify (every field), an unknown protocol answered
  * "na", a wrong expected PeerID refused; then `apiary ping` and
  * `apiary identify --json` against a host in this process; and a libp2p
- * dialer served ping and identify on an Apiary transport's own TCP port. */
+ * dialer served ping and identify on an Apiary transport's own TCP port,
+ * identify there announcing the node's addresses. */
 #include "aptest.h"
 
 #include "apiary/identity.h"
+#include "apiary/node.h"
+#include "runtime/uv/uv_impl.h"
 #include "p2p/identify.h"
 #include "net/tcp.h"
 #include "p2p/p2p_conn.h"
@@ -306,6 +309,10 @@ static void test_tcp_port(void **state)
     static ap_identify_t info;
     assert_ok(ap__identify_decode(x.buf + hl, bl, &info));
     assert_string_equal(info.agent_version, "apiary");
+    /* a bare transport announces its concrete bound address */
+    assert_int_equal(info.nlisten, 1);
+    assert_int_equal(info.listen[0].port, bound.port);
+    assert_memory_equal(info.listen[0].ip, "\x7f\x00\x00\x01", 4);
 
     bool done = false;
     ap__p2p_host_free(b);
@@ -315,12 +322,109 @@ static void test_tcp_port(void **state)
     assert_int_equal(uv_loop_close(&x.loop), 0);
 }
 
+/* identify on a node's own TCP port announces the node's addresses: the
+ * announced ones when it has any, else its listen address (a wildcard one
+ * replaced by interface addresses with the bound port). */
+typedef struct nctx {
+    ctx_t x;
+    ap_host_t *host;
+} nctx_t;
+
+static bool node_cond(void *arg)
+{
+    ctx_t *x = arg;
+    return x->ready || x->closed;
+}
+static bool node_fin(void *arg)
+{
+    return ((ctx_t *)arg)->fin;
+}
+static bool node_gone(void *arg)
+{
+    return ((ctx_t *)arg)->closed;
+}
+
+static void identify_node(const char *listen, const char *announce, ap_identify_t *info,
+                          ap_multiaddr_t *bound_out)
+{
+    static ctx_t x;
+    memset(&x, 0, sizeof x);
+    ap_host_t *host = ap_host_new();
+    assert_non_null(host);
+    uint8_t seed[32];
+    memset(seed, 9, sizeof seed);
+    ap_node_opts_t o = {.ed25519_seed = seed, .listen = listen};
+    const char *ann[1] = {announce};
+    if (announce) {
+        o.announce = ann;
+        o.nannounce = 1;
+    }
+    ap_rt_t *rt = NULL;
+    assert_ok(ap_node_new(host, &o, &rt));
+    char addrs[2][AP_RT_ADDR_MAX];
+    assert_true(ap_rt_listen_addrs(rt, addrs, 2, false) >= 1);
+    /* dial the bound port on loopback, whatever the node advertises */
+    ap_tcp_t *t = ap__tcpc_transport((ap_node_t *)rt);
+    assert_non_null(t);
+    ap_multiaddr_t bound;
+    assert_int_equal(ap__tcp_listen_addrs(t, &bound, 1), 1);
+    *bound_out = bound;
+    ap_multiaddr_t dial;
+    assert_ok(ap_multiaddr_parse(&dial, "/ip4/127.0.0.1/tcp/1"));
+    dial.port = bound.port;
+    dial.has_peer = true;
+    dial.peer = *ap_rt_self(rt);
+    ap_identity_t idb;
+    ident(&idb, 5);
+    ap_p2p_host_t *b = ap__p2p_host_new(&((ap_host_t *)host)->loop, &idb, "apiary-test/3");
+    assert_non_null(b);
+    assert_ok(ap__p2p_dial(b, &dial, &cbs, &x, &x.conn));
+    assert_true(ap_host_run_until(host, node_cond, &x, 30000000));
+    assert_true(x.ready);
+    assert_ok(ap__p2p_stream_open(x.conn, &id_c, &x, NULL));
+    assert_true(ap_host_run_until(host, node_fin, &x, 30000000));
+    size_t hl, bl;
+    assert_int_equal(ap__identify_frame(x.buf, x.len, &hl, &bl), 1);
+    assert_ok(ap__identify_decode(x.buf + hl, bl, info));
+    ap__p2p_host_free(b);
+    assert_true(ap_host_run_until(host, node_gone, &x, 30000000));
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(host), 0);
+}
+
+static void test_node_port(void **state)
+{
+    (void)state;
+    static ap_identify_t info;
+    ap_multiaddr_t bound, want;
+    identify_node("/ip4/127.0.0.1/tcp/0", "/ip4/192.0.2.7/tcp/4242", &info, &bound);
+    assert_int_equal(info.nlisten, 1);
+    assert_ok(ap_multiaddr_parse(&want, "/ip4/192.0.2.7/tcp/4242"));
+    assert_memory_equal(info.listen[0].ip, want.ip, 4);
+    assert_int_equal(info.listen[0].port, 4242);
+
+    identify_node("/ip4/127.0.0.1/tcp/0", NULL, &info, &bound);
+    assert_int_equal(info.nlisten, 1);
+    assert_memory_equal(info.listen[0].ip, "\x7f\x00\x00\x01", 4);
+    assert_int_equal(info.listen[0].port, bound.port);
+
+    /* a wildcard: interface addresses (loopback only if there is no other)
+     * with the bound port, never 0.0.0.0 */
+    identify_node("/ip4/0.0.0.0/tcp/0", NULL, &info, &bound);
+    assert_true(info.nlisten >= 1);
+    for (size_t i = 0; i < info.nlisten; i++) {
+        assert_int_equal(info.listen[i].port, bound.port);
+        assert_memory_not_equal(info.listen[i].ip, "\0\0\0\0", 4);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apiary_to_apiary),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_tcp_port),
+        cmocka_unit_test(test_node_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,12 +2,15 @@
  * npm registry, pinned by tests/interop/js/package-lock.json), both ways:
  * Apiary dials js (handshake, yamux, ping, identify with every field
  * checked, a wrong expected PeerID refused, the peer killed mid-stream) and
- * js dials Apiary (ping and identify from js's side).
+ * js dials Apiary (ping and identify from js's side, also on a node's own
+ * TCP port, where identify announces the node's addresses).
  * Skipped, with the reason printed, when node or npm is missing or the
  * packages cannot be installed. */
 #include "aptest.h"
 
 #include "apiary/identity.h"
+#include "apiary/node.h"
+#include "runtime/uv/uv_impl.h"
 #include "p2p/identify.h"
 #include "net/tcp.h"
 #include "p2p/p2p_conn.h"
@@ -421,11 +424,45 @@ static void test_js_dials_tcp_port(void **state)
     assert_non_null(strstr(out, "\"muxer\":\"/yamux/1.0.0\""));
     assert_non_null(strstr(out, "\"/ipfs/ping/1.0.0\""));
     assert_non_null(strstr(out, "\"key_matches\":true"));
+    /* identify's listen addresses: the bound one (a bare transport) */
+    snprintf(want, sizeof want, "\"listen_addrs\":[\"/ip4/127.0.0.1/tcp/%u", (unsigned)bound.port);
+    assert_non_null(strstr(out, want));
     print_message("js -> apiary transport port: %s", out);
 
     uv_async_send(&s.stop);
     pthread_join(th, NULL);
     assert_int_equal(uv_loop_close(&s.loop), 0);
+}
+
+/* ---- js dials a node's port: identify announces the node's addresses ------- */
+
+static void test_js_dials_node(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    ap_host_t *host = ap_host_new();
+    assert_non_null(host);
+    assert_ok(ap_host_start(host));
+    const char *ann[1] = {"/ip4/192.0.2.7/tcp/4242"};
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0", .announce = ann, .nannounce = 1};
+    ap_rt_t *rt = NULL;
+    assert_ok(ap_node_new(host, &o, &rt));
+    /* the bound address (it advertises the announced one); set by ap_node_new */
+    const char *bound = ((ap_node_t *)rt)->addr;
+    assert_true(bound[0] != 0);
+    char addr[AP_RT_ADDR_MAX + AP_PEER_ID_STR_MAX + 8], pid[AP_PEER_ID_STR_MAX], want[600];
+    ap_peer_id_str(ap_rt_self(rt), pid);
+    snprintf(addr, sizeof addr, "%s/p2p/%s", bound, pid);
+    int st;
+    char *out = js_dial(addr, &st);
+    if (st != 0 || !strstr(out, "\"ok\":true")) fail_msg("js dial: status %d: %s", st, out);
+    snprintf(want, sizeof want, "\"peer\":\"%s\"", pid);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"listen_addrs\":[\"/ip4/192.0.2.7/tcp/4242\"]"));
+    assert_non_null(strstr(out, "\"observed_addr\":\"/ip4/127.0.0.1/tcp/"));
+    print_message("js -> apiary node port: %s", out);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(host), 0);
 }
 
 int main(void)
@@ -435,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_apiary_dials_js),
         cmocka_unit_test(test_js_dials_apiary),
         cmocka_unit_test(test_js_dials_tcp_port),
+        cmocka_unit_test(test_js_dials_node),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
