@@ -3,12 +3,14 @@
 //                                 ping until stdin closes
 //   node peer.mjs dial MULTIADDR  pings 3 times, runs identify, prints one JSON
 //                                 line {"ok", "rtts", "peer", "agent", ...}
-//   node peer.mjs echo MULTIADDR SIZE STREAMS
+//   node peer.mjs echo MULTIADDR SIZE STREAMS [DIALS]
 //                                 opens STREAMS concurrent /echo/1.0.0 streams,
 //                                 sends SIZE bytes of pattern() on each, checks
 //                                 the SHA-256 of what comes back; prints one
 //                                 JSON line {"ok", "streams_ok", "ms", "MBps",
-//                                 "connect_ms"}
+//                                 "connect_ms"}; with DIALS after STREAMS it
+//                                 then hangs up and dials again DIALS times and
+//                                 adds "connect_ms_p50"
 // Both modes serve /echo/1.0.0 (every byte sent back, then closed).
 import { createLibp2p } from 'libp2p'
 import { tcp } from '@libp2p/tcp'
@@ -38,14 +40,15 @@ function pattern (k, size) {
   return b
 }
 
-const [mode, target, sizeArg, streamsArg] = process.argv.slice(2)
+const [mode, target, sizeArg, streamsArg, dialsArg] = process.argv.slice(2)
 const t0 = performance.now()
 const node = await createLibp2p({
   addresses: { listen: mode === 'listen' ? ['/ip4/127.0.0.1/tcp/0'] : [] },
   transports: [tcp()],
   connectionEncrypters: [noise()],
   streamMuxers: [yamux({ maxInboundStreams: 1024, maxOutboundStreams: 1024 })],
-  connectionManager: { maxIncomingPendingConnections: 64 },
+  // benchmarks dial again and again: no inbound rate limit
+  connectionManager: { maxIncomingPendingConnections: 64, inboundConnectionThreshold: 100000 },
   services: { identify: identify(), ping: ping() }
 })
 await node.handle(ECHO, ({ stream }) => { stream.sink(stream.source).catch(() => {}) }, LIMITS)
@@ -80,6 +83,19 @@ if (mode === 'echo') {
     out.ms = performance.now() - e0
     out.streams_ok = res.filter(Boolean).length
     out.MBps = (size * n) / 1e6 / (out.ms / 1000)
+    const dials = Number(dialsArg || 0)
+    const times = []
+    for (let i = 0; i < dials; i++) {
+      await node.hangUp(conn.remotePeer)
+      const d0 = performance.now()
+      await node.dial(multiaddr(target))
+      times.push(performance.now() - d0)
+    }
+    if (dials) {
+      times.sort((a, b) => a - b)
+      const m = times.length >> 1
+      out.connect_ms_p50 = times.length % 2 ? times[m] : (times[m - 1] + times[m]) / 2
+    }
     out.ok = out.streams_ok === n
   } catch (e) {
     out.error = String(e && e.message ? e.message : e)
