@@ -48,7 +48,13 @@ const node = await createLibp2p({
   connectionEncrypters: [noise()],
   streamMuxers: [yamux({ maxInboundStreams: 1024, maxOutboundStreams: 1024 })],
   // benchmarks dial again and again: no inbound rate limit
-  connectionManager: { maxIncomingPendingConnections: 64, inboundConnectionThreshold: 100000 },
+  // and a loaded test machine: 256 streams may take long to negotiate
+  connectionManager: {
+    maxIncomingPendingConnections: 64,
+    inboundConnectionThreshold: 100000,
+    inboundStreamProtocolNegotiationTimeout: 300000,
+    outboundStreamProtocolNegotiationTimeout: 300000
+  },
   services: { identify: identify(), ping: ping() }
 })
 await node.handle(ECHO, ({ stream }) => { stream.sink(stream.source).catch(() => {}) }, LIMITS)
