@@ -203,6 +203,8 @@ class Optimizer(torch.optim.Optimizer):
                 off += k
         self._plist = plist
         self._gptr = ctypes.cast(self._grad.data_ptr(), C.P(C.c_float))
+        self._gviews = [p.grad for p in plist]  # what step() checks
+        self._gptrs = [g.data_ptr() for g in self._gviews]
         what = repr(shapes) if self.native_step else repr((shapes, type(opt).__name__))
         digest = hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
         self._model_desc = ("torch %d tensors %s" % (len(plist), digest)).encode()
@@ -233,6 +235,7 @@ class Optimizer(torch.optim.Optimizer):
         cfg.max_local_samples = max_local_samples or 0
         cfg.model_desc = self._model_desc
         self._cfg = cfg
+        self._submit = L.ap_collab_submit_sync
         self._lock = threading.Lock()
         self._closed = False
         self._c = None
@@ -361,13 +364,16 @@ class Optimizer(torch.optim.Optimizer):
             raise TypeError("batch_size must be an int")
         if not 0 < b < 2 ** 32:
             raise ValueError("batch_size must be in 1..2^32-1")
+        # the .grad views given out must still be there (identity: data_ptr() costs
+        # microseconds per tensor; a replaced .grad at the same address is accepted)
+        gv = self._gviews
         for i, p in enumerate(self._plist):
-            if p.grad is None or p.grad.data_ptr() != self._grad.data_ptr() + \
-                    4 * (self._grad_off(i)):
+            g = p.grad
+            if g is not gv[i] and (g is None or g.data_ptr() != self._gptrs[i]):
                 raise RuntimeError("params[%d].grad was replaced (set_to_none?): call "
                                    "opt.zero_grad() of this Optimizer, which zeroes in place" % i)
         lv = float(loss) if loss is not None else 0.0
-        rc = C.lib().ap_collab_submit_sync(c, self._gptr, b, lv)
+        rc = self._submit(c, self._gptr, b, lv)
         ts = self._ts
         if ts is not None and ts.error is not None:
             err, ts.error = ts.error, None
@@ -376,15 +382,6 @@ class Optimizer(torch.optim.Optimizer):
         if rc < 0 and C.err_name(rc) != "ECANCELED":
             C.check(rc, "step")
         return loss
-
-    def _grad_off(self, i):
-        if not hasattr(self, "_offs"):
-            offs, off = [], 0
-            for p in self._plist:
-                offs.append(off)
-                off += p.numel()
-            self._offs = offs
-        return self._offs[i]
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the flat gradient buffer in place (never sets .grad to None)."""
@@ -477,3 +474,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return "apiary.Optimizer(run_id=%r, %s)" % (self.run_id, type(self.opt).__name__)
+
+
+# torch.optim.Optimizer wraps a subclass's step() in a profiler record_function (tens of
+# microseconds per call); this step is a C call, so it is marked as wrapped already.
+Optimizer.step.hooked = True
