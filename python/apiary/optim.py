@@ -9,9 +9,11 @@ tensors viewing libapiary's buffers: the parameters, the averaged gradient and t
 optimizer state. With native_step=True libapiary's own SGD/Adam/AdamW makes the step
 instead (settings read from the torch optimizer). Python copies nothing per step.
 """
+import atexit
 import ctypes
 import hashlib
 import threading
+import weakref
 
 import torch
 
@@ -260,6 +262,7 @@ class Optimizer(torch.optim.Optimizer):
                 self._ts.scheduler = sched
         defaults = dict(opt.defaults)
         super().__init__(plist, defaults)
+        _live.add(self)
         self._open_and_start()
 
     # ---- internals ------------------------------------------------------------------------
@@ -474,6 +477,21 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return "apiary.Optimizer(run_id=%r, %s)" % (self.run_id, type(self.opt).__name__)
+
+
+# libapiary calls the torch optimizer's step on its own thread: an Optimizer still
+# running when the interpreter exits is shut down first (no call into a finalizing
+# interpreter).
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    for o in list(_live):
+        try:
+            o.shutdown()
+        except Exception:
+            pass
 
 
 # torch.optim.Optimizer wraps a subclass's step() in a profiler record_function (tens of
