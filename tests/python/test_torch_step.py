@@ -35,13 +35,10 @@ def train(opt, model, epochs, first=0):
         opt.step()
 
 
-def reference(make_opt, epochs, make_sched=None):
+def reference(make_opt, epochs):
     model = make_model()
     opt = make_opt(model.parameters())
-    sched = make_sched(opt) if make_sched else None
     train(opt, model, epochs)
-    if sched:
-        pass
     return model, opt
 
 
