@@ -135,6 +135,11 @@ static void conn_resolve_dup(ap_mconn_t *c)
 static void conn_became_up(ap_mconn_t *c)
 {
     ap_node_t *n = c->node;
+    if (ap__mc_rc_up(c) < 0) {
+        c->book_next = -1; /* no other address: it is the peer that is over its limit */
+        ap__mconn_fail(c, AP_ELIMIT, NULL); /* the WARN is written */
+        return;
+    }
     c->state = MC_UP;
     bool first = !conn_up_to(n, &c->peer, c);
     ap_debug("mux", "connection to %s up", c->short_id);
@@ -161,6 +166,7 @@ ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up)
     c->next_sid = t->dialer ? 1 : 2;
     c->credit = AP_MUX_CONN_WINDOW;
     c->rx_credit = AP_MUX_CONN_WINDOW;
+    c->rc_conn = ap_rcmgr_conn(n->rc); /* NULL on out of memory: counted in the others only */
     t->user = c;
     t->cbs = (ap_conn_cbs_t){
         .on_up = on_up, .on_read = ap__mconn_on_read, .on_drain = on_drain, .on_close = on_close};
@@ -278,6 +284,7 @@ void ap__mconn_fail(ap_mconn_t *c, int status, const char *why)
     }
     ap__idmap_free(&c->streams);
     c->nstreams = 0;
+    ap__mc_rc_down(c);
     while (c->dials) {
         ap_dial_t *d = c->dials;
         c->dials = d->next;
