@@ -82,8 +82,9 @@ AP_EXPORT ap_host_t *ap_node_host(ap_rt_t *rt);
  * protocol and the node -- and a reservation that would take any of them
  * over its limit is refused: the stream gets RESET AP_ELIMIT (the caller's
  * RPC fails with "... memory full") and one rate-limited WARN names the peer
- * and the full scope. On the node, one reservation takes at most half of
- * what is free. Streams a peer opens and connections per peer are counted
+ * and the full scope. On the node and on a protocol, one reservation
+ * takes at most half of what is free (another peer's small request always
+ * fits). Streams a peer opens and connections per peer are counted
  * the same way. 0 = no limit. */
 typedef struct ap_node_limits {
     uint64_t node_memory;   /* 256 MiB */

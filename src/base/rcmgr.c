@@ -166,7 +166,7 @@ static bool fits(const ap_rc_scope_t *s, int what, uint64_t n)
     case R_MEM:
         if (!s->lim.memory) return true;
         if (s->use.memory > s->lim.memory) return false;
-        if (s->kind == AP_RC_NODE && s->m->cfg.node_fair_share)
+        if ((s->kind == AP_RC_NODE || s->kind == AP_RC_PROTO) && s->m->cfg.node_fair_share)
             return n <= (s->lim.memory - s->use.memory) / 2;
         return n <= s->lim.memory - s->use.memory;
     case R_STREAM:

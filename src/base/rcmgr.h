@@ -40,8 +40,9 @@ typedef struct ap_rcmgr_config {
     /* Memory one stream may hold (0 = no limit): checked by the caller
      * against what it reserved for the stream (ap_rc_stream_fits). */
     uint64_t stream_memory;
-    /* One memory reservation may take at most half of the node's free
-     * memory, so a few scopes together cannot take all of it. */
+    /* One memory reservation may take at most half of the free memory of
+     * the node and of its protocol, so a few peers together cannot take all
+     * of it: a small request from another peer always fits. */
     bool node_fair_share;
 } ap_rcmgr_config_t;
 

@@ -176,6 +176,16 @@ static void test_partial_requests(void **state)
     assert_true(n->rx_buffered < AP_MUX_NODE_MEM_MAX);
     assert_true(n->rx_buffered >= AP_MUX_NODE_MEM_MAX / 2);
     assert_true(c[0]->rx_buffered > c[5]->rx_buffered);
+    /* another peer's small request on the same protocol still gets in (on
+     * the protocol too, a reservation takes at most half of what is free) */
+    uint64_t served = n->stats.rpc_served;
+    ap_test_fake_conn_t fk7;
+    ap_mconn_t *c7 = accept_fake(rt, &fk7, 30);
+    assert_ok(ap__frame_put_open(&b, 1, true, 1024, "/big"));
+    assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
+    ap__mux_feed(c7, b.data, b.len);
+    ap__buf_reset(&b);
+    assert_int_equal(n->stats.rpc_served, served + 1);
     /* they stall: reset, memory back */
     n->stall_us = 1;
     assert_true(ap_host_run_until(h, rx_released, n, 10000000));

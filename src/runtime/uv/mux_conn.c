@@ -54,6 +54,13 @@ static bool conn_up_to(ap_node_t *n, const ap_peer_id_t *peer, const ap_mconn_t 
     return false;
 }
 
+bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer)
+{
+    for (size_t i = 0; i < n->nbook; i++)
+        if (ap_peer_id_eq(&n->book[i].peer, peer)) return true;
+    return false;
+}
+
 static ap_mconn_t *find_conn(ap_node_t *n, const ap_peer_id_t *peer)
 {
     ap_mconn_t *dialing = NULL;

@@ -21,8 +21,9 @@
 /* What peers can make a node hold: received messages (reassembly and paused
  * queues) and queued RPC responses, counted in the node's resource manager
  * (base/rcmgr.h) per stream, connection, peer, protocol and node; the
- * defaults of ap_node_limits_t. On the node, one reservation may take at
- * most half of what is free, so many peers together cannot take it all. */
+ * defaults of ap_node_limits_t. On the node and on a protocol, one
+ * reservation may take at most half of what is free, so many peers together
+ * cannot take it all (another peer's small request always fits). */
 #define AP_MUX_STREAM_MEM_MAX  (32u << 20)  /* per stream */
 #define AP_MUX_CONN_MEM_MAX    (64u << 20)  /* per connection */
 #define AP_MUX_PEER_MEM_MAX    (64u << 20)  /* per peer, all its connections */
@@ -337,6 +338,9 @@ void ap__mconn_flush(ap_mconn_t *c);
 void ap__mux_close_all(ap_node_t *n);
 void ap__mux_free_reqs(ap_node_t *n);
 void ap__mux_free_cache(ap_node_t *n);
+/* Whether peer is in the node's address book (mux_conn.c): a peer it knows
+ * (routing-table contacts, peers it dialled), for admission. */
+bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer);
 /* The node's resource manager (mux_rc.c), with the default limits. */
 int ap__mux_rc_init(ap_node_t *n);
 void ap__mux_rc_free(ap_node_t *n);
