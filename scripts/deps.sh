@@ -15,6 +15,10 @@ PKGS=(
   libcmocka-dev         # unit tests
   libhttp-parser-dev    # HTTP request parsing for the run monitor's dashboard (MIT, Node's old parser)
   iproute2              # network namespaces for shaped-link tests
+  nftables              # tests only: the conntrack NAT routers of the NAT traversal tests (testing/natns.c)
+  miniupnpd             # tests only: a UPnP IGD / NAT-PMP gateway in a router namespace
+  libminiupnpc-dev      # UPnP IGD port mapping on the home router (BSD)
+  libnatpmp-dev         # NAT-PMP port mapping on the home router (BSD)
   python3-msgpack       # the apiary Python package: DHT values (hivemind serialises with msgpack)
   python3-pytest        # tests only: the Python package's tests
   python3-torch         # the Python package's Optimizer/averager and examples/pytorch (tests skip without)

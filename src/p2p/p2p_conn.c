@@ -521,6 +521,26 @@ const ap_peer_id_t *ap__p2p_conn_peer(const ap_p2p_conn_t *c)
     return c->ready ? &c->peer : NULL;
 }
 
+const ap_multiaddr_t *ap__p2p_conn_remote(const ap_p2p_conn_t *c)
+{
+    return &c->remote;
+}
+
+ap_p2p_host_t *ap__p2p_conn_host(const ap_p2p_conn_t *c)
+{
+    return c->h;
+}
+
+uv_loop_t *ap__p2p_host_loop(const ap_p2p_host_t *h)
+{
+    return h->loop;
+}
+
+const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s)
+{
+    return s->proto;
+}
+
 const char *ap__p2p_conn_muxer(const ap_p2p_conn_t *c, bool *early)
 {
     if (early) *early = c->early;

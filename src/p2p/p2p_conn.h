@@ -86,6 +86,11 @@ void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg);
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out);
 void ap__p2p_conn_close(ap_p2p_conn_t *c);
+/* The address c's TCP connection comes from (ip4/ip6 + tcp), its host, and
+ * the host's loop. */
+const ap_multiaddr_t *ap__p2p_conn_remote(const ap_p2p_conn_t *c);
+ap_p2p_host_t *ap__p2p_conn_host(const ap_p2p_conn_t *c);
+uv_loop_t *ap__p2p_host_loop(const ap_p2p_host_t *h);
 const ap_peer_id_t *ap__p2p_conn_peer(const ap_p2p_conn_t *c);
 /* The muxer in use ("/yamux/1.0.0") and whether it was agreed in the
  * handshake. */
@@ -121,5 +126,7 @@ void ap__p2p_stream_reset(ap_p2p_stream_t *s);
 void *ap__p2p_stream_udata(const ap_p2p_stream_t *s);
 void ap__p2p_stream_set_udata(ap_p2p_stream_t *s, void *udata);
 ap_p2p_conn_t *ap__p2p_stream_conn(const ap_p2p_stream_t *s);
+/* The protocol the stream speaks (the one passed to open or served). */
+const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s);
 
 #endif

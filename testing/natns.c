@@ -1,0 +1,527 @@
+/* Home networks behind NAT routers in network namespaces: see natns.h. */
+#include "natns.h"
+
+#include "apiary/error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define NETNS_DIR "/var/run/netns"
+#define NAME_MAX_ 64
+#define PATH_MAX_ (sizeof NETNS_DIR + NAME_MAX_ + 2)
+#define MAX_LIVE  8
+#define NET_IP    "198.18.0.254"
+
+typedef struct ns_entry {
+    char name[NAME_MAX_];
+    char path[PATH_MAX_];
+    char ip[32];  /* the address peers reach it at (public node, home host, router wan0) */
+    char lan[32]; /* router only: lan0 */
+    bool made;
+} ns_entry_t;
+
+struct ap_natns {
+    size_t np, nh;
+    pid_t owner;
+    /* [0] the internet, [1..np] public nodes, then nh routers, then nh homes */
+    ns_entry_t *e;
+    ap_nat_kind_t *kinds;
+};
+
+static size_t n_entries(const ap_natns_t *ns)
+{
+    return 1 + ns->np + 2 * ns->nh;
+}
+
+/* ---- clean-up on exit and on signals ---------------------------------------- */
+
+static ap_natns_t *volatile g_live[MAX_LIVE];
+static bool g_atexit;
+static const int g_sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction g_old[3];
+static bool g_hooked[3];
+
+/* Async-signal-safe: what `ip netns del` does. */
+static void unmount_all(ap_natns_t *ns)
+{
+    size_t n = n_entries(ns);
+    for (size_t i = 0; i < n; i++)
+        if (ns->e[i].made) {
+            umount2(ns->e[i].path, MNT_DETACH);
+            unlink(ns->e[i].path);
+            ns->e[i].made = false;
+        }
+}
+
+static void unmount_live(void)
+{
+    for (int k = 0; k < MAX_LIVE; k++) {
+        ap_natns_t *ns = g_live[k];
+        if (ns && ns->owner == getpid()) unmount_all(ns);
+    }
+}
+
+static void on_signal(int sig)
+{
+    unmount_live();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void hook(ap_natns_t *ns)
+{
+    for (int k = 0; k < MAX_LIVE; k++)
+        if (!g_live[k]) {
+            g_live[k] = ns;
+            break;
+        }
+    if (!g_atexit) g_atexit = atexit(unmount_live) == 0;
+    for (int s = 0; s < 3; s++) {
+        if (g_hooked[s]) continue;
+        struct sigaction cur;
+        if (sigaction(g_sigs[s], NULL, &cur) || cur.sa_handler != SIG_DFL) continue;
+        struct sigaction sa = {.sa_handler = on_signal};
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(g_sigs[s], &sa, &g_old[s]) == 0) g_hooked[s] = true;
+    }
+}
+
+static void unhook(ap_natns_t *ns)
+{
+    bool any = false;
+    for (int k = 0; k < MAX_LIVE; k++) {
+        if (g_live[k] == ns) g_live[k] = NULL;
+        if (g_live[k]) any = true;
+    }
+    if (any) return;
+    for (int s = 0; s < 3; s++)
+        if (g_hooked[s]) {
+            sigaction(g_sigs[s], &g_old[s], NULL);
+            g_hooked[s] = false;
+        }
+}
+
+/* ---- running commands ------------------------------------------------------------ */
+
+/* Runs argv (argv[0] looked up in PATH) with stdin from in_path (NULL:
+ * /dev/null), stdout+stderr captured. 0 if it exited 0; else AP_ESYS with
+ * the command and its output in why. */
+static int run(char *const argv[], const char *in_path, char *why, size_t wn)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC)) {
+        if (why) snprintf(why, wn, "pipe: %s", strerror(errno));
+        return AP_ESYS;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    char out[512];
+    size_t got = 0;
+    if (rc == 0) {
+        for (;;) {
+            char tmp[512];
+            ssize_t r = read(p[0], tmp, sizeof tmp);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            size_t take = (size_t)r < sizeof out - 1 - got ? (size_t)r : sizeof out - 1 - got;
+            memcpy(out + got, tmp, take);
+            got += take;
+        }
+    }
+    close(p[0]);
+    out[got] = 0;
+    while (got && (out[got - 1] == '\n' || out[got - 1] == ' ')) out[--got] = 0;
+    char cmd[200] = "";
+    size_t at = 0;
+    for (int i = 0; argv[i] && at + 1 < sizeof cmd; i++) {
+        int w = snprintf(cmd + at, sizeof cmd - at, "%s%s", i ? " " : "", argv[i]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+    if (rc) {
+        if (why) snprintf(why, wn, "cannot run `%s`: %s", cmd, strerror(rc));
+        return AP_ESYS;
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) {
+            if (why) snprintf(why, wn, "`%s`: waitpid: %s", cmd, strerror(errno));
+            return AP_ESYS;
+        }
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    if (why) snprintf(why, wn, "`%s` failed (status %d): %s", cmd, st, out);
+    return AP_ESYS;
+}
+
+static int runv(char *why, size_t wn, const char *a0, ...)
+{
+    char *argv[24];
+    int n = 0;
+    argv[n++] = (char *)a0;
+    va_list ap;
+    va_start(ap, a0);
+    const char *s;
+    while (n < 23 && (s = va_arg(ap, const char *))) argv[n++] = (char *)s;
+    va_end(ap);
+    argv[n] = NULL;
+    return run(argv, NULL, why, wn);
+}
+
+static int ns_add(ns_entry_t *e, char *why, size_t wn)
+{
+    int rc = runv(why, wn, "ip", "netns", "add", e->name, (char *)NULL);
+    if (rc == 0) e->made = true;
+    if (rc == 0) rc = runv(why, wn, "ip", "-n", e->name, "link", "set", "lo", "up", (char *)NULL);
+    return rc;
+}
+
+static void ns_del(ns_entry_t *e)
+{
+    if (!e->made) return;
+    if (runv(NULL, 0, "ip", "netns", "del", e->name, (char *)NULL)) {
+        umount2(e->path, MNT_DETACH);
+        unlink(e->path);
+    }
+    e->made = false;
+}
+
+/* Removes apnat-<pid>-* namespaces whose creator no longer runs. */
+static void sweep_stale(void)
+{
+    DIR *d = opendir(NETNS_DIR);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int pid = 0, len = 0;
+        if (sscanf(de->d_name, "apnat-%d-%n", &pid, &len) != 1 || len == 0 || pid <= 0) continue;
+        if (pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
+        runv(NULL, 0, "ip", "netns", "del", de->d_name, (char *)NULL);
+    }
+    closedir(d);
+}
+
+/* ---- the NAT rules ------------------------------------------------------------- */
+
+const char *ap_nat_kind_name(ap_nat_kind_t k)
+{
+    switch (k) {
+    case AP_NAT_DROP:
+        return "drop";
+    case AP_NAT_RST:
+        return "rst";
+    case AP_NAT_SYMMETRIC:
+        return "symmetric";
+    }
+    return "?";
+}
+
+/* The router's ruleset: masquerade on wan0; forward lan -> wan and replies;
+ * the router itself answers only its LAN and replies. */
+static int write_rules(ap_nat_kind_t kind, char *path, size_t pn, char *why, size_t wn)
+{
+    snprintf(path, pn, "/tmp/apnat-%d-rules-XXXXXX", (int)getpid());
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        snprintf(why, wn, "mkstemp %s: %s", path, strerror(errno));
+        return AP_ESYS;
+    }
+    const char *rst =
+        kind == AP_NAT_RST
+            ? "    iifname \"wan0\" tcp flags & (syn | ack) == syn reject with tcp reset\n"
+            : "";
+    char buf[1536];
+    int n = snprintf(buf, sizeof buf,
+                     "table ip apnat {\n"
+                     "  chain nat_out {\n"
+                     "    type nat hook postrouting priority srcnat; policy accept;\n"
+                     "    oifname \"wan0\" masquerade%s\n"
+                     "  }\n"
+                     "  chain through {\n"
+                     "    type filter hook forward priority filter; policy drop;\n"
+                     "    ct state established,related accept\n"
+                     "    iifname \"lan0\" oifname \"wan0\" accept\n"
+                     "%s"
+                     "  }\n"
+                     "  chain to_router {\n"
+                     "    type filter hook input priority filter; policy drop;\n"
+                     "    ct state established,related accept\n"
+                     "    iifname \"lo\" accept\n"
+                     "    iifname \"lan0\" accept\n"
+                     "%s"
+                     "  }\n"
+                     "}\n",
+                     kind == AP_NAT_SYMMETRIC ? " fully-random" : "", rst, rst);
+    bool ok = n > 0 && (size_t)n < sizeof buf && write(fd, buf, (size_t)n) == n;
+    close(fd);
+    if (!ok) {
+        unlink(path);
+        snprintf(why, wn, "writing %s failed", path);
+        return AP_ESYS;
+    }
+    return 0;
+}
+
+static int setup_router(const ns_entry_t *r, ap_nat_kind_t kind, char *why, size_t wn)
+{
+    int rc = runv(why, wn, "ip", "netns", "exec", r->name, "sysctl", "-qw", "net.ipv4.ip_forward=1",
+                  (char *)NULL);
+    char path[64];
+    if (!rc) rc = write_rules(kind, path, sizeof path, why, wn);
+    if (rc) return rc;
+    char *argv[] = {"ip", "netns", "exec", (char *)r->name, "nft", "-f", path, NULL};
+    rc = run(argv, NULL, why, wn);
+    unlink(path);
+    return rc;
+}
+
+/* ---- topology ----------------------------------------------------------------- */
+
+static void set_entry(ns_entry_t *e, const char *name, const char *ip)
+{
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->path, sizeof e->path, "%s/%s", NETNS_DIR, name);
+    snprintf(e->ip, sizeof e->ip, "%s", ip);
+}
+
+static ns_entry_t *pub(const ap_natns_t *ns, size_t i)
+{
+    return &ns->e[1 + i];
+}
+static ns_entry_t *rtr(const ap_natns_t *ns, size_t k)
+{
+    return &ns->e[1 + ns->np + k];
+}
+static ns_entry_t *home(const ap_natns_t *ns, size_t k)
+{
+    return &ns->e[1 + ns->np + ns->nh + k];
+}
+
+/* A veth pair: dev_a in a (on the bridge when master), dev_b in b. */
+static int link_to_net(const ns_entry_t *net, const ns_entry_t *b, const char *port,
+                       const char *dev, char *why, size_t wn)
+{
+    return runv(why, wn, "ip", "-n", net->name, "link", "add", port, "master", "br0", "up", "type",
+                "veth", "peer", "name", dev, "netns", b->name, (char *)NULL);
+}
+
+static int addr_up(const ns_entry_t *e, const char *dev, const char *ip, char *why, size_t wn)
+{
+    char cidr[24];
+    snprintf(cidr, sizeof cidr, "%s/24", ip);
+    int rc = runv(why, wn, "ip", "-n", e->name, "addr", "add", cidr, "dev", dev, (char *)NULL);
+    if (!rc) rc = runv(why, wn, "ip", "-n", e->name, "link", "set", dev, "up", (char *)NULL);
+    return rc;
+}
+
+static int build(ap_natns_t *ns, char *why, size_t wn)
+{
+    const ns_entry_t *net = &ns->e[0];
+    int rc = ns_add(&ns->e[0], why, wn);
+    if (!rc)
+        rc = runv(why, wn, "ip", "-n", net->name, "link", "add", "br0", "type", "bridge",
+                  (char *)NULL);
+    if (!rc) rc = addr_up(net, "br0", NET_IP, why, wn);
+    char port[24];
+    for (size_t i = 0; i < ns->np && !rc; i++) {
+        ns_entry_t *p = pub(ns, i);
+        snprintf(port, sizeof port, "p%u", (unsigned)i);
+        rc = ns_add(p, why, wn);
+        if (!rc) rc = link_to_net(net, p, port, "eth0", why, wn);
+        if (!rc) rc = addr_up(p, "eth0", p->ip, why, wn);
+    }
+    for (size_t k = 0; k < ns->nh && !rc; k++) {
+        ns_entry_t *r = rtr(ns, k), *h = home(ns, k);
+        snprintf(port, sizeof port, "r%u", (unsigned)k);
+        rc = ns_add(r, why, wn);
+        if (!rc) rc = ns_add(h, why, wn);
+        if (!rc) rc = link_to_net(net, r, port, "wan0", why, wn);
+        if (!rc) rc = addr_up(r, "wan0", r->ip, why, wn);
+        if (!rc)
+            rc = runv(why, wn, "ip", "-n", r->name, "link", "add", "lan0", "type", "veth", "peer",
+                      "name", "eth0", "netns", h->name, (char *)NULL);
+        if (!rc) rc = addr_up(r, "lan0", r->lan, why, wn);
+        if (!rc) rc = addr_up(h, "eth0", h->ip, why, wn);
+        if (!rc)
+            rc = runv(why, wn, "ip", "-n", h->name, "route", "add", "default", "via", r->lan,
+                      (char *)NULL);
+        if (!rc) rc = setup_router(r, ns->kinds[k], why, wn);
+    }
+    return rc;
+}
+
+int ap_natns_new(size_t npublic, size_t nhomes, const ap_nat_kind_t *kinds, ap_natns_t **out,
+                 char *why, size_t wn)
+{
+    *out = NULL;
+    if (npublic > AP_NATNS_MAX_PUBLIC || nhomes > AP_NATNS_MAX_HOMES || (nhomes && !kinds)) {
+        snprintf(why, wn, "at most %d public nodes and %d homes", AP_NATNS_MAX_PUBLIC,
+                 AP_NATNS_MAX_HOMES);
+        return AP_EINVAL;
+    }
+    for (size_t k = 0; k < nhomes; k++)
+        if ((unsigned)kinds[k] > AP_NAT_SYMMETRIC) {
+            snprintf(why, wn, "home %zu: unknown NAT kind %d", k, (int)kinds[k]);
+            return AP_EINVAL;
+        }
+    if (geteuid() != 0) {
+        snprintf(why, wn, "network namespaces need root (euid %d)", (int)geteuid());
+        return AP_EPERM;
+    }
+    sweep_stale();
+    ap_natns_t *ns = calloc(1, sizeof *ns);
+    if (!ns) return AP_ENOMEM;
+    ns->np = npublic;
+    ns->nh = nhomes;
+    ns->owner = getpid();
+    ns->e = calloc(n_entries(ns), sizeof *ns->e);
+    ns->kinds = calloc(nhomes ? nhomes : 1, sizeof *ns->kinds);
+    if (!ns->e || !ns->kinds) {
+        free(ns->e);
+        free(ns->kinds);
+        free(ns);
+        return AP_ENOMEM;
+    }
+    if (nhomes) memcpy(ns->kinds, kinds, nhomes * sizeof *kinds);
+    static unsigned seq; /* keeps two sets of one process apart */
+    unsigned s = seq++;
+    char name[NAME_MAX_], ip[32];
+    int pid = (int)getpid();
+    snprintf(name, sizeof name, "apnat-%d-%u-net", pid, s);
+    set_entry(&ns->e[0], name, NET_IP);
+    for (size_t i = 0; i < npublic; i++) {
+        snprintf(name, sizeof name, "apnat-%d-%u-p%zu", pid, s, i);
+        snprintf(ip, sizeof ip, "198.18.0.%u", (unsigned)(1 + i));
+        set_entry(pub(ns, i), name, ip);
+    }
+    for (size_t k = 0; k < nhomes; k++) {
+        snprintf(name, sizeof name, "apnat-%d-%u-r%zu", pid, s, k);
+        snprintf(ip, sizeof ip, "198.18.0.%u", (unsigned)(101 + k));
+        set_entry(rtr(ns, k), name, ip);
+        snprintf(rtr(ns, k)->lan, sizeof rtr(ns, k)->lan, "10.%u.0.1", (unsigned)(90 + k));
+        snprintf(name, sizeof name, "apnat-%d-%u-h%zu", pid, s, k);
+        snprintf(ip, sizeof ip, "10.%u.0.2", (unsigned)(90 + k));
+        set_entry(home(ns, k), name, ip);
+    }
+    hook(ns);
+    int rc = build(ns, why, wn);
+    if (rc) {
+        ap_natns_free(ns);
+        return rc;
+    }
+    *out = ns;
+    return 0;
+}
+
+void ap_natns_free(ap_natns_t *ns)
+{
+    if (!ns) return;
+    if (ns->owner == getpid()) {
+        size_t n = n_entries(ns);
+        for (size_t i = n; i-- > 0;) ns_del(&ns->e[i]);
+    }
+    unhook(ns);
+    free(ns->e);
+    free(ns->kinds);
+    free(ns);
+}
+
+int ap_natns_probe(char *why, size_t wn)
+{
+    if (geteuid() != 0) {
+        snprintf(why, wn, "network namespaces need root (euid %d)", (int)geteuid());
+        return AP_EPERM;
+    }
+    struct stat st;
+    if (stat("/proc/self/ns/net", &st)) {
+        snprintf(why, wn, "this kernel has no network namespaces (/proc/self/ns/net)");
+        return AP_ENOTSUP;
+    }
+    ap_nat_kind_t k = AP_NAT_SYMMETRIC;
+    ap_natns_t *ns;
+    int rc = ap_natns_new(0, 1, &k, &ns, why, wn);
+    if (rc) return rc == AP_ENOMEM ? rc : AP_ENOTSUP;
+    ap_natns_free(ns);
+    return 0;
+}
+
+size_t ap_natns_npublic(const ap_natns_t *ns)
+{
+    return ns->np;
+}
+size_t ap_natns_nhomes(const ap_natns_t *ns)
+{
+    return ns->nh;
+}
+ap_nat_kind_t ap_natns_kind(const ap_natns_t *ns, size_t k)
+{
+    return k < ns->nh ? ns->kinds[k] : AP_NAT_DROP;
+}
+
+const char *ap_natns_public_ip(const ap_natns_t *ns, size_t i)
+{
+    return i < ns->np ? pub(ns, i)->ip : NULL;
+}
+const char *ap_natns_home_ip(const ap_natns_t *ns, size_t k)
+{
+    return k < ns->nh ? home(ns, k)->ip : NULL;
+}
+const char *ap_natns_router_ip(const ap_natns_t *ns, size_t k)
+{
+    return k < ns->nh ? rtr(ns, k)->ip : NULL;
+}
+const char *ap_natns_public_name(const ap_natns_t *ns, size_t i)
+{
+    return i < ns->np ? pub(ns, i)->name : NULL;
+}
+const char *ap_natns_home_name(const ap_natns_t *ns, size_t k)
+{
+    return k < ns->nh ? home(ns, k)->name : NULL;
+}
+const char *ap_natns_router_name(const ap_natns_t *ns, size_t k)
+{
+    return k < ns->nh ? rtr(ns, k)->name : NULL;
+}
+
+static int enter(const ns_entry_t *e)
+{
+    int fd = open(e->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return AP_ESYS;
+    int rc = setns(fd, CLONE_NEWNET);
+    close(fd);
+    return rc ? AP_ESYS : 0;
+}
+
+int ap_natns_enter_public(const ap_natns_t *ns, size_t i)
+{
+    return ns && i < ns->np ? enter(pub(ns, i)) : AP_EINVAL;
+}
+int ap_natns_enter_home(const ap_natns_t *ns, size_t k)
+{
+    return ns && k < ns->nh ? enter(home(ns, k)) : AP_EINVAL;
+}
+int ap_natns_enter_router(const ap_natns_t *ns, size_t k)
+{
+    return ns && k < ns->nh ? enter(rtr(ns, k)) : AP_EINVAL;
+}
