@@ -103,7 +103,12 @@ typedef struct ap_collab_config {
     uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
     /* Progress tracking. */
     int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */
-    int64_t stale_ms;        /* records older than this are ignored (0 = 20 s) */
+    /* Records older than this are ignored (0 = 20 s). A peer reports at least
+     * every min(1 s, stale_ms / 4), in every phase, and says so in its record;
+     * a record that has not changed for 3 such intervals + 2 s between our
+     * reads counts as gone before stale_ms (docs/training.md, "Peers that
+     * leave"). */
+    int64_t stale_ms;
     int64_t max_skew_ms;     /* tolerated clock skew (0 = 5 s) */
     uint64_t min_refresh_us; /* adaptive refresh period bounds (0 = 0.5 s, 10 s) */
     uint64_t max_refresh_us;

@@ -35,6 +35,10 @@ typedef struct ap_progress {
     uint64_t rounds, rounds_failed;      /* gradient rounds, and of them incomplete */
     uint32_t last_group, last_round_ms;  /* the last round's members and duration */
     float last_fraction;                 /* the last round's averaged fraction */
+    /* The longest the peer lets pass between two of its records, ms (0 = not
+     * said, as from older peers; decode passes any value: a reader uses the
+     * smaller of its own stale_ms and a few of these intervals) */
+    uint32_t report_ms;
     bool has_config; /* config and config_digest are set (always, from ap_collab) */
     uint8_t config_digest[AP_RUN_CONFIG_DIGEST_LEN]; /* of config (set by encode and decode) */
     ap_run_config_t config;

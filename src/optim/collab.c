@@ -48,6 +48,9 @@ static void collab_release(ap_collab_t *c)
     if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
     if (c->shadow) ap__big_free(c->shadow, c->acc_bytes);
     free(c->view);
+    free(c->view_seen);
+    free(c->view_silent);
+    free(c->seen_prev);
     free(c);
 }
 
@@ -169,7 +172,13 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     c->acc = ap__big_alloc(c->acc_bytes);
     c->buf = ap__big_alloc(c->buf_bytes);
     c->view = calloc(AP__VIEW_MAX, sizeof *c->view);
-    if (!c->acc || !c->buf || !c->view) {
+    c->view_seen = calloc(AP__VIEW_MAX, sizeof *c->view_seen);
+    c->view_silent = calloc(AP__VIEW_MAX, sizeof *c->view_silent);
+    c->seen_prev = calloc(AP__VIEW_MAX, sizeof *c->seen_prev);
+    c->report_ms =
+        c->cfg.stale_ms / 4 < AP__REPORT_MAX_MS ? c->cfg.stale_ms / 4 : AP__REPORT_MAX_MS;
+    if (c->report_ms < 1) c->report_ms = 1;
+    if (!c->acc || !c->buf || !c->view || !c->view_seen || !c->view_silent || !c->seen_prev) {
         collab_release(c);
         return AP_ENOMEM;
     }
@@ -271,7 +280,7 @@ static void start_fetched(ap_collab_t *c)
     bool donors = false;
     uint64_t maxe = 0;
     for (size_t i = 0; i < c->nview; i++)
-        if (!ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, &c->view[i], now)) {
+        if (!ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, i, now)) {
             if (c->view[i].donor) donors = true;
             if (c->view[i].role != AP_AVG_AUX && c->view[i].epoch > maxe) maxe = c->view[i].epoch;
         }

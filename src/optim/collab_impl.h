@@ -19,6 +19,20 @@
 #define AP__PROGRESS_MAX 512   /* bytes of an encoded progress record (with the run config) */
 #define AP__VIEW_MAX     4096  /* progress records kept per fetch */
 #define AP__REFUSED_LOG  64    /* peers of another configuration remembered (logged once) */
+/* Peers that leave: a record that has not changed for AP__REPORT_MISSED of
+ * its peer's report intervals plus AP__REPORT_SLACK_MS (store latency, timers
+ * late under load), by our own clock between fetches, counts as gone (it is
+ * out of the counts, groups and downloads) without waiting for stale_ms. */
+#define AP__REPORT_MISSED   3
+#define AP__REPORT_SLACK_MS 2000
+#define AP__REPORT_MAX_MS   1000 /* our report interval: min(this, stale_ms / 4) */
+
+/* When a peer's record last changed, by our wall clock (view.c). */
+typedef struct view_seen {
+    ap_peer_id_t peer;
+    int64_t time_ms; /* the record's time then */
+    int64_t seen_ms; /* our clock when we first saw that time */
+} view_seen_t;
 
 typedef enum collab_phase {
     PH_IDLE = 0,
@@ -126,6 +140,10 @@ struct ap_collab {
     /* the latest view of the run */
     ap_progress_t *view;
     size_t nview;
+    int64_t *view_seen;     /* per entry: our wall clock when its record last changed */
+    bool *view_silent;      /* per entry: it missed its report intervals (gone) */
+    view_seen_t *seen_prev; /* scratch: the previous view's, sorted by peer */
+    int64_t report_ms;      /* the interval our records promise */
     uint64_t view_at_us;
     bool fetching;
     int64_t last_exp_ms;
@@ -209,7 +227,9 @@ typedef struct ap__estimate {
     uint32_t peers;
 } ap__estimate_t;
 bool ap__collab_is_self(const struct ap_collab *c, const ap_peer_id_t *p);
-bool ap__collab_fresh(const struct ap_collab *c, const ap_progress_t *p, int64_t now_ms);
+/* View entry i is a live peer: its record is younger than stale_ms and it has
+ * not missed its report intervals. */
+bool ap__collab_fresh(const struct ap_collab *c, size_t i, int64_t now_ms);
 void ap__collab_estimate(struct ap_collab *c, ap__estimate_t *e);
 void ap__collab_update_stats(struct ap_collab *c);
 /* Stores our record; next (may be NULL) runs when the store ends. */

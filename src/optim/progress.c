@@ -100,6 +100,7 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.last_group = p->last_group;
     m.last_round_ms = p->last_round_ms;
     m.last_fraction = p->last_fraction;
+    m.report_ms = p->report_ms;
     Apiary__Optim__RunConfig rc;
     ap_run_config_t cfg;
     if (p->has_config) {
@@ -141,6 +142,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.last_group = m->last_group;
     p.last_round_ms = m->last_round_ms;
     p.last_fraction = m->last_fraction;
+    p.report_ms = m->report_ms;
     uint32_t role = m->role;
     int crc = 0;
     if (m->config) {

@@ -518,10 +518,11 @@ void ap__state_download_abort(ap_collab_t *c, int err)
     dl_finish(c, err);
 }
 
-static bool usable(ap_collab_t *c, const ap_progress_t *p, int64_t now, uint64_t min_epoch)
+static bool usable(ap_collab_t *c, size_t i, int64_t now, uint64_t min_epoch)
 {
+    const ap_progress_t *p = &c->view[i];
     return p->donor && p->epoch >= min_epoch && !ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) &&
-           p->time_ms >= now - c->cfg.stale_ms;
+           ap__collab_fresh(c, i, now);
 }
 
 /* The highest epoch among the usable donors not in back-off; false if none. */
@@ -533,7 +534,7 @@ static bool best_epoch(ap_collab_t *c, uint64_t min_epoch, uint64_t *best, int *
     *ndonors = *nbacked = 0;
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (!usable(c, p, now, min_epoch)) continue;
+        if (!usable(c, i, now, min_epoch)) continue;
         if (backed_off(c, &p->peer)) {
             (*nbacked)++;
             continue;
@@ -543,7 +544,7 @@ static bool best_epoch(ap_collab_t *c, uint64_t min_epoch, uint64_t *best, int *
     }
     if (any) {
         for (size_t i = 0; i < c->nview; i++)
-            if (usable(c, &c->view[i], now, min_epoch) && c->view[i].epoch == *best &&
+            if (usable(c, i, now, min_epoch) && c->view[i].epoch == *best &&
                 !backed_off(c, &c->view[i].peer))
                 (*ndonors)++;
     }
@@ -582,7 +583,7 @@ int ap__state_download(ap_collab_t *c, float *dst, uint64_t min_epoch, ap__dl_fn
     /* donors at the highest epoch, in a random order (spread the load) */
     for (size_t i = 0; i < c->nview && c->dl.ndonors < AP_COLLAB_MAX_DONORS; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (!usable(c, p, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
+        if (!usable(c, i, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
         c->dl.donors[c->dl.ndonors++] = p->peer;
     }
     for (int i = c->dl.ndonors - 1; i > 0; i--) {
