@@ -158,6 +158,16 @@ typedef struct ap_collab_config {
      * AP_RUN_CONFIG_MODEL_MAX - 1 printable bytes, copied. NULL = none (the
      * parameter count still must match). */
     const char *model_desc;
+    /* Byzantine-tolerant gradient averaging (default false; docs/btard.md):
+     * every reducer of a gradient round aggregates the peers' copies of its
+     * part with CenteredClip (ButterflyClip, apiary/btard.h) instead of the
+     * weighted mean, so that a few peers' poisoned gradients move each part
+     * by at most b·tau/(n − b). Every peer of the run must set the same
+     * three values. State rounds stay the mean: a Byzantine-tolerant run
+     * should set average_state_every = 0. */
+    bool byzantine_tolerant;
+    double btard_tau;        /* CenteredClip radius over one part, L2 (0 = 1.0) */
+    uint32_t btard_max_iter; /* CenteredClip steps at most (0 = 100) */
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging

@@ -93,6 +93,11 @@ static void usage(void)
         "                            contribute at most N batches to an epoch, then wait for\n"
         "                            its round (with N = 1 and target = peers x batch, each\n"
         "                            peer adds exactly one batch per epoch: exact mode)\n"
+        "  --byzantine-tolerant      average gradients with CenteredClip per part\n"
+        "                            (ButterflyClip) instead of the mean (same on every peer;\n"
+        "                            docs/btard.md)\n"
+        "  --btard-tau X             CenteredClip radius over one part (default 1.0)\n"
+        "  --attack sign-flip        experiments: submit the gradient times -1000\n"
         "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
         "                            averaging module (default: READY window over progress)\n"
         "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
@@ -115,7 +120,8 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm, fresh, seed_set;
+    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip;
+    double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
     bool share;
@@ -423,6 +429,8 @@ static int run(const topts_t *o)
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
     cfg.dht_matchmaking = o->dhtmm;
+    cfg.byzantine_tolerant = o->byz;
+    cfg.btard_tau = o->btard_tau;
     cfg.model_desc = model_desc;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, svc, &cfg, pr->data, pr->count, pr->views, pr->nviews, &c);
@@ -568,6 +576,8 @@ static int run(const topts_t *o)
             }
             compute_s += now_s() - tb;
             ap_train_watch_submit(watch, true);
+            if (o->sign_flip) /* an attacker for experiments */
+                for (size_t k = 0; k < pr->count; k++) pr->grad[k] *= -1000.0f;
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
             if (r == AP_ECONFIG) {
@@ -738,7 +748,10 @@ static int train_main(int argc, char **argv)
         O_SCHED,
         O_DECAY,
         O_CLIP,
-        O_HTTP
+        O_HTTP,
+        O_BYZ,
+        O_TAU,
+        O_ATTACK
     };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
@@ -779,6 +792,9 @@ static int train_main(int argc, char **argv)
         {"decay-epochs", required_argument, NULL, O_DECAY},
         {"clip", required_argument, NULL, O_CLIP},
         {"http", required_argument, NULL, O_HTTP},
+        {"byzantine-tolerant", no_argument, NULL, O_BYZ},
+        {"btard-tau", required_argument, NULL, O_TAU},
+        {"attack", required_argument, NULL, O_ATTACK},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -964,6 +980,20 @@ static int train_main(int argc, char **argv)
         } break;
         case O_CLIP:
             if (!ap_cli_num("--clip", optarg, 0, 1e6, &o.clip)) return 2;
+            break;
+        case O_BYZ:
+            o.byz = true;
+            break;
+        case O_TAU:
+            if (!ap_cli_num("--btard-tau", optarg, 1e-12, 1e30, &o.btard_tau)) return 2;
+            break;
+        case O_ATTACK:
+            if (strcmp(optarg, "sign-flip") != 0) {
+                fprintf(stderr, "apiary train: --attack %s: the only attack is sign-flip\n",
+                        optarg);
+                return 2;
+            }
+            o.sign_flip = true;
             break;
         case 'h':
             usage();
