@@ -183,7 +183,8 @@ class CollabConfig(ctypes.Structure):
                 ("max_refresh_us", c_u64), ("max_donors", c_int),
                 ("download_timeout_us", c_u64), ("load_state_on_start", c_bool),
                 ("delayed_updates", c_bool), ("max_local_samples", c_u64),
-                ("dht_matchmaking", c_bool), ("model_desc", c_char_p)]
+                ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
+                ("run_owner", c_char_p), ("token", c_char_p)]
 
 
 class CollabStats(ctypes.Structure):
@@ -199,7 +200,9 @@ class CollabStats(ctypes.Structure):
                [(n, c_u64) for n in ("samples_during_rounds", "delayed_steps", "submits_held",
                                      "samples_dropped", "group_wait_us", "averaging_us",
                                      "download_us", "state_donor_failures", "peers_refused")] + \
-               [("refused", c_bool)]
+               [("refused", c_bool)] + \
+               [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
+               [("shut_out", c_bool)]
 
 
 def collab_protos(L):
