@@ -23,6 +23,16 @@ extern "C" {
 
 #define AP_ALLREDUCE_MAX_ELEMS (1ull << 34) /* 16 G elements */
 
+/* A robust reducer for one whole part (ap_allreduce_opts_t.reduce): writes
+ * the aggregate of the n inputs x[0..n-1] (d floats each, all finite) with
+ * weights w (finite, >= 0, not all 0) to out, which aliases no input; sets
+ * *clipped to how many inputs it limited. 0 or a negative AP_E* code (the
+ * part then stays local for everyone, as when its reducer fails). Runs on
+ * the loop thread. ap_btard_butterfly_clip (apiary/btard.h) is CenteredClip
+ * in this shape ("ButterflyClip"). */
+typedef int (*ap_allreduce_reduce_fn)(void *arg, const float *const *x, const double *w, size_t n,
+                                      size_t d, float *out, uint32_t *clipped);
+
 typedef struct ap_allreduce_opts {
     /* Elements per chunk; same in the whole group. 0 = from the group: the
      * largest power of two not above what the slowest declared link (min of
@@ -61,6 +71,16 @@ typedef struct ap_allreduce_opts {
      * N = a fixed lead of N chunks; AP_ALLREDUCE_LEAD_OFF = no pacing (up to the
      * stream window). */
     uint32_t max_lead_chunks;
+    /* Aggregation (same in the whole group). NULL (default): the weighted
+     * mean, chunk by chunk as chunks arrive. Otherwise each reducer keeps
+     * every sender's copy of its part and, once all live senders delivered
+     * the whole part, replaces it by reduce(reduce_arg, ...) over them (its
+     * own copy included; a sender dropped before the end is left out). The
+     * results then all leave at the end of the part, so pacing is off
+     * (max_lead_chunks is taken as AP_ALLREDUCE_LEAD_OFF) and the reducer
+     * holds one copy of its part per sender. */
+    ap_allreduce_reduce_fn reduce;
+    void *reduce_arg;
 } ap_allreduce_opts_t;
 
 /* ap_allreduce_opts_t.max_lead_chunks: no pacing (data runs ahead of the
@@ -76,6 +96,8 @@ typedef struct ap_allreduce_result {
     uint32_t senders_dropped; /* senders this peer's reducer dropped (failed, stalled, bad) */
     uint32_t senders_used;    /* senders that delivered this peer's whole part */
     uint64_t my_part_elems;   /* elements this peer reduced */
+    uint32_t inputs_clipped;  /* opts.reduce: inputs it limited on this peer's part */
+    uint32_t inputs_reduced;  /* opts.reduce: inputs it aggregated (own copy included) */
     uint64_t bytes_sent, bytes_received; /* chunk payload bytes of this round */
     uint64_t elapsed_us;
     double predicted_s; /* the LP bound for the group: t·P·4 */

@@ -88,6 +88,25 @@ AP_EXPORT AP_NODISCARD int ap_btard_clip_residual(const float *const *x, const d
                                                   size_t d, double tau, const float *v, double *r,
                                                   double *norm);
 
+/* ButterflyClip: CenteredClip as the part reducer of the butterfly
+ * all-reduce (apiary/allreduce.h). Set ap_allreduce_opts_t.reduce =
+ * ap_btard_butterfly_clip and .reduce_arg = an ap_btard_bclip_t that outlives
+ * the round: each reducer then aggregates the peers' copies of its part with
+ * CenteredClip(cfg) instead of the weighted mean. cfg.tau is a distance over
+ * one part (its L2 norm). ws: scratch, may be NULL (allocated per call); the
+ * caller owns it. last: the stats of the latest call. One thread at a time
+ * (the loop thread of the rounds that use it). */
+typedef struct ap_btard_bclip {
+    ap_btard_clip_cfg_t cfg;
+    ap_btard_clip_ws_t *ws;
+    ap_btard_clip_stats_t last;
+} ap_btard_bclip_t;
+
+/* An ap_allreduce_reduce_fn: arg is an ap_btard_bclip_t. 0, AP_EINVAL,
+ * AP_ENOMEM (as ap_btard_clip). */
+AP_EXPORT int ap_btard_butterfly_clip(void *arg, const float *const *x, const double *w, size_t n,
+                                      size_t d, float *out, uint32_t *clipped);
+
 /* ---- verification primitives --------------------------------------------------
  *
  * The pieces BTARD's checks are built from. All are deterministic functions

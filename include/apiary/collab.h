@@ -153,6 +153,16 @@ typedef struct ap_collab_config {
      * AP_RUN_CONFIG_MODEL_MAX - 1 printable bytes, copied. NULL = none (the
      * parameter count still must match). */
     const char *model_desc;
+    /* Byzantine-tolerant gradient averaging (default false; docs/btard.md):
+     * every reducer of a gradient round aggregates the peers' copies of its
+     * part with CenteredClip (ButterflyClip, apiary/btard.h) instead of the
+     * weighted mean, so that a few peers' poisoned gradients move each part
+     * by at most b·tau/(n − b). Every peer of the run must set the same
+     * three values. State rounds stay the mean: a Byzantine-tolerant run
+     * should set average_state_every = 0. */
+    bool byzantine_tolerant;
+    double btard_tau;        /* CenteredClip radius over one part, L2 (0 = 1.0) */
+    uint32_t btard_max_iter; /* CenteredClip steps at most (0 = 100) */
     /* Closed runs (apiary/run_token.h; docs/closed_runs.md). run_owner: the
      * owner's PeerID as text; set, the run is CLOSED: this peer takes part
      * only with a valid unexpired token of its own (ap_collab_start fails

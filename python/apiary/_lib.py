@@ -184,6 +184,8 @@ class CollabConfig(ctypes.Structure):
                 ("download_timeout_us", c_u64), ("load_state_on_start", c_bool),
                 ("delayed_updates", c_bool), ("max_local_samples", c_u64),
                 ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
+                ("byzantine_tolerant", c_bool), ("btard_tau", c_double),
+                ("btard_max_iter", c_u32),
                 ("run_owner", c_char_p), ("token", c_char_p)]
 
 

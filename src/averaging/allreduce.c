@@ -200,7 +200,7 @@ static void tick_cb(ap_rt_t *rt, void *arg)
         if (j == ar->self || ar->m[j].role == AP_AVG_AUX) continue;
         if (sl->state != SLOT_WAITING && sl->state != SLOT_ACTIVE) continue;
         if (sl->state == SLOT_ACTIVE && sl->next_in == ar->my_chunks) continue;
-        if (sl->state == SLOT_ACTIVE && sl->next_in > ar->reduced) {
+        if (sl->state == SLOT_ACTIVE && sl->next_in > ap__ar_gate(ar)) {
             sl->stall_from_us = now; /* ahead: another sender gates the results */
             continue;
         }
@@ -335,6 +335,7 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
     cache_put(ar->svc, 2, ar->res_enc, ar->res_enc_bytes);
     free(ar->in);
+    free(ar->copies);
     free(ar->out);
     free(ar->lead_rings);
     free(ar->scratch);
@@ -446,6 +447,14 @@ static int setup(ap_allreduce_t *ar, const ap_avg_group_t *g)
                 cache_take(ar->svc, 2, (size_t)ar->my_chunks * ar->res_fsz, &ar->res_enc_bytes);
             if (!ar->res_enc) goto nomem;
         }
+        if (ar->o.reduce) {
+            if ((size_t)g->n > SIZE_MAX / sizeof(float) / c) goto nomem;
+            ar->copies = malloc((size_t)g->n * c * sizeof(float));
+            if (!ar->copies) goto nomem;
+            if (ar->sends)
+                memcpy(ar->copies + (size_t)ar->self * c, ar->data + ar->off[ar->self],
+                       c * sizeof(float));
+        }
         if (ar->sends) {
             ar->result = ar->data + ar->off[ar->self];
             for (uint32_t k = 0; k < ar->my_chunks; k++) ar->wsum[k] = ar->weight;
@@ -514,6 +523,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     if (!o.stall_min_us) o.stall_min_us = 1000000;
     if (!o.connect_grace_us) o.connect_grace_us = 2000000;
     if (!(o.stall_factor > 0)) o.stall_factor = 10;
+    if (o.reduce) o.max_lead_chunks = AP_ALLREDUCE_LEAD_OFF; /* results only at the end */
     const ap__avg_codec_t *codec = ap__avg_codec_get(o.codec);
     if (!codec) return AP_ENOTSUP;
     /* vectorised: it reads the whole vector */

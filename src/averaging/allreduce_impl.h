@@ -122,6 +122,9 @@ struct ap_allreduce {
     float *aux_buf; /* aux_bytes from the service's cache */
     size_t aux_bytes;
     in_slot_t *in;
+    /* opts.reduce: every sender's copy of this node's part, sender j's at
+     * copies + j·cnt[self] (its own at self's index) */
+    float *copies;
     /* sender */
     out_slot_t *out;
     struct lead_sample *lead_rings; /* the out slots' rings, one block */
@@ -190,6 +193,10 @@ void ap__ar_check_done(ap_allreduce_t *ar); /* finishes the round once all is re
 void ap__ar_drop_sender(ap_allreduce_t *ar, int j, int err, const char *why);
 void ap__ar_finalise_chunks(ap_allreduce_t *ar);
 void ap__ar_pump_results(ap_allreduce_t *ar);
+/* The chunk index a sender at or below which gates the results: the chunks
+ * reduced, or with opts.reduce (all results at the end) the fewest chunks a
+ * live sender delivered. A sender past it waits for others, not stalled. */
+uint32_t ap__ar_gate(const ap_allreduce_t *ar);
 /* The largest data frame, and the data streams' window for it. */
 size_t ap__ar_frame_max(const ap_allreduce_t *ar);
 size_t ap__ar_data_window(size_t fmax);

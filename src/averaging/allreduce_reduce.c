@@ -42,8 +42,104 @@ static double *acc_of(const ap_allreduce_t *ar, uint32_t c)
     return ar->acc + (size_t)ar->slot[c] * ar->o.chunk_elems;
 }
 
+/* Chunk c of the result is final at ar->result: encode it once for a lossy
+ * codec, keep its decoding and send those bytes, so that every member holds
+ * the same values. */
+static void publish_chunk(ap_allreduce_t *ar, uint32_t c, uint64_t s, uint32_t len)
+{
+    if (ar->res_enc) {
+        uint8_t *fr = ar->res_enc + (size_t)c * ar->res_fsz;
+        ap__avg_frame_header(fr, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
+        if (ar->codec->encode(ar->result + s, len, fr + AP__AVG_FRAME_HDR) ||
+            ar->codec->decode(fr + AP__AVG_FRAME_HDR, ar->codec->size(len), len, ar->result + s)) {
+            ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
+            fr[0] = 0; /* not a frame: sent by encoding afresh */
+        }
+    }
+    if (ar->sends) ar->res.elems_averaged += len;
+}
+
+uint32_t ap__ar_gate(const ap_allreduce_t *ar)
+{
+    if (!ar->copies) return ar->reduced;
+    uint32_t g = ar->my_chunks;
+    for (int j = 0; j < ar->n; j++) {
+        if (j == ar->self || ar->m[j].role == AP_AVG_AUX) continue;
+        const in_slot_t *sl = &ar->in[j];
+        if (sl->state == SLOT_DROPPED) continue;
+        if (sl->next_in < g) g = sl->next_in;
+    }
+    return g;
+}
+
+/* opts.reduce: once every live sender delivered the whole part, the part is
+ * replaced by the reducer's aggregate of all the copies. */
+static void finalise_robust(ap_allreduce_t *ar)
+{
+    if (ar->reduced == ar->my_chunks || !chunk_ready(ar, ar->my_chunks - 1)) return;
+    uint64_t cnt = ar->cnt[ar->self];
+    const float **x = malloc((size_t)ar->n * sizeof *x);
+    double *w = malloc((size_t)ar->n * sizeof *w);
+    size_t k = 0;
+    double wsum = 0;
+    int rc = AP_ENOMEM;
+    if (!x || !w) goto fail;
+    for (int j = 0; j < ar->n; j++) {
+        if (j == ar->self) {
+            if (!ar->sends) continue;
+            w[k] = ar->weight;
+        } else {
+            const in_slot_t *sl = &ar->in[j];
+            if (ar->m[j].role == AP_AVG_AUX || sl->state == SLOT_DROPPED ||
+                sl->next_in != ar->my_chunks)
+                continue;
+            w[k] = sl->weight;
+        }
+        x[k] = ar->copies + (size_t)j * cnt;
+        wsum += w[k++];
+    }
+    if (k == 0) { /* aux with every sender dropped: nothing to average, nobody to tell */
+        memset(ar->result, 0, cnt * sizeof(float));
+        if (ar->res_enc)
+            for (uint32_t c = 0; c < ar->my_chunks; c++) ar->res_enc[(size_t)c * ar->res_fsz] = 0;
+        free(x);
+        free(w);
+        ar->reduced = ar->my_chunks;
+        return;
+    }
+    if (!(wsum > 0))
+        for (size_t i = 0; i < k; i++) w[i] = 1; /* as the mean: the plain mean then */
+    uint32_t clipped = 0;
+    rc = ar->o.reduce(ar->o.reduce_arg, x, w, k, (size_t)cnt, ar->result, &clipped);
+    if (rc) goto fail;
+    ar->res.inputs_clipped = clipped;
+    ar->res.inputs_reduced = (uint32_t)k;
+    for (uint32_t c = 0; c < ar->my_chunks; c++)
+        publish_chunk(ar, c, (uint64_t)c * ar->o.chunk_elems, ap__ar_chunk_len(ar, cnt, c));
+    free(x);
+    free(w);
+    ar->reduced = ar->my_chunks;
+    return;
+fail:
+    free(x);
+    free(w);
+    ap_warn(MOD, "round: the part's reducer failed: %s; the part stays local", ap_strerror(rc));
+    if (ar->sends) memcpy(ar->result, ar->copies + (size_t)ar->self * cnt, cnt * sizeof(float));
+    for (int j = 0; j < ar->n; j++)
+        if (j != ar->self && ar->m[j].role != AP_AVG_AUX && ar->in[j].state != SLOT_DROPPED) {
+            ar->in[j].state = SLOT_ACTIVE; /* reset below whatever it delivered */
+            ar->in[j].next_in = 0;
+            ap__ar_drop_sender(ar, j, AP_ERESET, "the part's reducer failed");
+        }
+    ar->reduced = ar->my_chunks;
+}
+
 void ap__ar_finalise_chunks(ap_allreduce_t *ar)
 {
+    if (ar->copies) {
+        finalise_robust(ar);
+        return;
+    }
     while (ar->reduced < ar->my_chunks && chunk_ready(ar, ar->reduced)) {
         uint32_t c = ar->reduced;
         uint64_t s = (uint64_t)c * ar->o.chunk_elems;
@@ -55,19 +151,7 @@ void ap__ar_finalise_chunks(ap_allreduce_t *ar)
             else /* nobody else delivered: the same arithmetic on the own term alone */
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
-            /* a lossy codec: encode the result once, keep its decoding and send
-             * those bytes, so that every member holds the same values */
-            if (ar->res_enc) {
-                uint8_t *fr = ar->res_enc + (size_t)c * ar->res_fsz;
-                ap__avg_frame_header(fr, AP__AVG_FRAME_RESULT, ar->codec->id, c, len);
-                if (ar->codec->encode(ar->result + s, len, fr + AP__AVG_FRAME_HDR) ||
-                    ar->codec->decode(fr + AP__AVG_FRAME_HDR, ar->codec->size(len), len,
-                                      ar->result + s)) {
-                    ap_warn(MOD, "round: codec %s failed on a result chunk", ar->codec->name);
-                    fr[0] = 0; /* not a frame: sent by encoding afresh */
-                }
-            }
-            if (ar->sends) ar->res.elems_averaged += len;
+            publish_chunk(ar, c, s, len);
         } else if (!ar->sends) {
             /* aux with every sender dropped: nothing to average, nobody to tell */
             memset(ar->result + s, 0, (size_t)len * sizeof(float));
@@ -114,6 +198,13 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
         goto after;
     }
     double w = sl->weight;
+    const void *x = ar->codec->check_raw ? (const void *)f.payload : (const void *)ar->scratch;
+    if (ar->copies) { /* kept whole for the part's reducer */
+        memcpy(ar->copies + (size_t)l->peer * ar->cnt[ar->self] +
+                   (uint64_t)f.index * ar->o.chunk_elems,
+               x, (size_t)f.elems * sizeof(float));
+        goto took;
+    }
     const float *own = ar->sends ? ar->result + (uint64_t)f.index * ar->o.chunk_elems : NULL;
     double ow = ar->weight;
     bool first = !ar->touched[f.index];
@@ -124,12 +215,12 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     /* acc = ow·own + Σ w_j x_j, summed in arrival order (the same operations
      * as initialising acc with the own term, then adding); one vectorised
      * pass straight from the message for raw float32 */
-    const void *x = ar->codec->check_raw ? (const void *)f.payload : (const void *)ar->scratch;
     if (!first)
         ar->k->wsum_add(acc, x, f.elems, w);
     else
         ar->k->wsum_init(acc, own, ow, x, f.elems, w);
     ar->wsum[f.index] += w;
+took:
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
     sl->last_us = now;

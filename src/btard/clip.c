@@ -279,3 +279,15 @@ int ap_btard_clip_residual(const float *const *x, const double *w, size_t n, siz
     ap_btard_clip_ws_free(ws);
     return rc;
 }
+
+int ap_btard_butterfly_clip(void *arg, const float *const *x, const double *w, size_t n, size_t d,
+                            float *out, uint32_t *clipped)
+{
+    ap_btard_bclip_t *b = arg;
+    if (!b || !clipped) return AP_EINVAL;
+    ap_btard_clip_stats_t st = {0};
+    int rc = ap_btard_clip(b->ws, x, w, n, d, &b->cfg, out, &st);
+    b->last = st;
+    *clipped = rc ? 0 : (uint32_t)st.clipped;
+    return rc;
+}

@@ -36,6 +36,8 @@ static void fill_defaults(ap_collab_config_t *c)
     if (c->max_donors <= 0) c->max_donors = 3;
     if (c->max_donors > AP_COLLAB_MAX_DONORS) c->max_donors = AP_COLLAB_MAX_DONORS;
     if (!c->download_timeout_us) c->download_timeout_us = 120000000;
+    if (!(c->btard_tau > 0)) c->btard_tau = 1.0;
+    if (!c->btard_max_iter) c->btard_max_iter = 100;
 }
 
 /* ---- lifetime ---------------------------------------------------------------- */
@@ -43,6 +45,7 @@ static void fill_defaults(ap_collab_config_t *c)
 static void collab_release(ap_collab_t *c)
 {
     ap_nn_solver_free(c->opt);
+    ap_btard_clip_ws_free(c->bclip.ws);
     if (c->acc) ap__big_free(c->acc, c->acc_bytes);
     if (c->buf) ap__big_free(c->buf, c->buf_bytes);
     if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
@@ -132,10 +135,12 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     for (size_t i = 0; printable && i < ml; i++)
         printable = cfg->model_desc[i] >= 0x20 && cfg->model_desc[i] <= 0x7e;
     if (!printable || !isfinite(cfg->lr.base) || !isfinite(cfg->lr.min) ||
-        !isfinite(cfg->solver.weight_decay) || !isfinite(cfg->max_grad_norm)) {
+        !isfinite(cfg->solver.weight_decay) || !isfinite(cfg->max_grad_norm) ||
+        !(cfg->btard_tau >= 0) || cfg->btard_max_iter > AP_BTARD_CLIP_MAX_ITER) {
         ap_warn(OPT_MOD,
                 "collab: bad configuration (model description longer than %d bytes or "
-                "not printable, or a non-finite learning rate, weight decay or clip)",
+                "not printable, a non-finite learning rate, weight decay or clip, or a bad "
+                "CenteredClip tau or step cap)",
                 AP_RUN_CONFIG_MODEL_MAX - 1);
         return AP_EINVAL;
     }
@@ -173,7 +178,13 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     c->acc = ap__big_alloc(c->acc_bytes);
     c->buf = ap__big_alloc(c->buf_bytes);
     c->view = calloc(AP__VIEW_MAX, sizeof *c->view);
-    if (!c->acc || !c->buf || !c->view) {
+    if (c->cfg.byzantine_tolerant) {
+        c->bclip.cfg = ap_btard_clip_cfg_default();
+        c->bclip.cfg.tau = c->cfg.btard_tau;
+        c->bclip.cfg.max_iter = (int)c->cfg.btard_max_iter;
+        c->bclip.ws = ap_btard_clip_ws_new();
+    }
+    if (!c->acc || !c->buf || !c->view || (c->cfg.byzantine_tolerant && !c->bclip.ws)) {
         collab_release(c);
         return AP_ENOMEM;
     }

@@ -4,6 +4,7 @@
 
 #include "apiary/allreduce.h"
 #include "apiary/avg.h"
+#include "apiary/btard.h"
 #include "apiary/collab.h"
 #include "apiary/nn.h"
 #include "apiary/progress.h"
@@ -151,6 +152,7 @@ struct ap_collab {
     ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
     ap_avg_search_t *search; /* the running search (NULL = none) */
     char mm_key[AP_COLLAB_RUN_ID_MAX + 64];
+    ap_btard_bclip_t bclip; /* byzantine_tolerant: gradient rounds' part reducer */
 
     /* the run's configuration (progress records, matchmaking key) */
     ap_run_config_t runcfg;

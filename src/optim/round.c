@@ -64,6 +64,10 @@ static int start_round(ap_collab_t *c, const char *what, float *data, double wei
     o.codec = strcmp(what, "grad") == 0 ? c->cfg.codec : (uint8_t)AP_AVG_CODEC_F32;
     o.deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.averaging_timeout_us;
     uint64_t elems = strcmp(what, "grad") == 0 ? c->n : c->total;
+    if (c->cfg.byzantine_tolerant && strcmp(what, "grad") == 0) {
+        o.reduce = ap_btard_butterfly_clip; /* ButterflyClip */
+        o.reduce_arg = &c->bclip;
+    }
     int rc = ap_allreduce_start(c->svc, &g, data, elems, weight, &o, round_done, c, &c->ar);
     if (rc == 0) c->refs++;
     return rc;

@@ -40,6 +40,7 @@ typedef struct oh_peer {
     int batch;
     double batch_cost; /* compute units per batch */
     bool started, start_failed, stop, busy, up;
+    bool sign_flip;   /* an attacker: submits its gradient times -1000 */
     uint64_t batches; /* batches computed (data cursor) */
     uint64_t epochs_seen;
     float *x;
@@ -99,6 +100,8 @@ static void oh_after(ap_rt_t *rt, void *arg, int status)
         p->ep_batches[ep]++;
     }
     ap_nn_params_t *pr = ap_nn_model_params(p->model);
+    if (p->sign_flip)
+        for (size_t k = 0; k < pr->count; k++) pr->grad[k] *= -1000.0f;
     int rc =
         ap_collab_submit(p->collab, pr->grad, (uint32_t)p->batch, p->last_loss, oh_submitted, p);
     if (rc) p->busy = false;

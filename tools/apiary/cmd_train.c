@@ -94,6 +94,11 @@ static void usage(void)
         "                            contribute at most N batches to an epoch, then wait for\n"
         "                            its round (with N = 1 and target = peers x batch, each\n"
         "                            peer adds exactly one batch per epoch: exact mode)\n"
+        "  --byzantine-tolerant      average gradients with CenteredClip per part\n"
+        "                            (ButterflyClip) instead of the mean (same on every peer;\n"
+        "                            docs/btard.md)\n"
+        "  --btard-tau X             CenteredClip radius over one part (default 1.0)\n"
+        "  --attack sign-flip        experiments: submit the gradient times -1000\n"
         "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
         "                            averaging module (default: READY window over progress)\n"
         "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
@@ -120,7 +125,8 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm, fresh, seed_set;
+    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip;
+    double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
     bool share;
@@ -428,6 +434,8 @@ static int run(const topts_t *o)
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
     cfg.dht_matchmaking = o->dhtmm;
+    cfg.byzantine_tolerant = o->byz;
+    cfg.btard_tau = o->btard_tau;
     cfg.model_desc = model_desc;
     cfg.run_owner = o->run_owner;
     cfg.token = o->token;
@@ -578,6 +586,8 @@ static int run(const topts_t *o)
             }
             compute_s += now_s() - tb;
             ap_train_watch_submit(watch, true);
+            if (o->sign_flip) /* an attacker for experiments */
+                for (size_t k = 0; k < pr->count; k++) pr->grad[k] *= -1000.0f;
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
             if (r == AP_EPERM) { /* the owner revoked this peer */
@@ -761,6 +771,9 @@ static int train_main(int argc, char **argv)
         O_DECAY,
         O_CLIP,
         O_HTTP,
+        O_BYZ,
+        O_TAU,
+        O_ATTACK,
         O_OWNER,
         O_TOKEN
     };
@@ -803,6 +816,9 @@ static int train_main(int argc, char **argv)
         {"decay-epochs", required_argument, NULL, O_DECAY},
         {"clip", required_argument, NULL, O_CLIP},
         {"http", required_argument, NULL, O_HTTP},
+        {"byzantine-tolerant", no_argument, NULL, O_BYZ},
+        {"btard-tau", required_argument, NULL, O_TAU},
+        {"attack", required_argument, NULL, O_ATTACK},
         {"run-owner", required_argument, NULL, O_OWNER},
         {"token", required_argument, NULL, O_TOKEN},
         {"help", no_argument, NULL, 'h'},
@@ -990,6 +1006,20 @@ static int train_main(int argc, char **argv)
         } break;
         case O_CLIP:
             if (!ap_cli_num("--clip", optarg, 0, 1e6, &o.clip)) return 2;
+            break;
+        case O_BYZ:
+            o.byz = true;
+            break;
+        case O_TAU:
+            if (!ap_cli_num("--btard-tau", optarg, 1e-12, 1e30, &o.btard_tau)) return 2;
+            break;
+        case O_ATTACK:
+            if (strcmp(optarg, "sign-flip") != 0) {
+                fprintf(stderr, "apiary train: --attack %s: the only attack is sign-flip\n",
+                        optarg);
+                return 2;
+            }
+            o.sign_flip = true;
             break;
         case O_OWNER: {
             ap_peer_id_t p_;
