@@ -124,6 +124,13 @@ void ap__tcp_close(ap_tcp_t *t, void (*done)(void *arg), void *arg);
 int ap__tcp_listen(ap_tcp_t *t, const char *multiaddr);
 /* The bound listen addresses (with /p2p/<self>). Returns the count. */
 int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max);
+/* The addresses libp2p peers on the transport's port are told (identify's
+ * listen addresses): fn writes at most max into out and returns how many;
+ * it runs for each identify answer (the node gives its announced or
+ * interface addresses, runtime/uv/tcp_conn.c). Without fn: the bound listen
+ * addresses whose host is not a wildcard. */
+typedef int (*ap_tcp_addrs_fn)(void *arg, ap_multiaddr_t *out, int max);
+void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg);
 
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering

@@ -8,15 +8,41 @@
 #include "net/tcp_impl.h"
 #include "p2p/p2p_conn.h"
 
+#include <string.h>
 #include <unistd.h>
 
 #define MSS_FIRST_BYTE 0x13
+
+void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg)
+{
+    t->announce = fn;
+    t->announce_arg = arg;
+}
+
+static bool wildcard(const ap_multiaddr_t *ma)
+{
+    static const uint8_t zero[16] = {0};
+    return (ma->host == AP_MA_HOST_IP4 && memcmp(ma->ip, zero, 4) == 0) ||
+           (ma->host == AP_MA_HOST_IP6 && memcmp(ma->ip, zero, 16) == 0);
+}
+
+/* identify's listen addresses: the node's, else the concrete bound ones */
+static int listen_addrs(void *arg, ap_multiaddr_t *out, int max)
+{
+    ap_tcp_t *t = arg;
+    if (t->announce) return t->announce(t->announce_arg, out, max);
+    int k = 0;
+    for (int i = 0; i < t->nlisteners && k < max; i++)
+        if (!wildcard(&t->listen_ma[i])) out[k++] = t->listen_ma[i];
+    return k;
+}
 
 static ap_p2p_host_t *host(ap_tcp_t *t)
 {
     if (t->p2p) return t->p2p;
     ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
     if (!h) return NULL;
+    ap__p2p_host_set_addrs(h, listen_addrs, t);
     if (ap__p2p_host_serve_basics(h) != 0) {
         ap__p2p_host_free(h);
         return NULL;

@@ -33,6 +33,8 @@ struct ap_p2p_host {
     struct ap_p2p_conn *conns; /* every live connection */
     void (*done)(void *);      /* after the host is freed (ap__p2p_host_free_then) */
     void *done_arg;
+    ap_p2p_addrs_fn addrs_fn; /* identify's listen addresses (ap__p2p_host_set_addrs) */
+    void *addrs_arg;
 };
 
 enum { P_CONNECT, P_MSS, P_NOISE, P_MUXSEL, P_YAMUX, P_DEAD };
@@ -54,6 +56,7 @@ struct ap_p2p_conn {
     ap_peer_id_t peer;
     char peer_short[AP_PEER_SHORT_LEN];
     ap_multiaddr_t remote; /* the address the peer is seen at */
+    bool wq_blocked;       /* a stream waits for the socket's queue to drain */
     ap_p2p_conn_cbs_t cbs;
     void *arg;
     struct ap_p2p_conn *next, *prev;
@@ -67,6 +70,15 @@ struct ap_p2p_stream {
     const ap_p2p_proto_t *proto;
     const char *want[1];
     void *udata;
+    /* send queue: bytes past the peer's window (or the socket's queue) */
+    ap_buf_t q;
+    size_t qoff;        /* bytes of q already sent */
+    bool fin_pending;   /* FIN once q is empty */
+    bool lclosed;       /* ap__p2p_stream_close was called */
+    bool want_writable; /* a write was refused: on_writable owed */
+    bool echo;          /* the echo server: credit goes back as bytes leave q */
+    bool manual;        /* ap__p2p_stream_set_flow: the protocol consumes */
+    void (*on_writable)(ap_p2p_stream_t *s);
 };
 
 static const char *who(ap_p2p_conn_t *c)
@@ -82,12 +94,22 @@ typedef struct wreq {
     uint8_t data[];
 } wreq_t;
 
-static void written(uv_write_t *req, int status)
+static void conn_fail(ap_p2p_conn_t *c, int err);
+static void conn_drained(ap_p2p_conn_t *c);
+
+static bool wq_full(const ap_p2p_conn_t *c)
 {
-    free(req);
+    return c->tcp.write_queue_size > AP_P2P_CONN_WQ_MAX;
 }
 
-static void conn_fail(ap_p2p_conn_t *c, int err);
+static void written(uv_write_t *req, int status)
+{
+    ap_p2p_conn_t *c = req->handle->data;
+    free(req);
+    (void)status; /* a failed write shows up as a read error */
+    if (c && !c->closing && c->wq_blocked && c->tcp.write_queue_size <= AP_P2P_CONN_WQ_MAX / 2)
+        conn_drained(c);
+}
 
 static void raw_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
 {
@@ -123,10 +145,9 @@ static void secure_write2(ap_p2p_conn_t *c, const uint8_t *a, size_t an, const u
     while (done < total) {
         size_t n = total - done < AP_NOISE_PLAIN_MAX ? total - done : AP_NOISE_PLAIN_MAX;
         uint8_t *dst = w->data + o + 2;
-        for (size_t i = 0; i < n; i++) { /* gather from a then b */
-            size_t k = done + i;
-            dst[i] = k < an ? a[k] : b[k - an];
-        }
+        size_t from_a = done < an ? (an - done < n ? an - done : n) : 0; /* gather a, then b */
+        if (from_a) memcpy(dst, a + done, from_a);
+        if (n > from_a) memcpy(dst + from_a, b + (done + from_a - an), n - from_a);
         if (ap__noise_cs_encrypt(&c->tx, NULL, 0, dst, n, dst) != 0) {
             free(w);
             conn_fail(c, AP_ELIMIT);
@@ -184,6 +205,102 @@ static ap_p2p_stream_t *stream_add(ap_p2p_conn_t *c, uint32_t id)
     return s;
 }
 
+static void stream_free(ap_p2p_stream_t *s)
+{
+    ap__buf_free(&s->q);
+    free(s);
+}
+
+static size_t queued(const ap_p2p_stream_t *s)
+{
+    return s->q.len - s->qoff;
+}
+
+/* Sends what the window and the socket take from s's queue; then a pending
+ * FIN and an owed on_writable. Returns false if s is gone. */
+static bool stream_flush(ap_p2p_stream_t *s)
+{
+    ap_p2p_conn_t *c = s->c;
+    uint32_t id = s->id;
+    while (queued(s) && !c->closing) {
+        if (wq_full(c)) {
+            c->wq_blocked = true;
+            break;
+        }
+        size_t n = queued(s) < AP_P2P_CONN_WQ_MAX ? queued(s) : AP_P2P_CONN_WQ_MAX;
+        long k = ap__yamux_send(&c->y, id, s->q.data + s->qoff, n);
+        if (k < 0) { /* our direction or the stream is gone: drop the rest */
+            s->qoff = s->q.len;
+            break;
+        }
+        s->qoff += (size_t)k;
+        if (s->echo && k > 0) ap__yamux_consume(&c->y, id, (size_t)k);
+        if ((size_t)k < n) break; /* window full: on_writable from yamux */
+    }
+    if (s->qoff == s->q.len) {
+        s->qoff = s->q.len = 0;
+        if (s->q.cap > (256u << 10)) ap__buf_free(&s->q); /* bulk is over: give it back */
+    } else if (s->qoff > (1u << 20) && s->qoff > s->q.len / 2) {
+        ap__buf_consume(&s->q, s->qoff); /* compact */
+        s->qoff = 0;
+    }
+    if (c->closing) return true;
+    if (s->fin_pending && queued(s) == 0) {
+        s->fin_pending = false;
+        ap__yamux_close(&c->y, id); /* may finish s */
+        if (stream_of(c, id) != s) return false;
+    }
+    if (s->want_writable && queued(s) <= AP_P2P_STREAM_QUEUE_MAX / 2) {
+        s->want_writable = false;
+        if (s->on_writable) s->on_writable(s);
+        if (stream_of(c, id) != s) return false;
+    }
+    return true;
+}
+
+/* The socket's queue drained: every stream with queued bytes goes on. */
+static void conn_drained(ap_p2p_conn_t *c)
+{
+    c->wq_blocked = false;
+    size_t pos = 0, n = 0;
+    uint64_t k, v;
+    uint32_t *ids = malloc((c->streams.n + 1) * sizeof *ids);
+    if (!ids) {
+        conn_fail(c, AP_ENOMEM);
+        return;
+    }
+    while (ap__u64map_next(&c->streams, &pos, &k, &v))
+        if (queued((ap_p2p_stream_t *)(uintptr_t)v)) ids[n++] = (uint32_t)k;
+    for (size_t i = 0; i < n && !c->closing && !c->wq_blocked; i++) {
+        ap_p2p_stream_t *s = stream_of(c, ids[i]);
+        if (s) stream_flush(s);
+    }
+    free(ids);
+}
+
+/* Appends to s's queue and sends what can go. */
+static int stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+{
+    ap_p2p_conn_t *c = s->c;
+    if (queued(s) == 0 && !wq_full(c)) {
+        long k = ap__yamux_send(&c->y, s->id, p, n);
+        if (k < 0) return (int)k;
+        if (s->echo && k > 0) ap__yamux_consume(&c->y, s->id, (size_t)k);
+        p += k;
+        n -= (size_t)k;
+        if (n == 0) return 0;
+    }
+    if (ap__buf_append(&s->q, p, n) != 0) return AP_ENOMEM;
+    if (wq_full(c)) c->wq_blocked = true;
+    return 0;
+}
+
+static void y_writable(void *arg, uint32_t id)
+{
+    ap_p2p_stream_t *s = stream_of(arg, id);
+    if (s && queued(s)) stream_flush(s);
+}
+
 static void y_write(void *arg, const uint8_t hdr[AP_YAMUX_HDR_LEN], const uint8_t *p, size_t n)
 {
     secure_write2(arg, hdr, AP_YAMUX_HDR_LEN, p, n);
@@ -202,12 +319,15 @@ static int y_open(void *arg, uint32_t id)
 static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
 {
     ap_p2p_conn_t *c = arg;
-    ap__yamux_consume(&c->y, id, n);
     ap_p2p_stream_t *s = stream_of(c, id);
-    if (!s) return;
+    if (!s) {
+        ap__yamux_consume(&c->y, id, n);
+        return;
+    }
     if (!s->ready) {
         size_t used = 0;
         int rc = ap__mss_feed(&s->mss, p, n, &used);
+        ap__yamux_consume(&c->y, id, rc ? n : used); /* negotiation bytes are read now */
         stream_flush_mss(s);
         if (rc) {
             ap_warn("p2p", "peer %s: stream %u negotiation failed: %s", who(c), (unsigned)id,
@@ -215,7 +335,7 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
             ap__yamux_reset(&c->y, id);
             ap__u64map_del(&c->streams, id, NULL);
             if (s->proto && s->proto->on_close) s->proto->on_close(s, rc);
-            free(s);
+            stream_free(s);
             return;
         }
         if (ap__mss_state(&s->mss) != AP_MSS_DONE) return;
@@ -225,10 +345,14 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
                 if (strcmp(c->h->names[i], sel) == 0) s->proto = c->h->protos[i];
         s->ready = true;
         if (s->proto->on_open) s->proto->on_open(s);
-        if (!(s = stream_of(c, id))) return;
+        if (stream_of(c, id) != s) {
+            ap__yamux_consume(&c->y, id, n - used);
+            return;
+        }
         p += used;
         n -= used;
     }
+    if (n && !s->manual && !s->echo) ap__yamux_consume(&c->y, id, n);
     if (n && s->proto->on_data) s->proto->on_data(s, p, n);
 }
 
@@ -245,10 +369,11 @@ static void y_close(void *arg, uint32_t id, int st)
     if (!s) return;
     ap__u64map_del(&c->streams, id, NULL);
     if (s->proto && s->proto->on_close) s->proto->on_close(s, st);
-    free(s);
+    stream_free(s);
 }
 
-static const ap_yamux_cbs_t ycbs = {y_write, y_open, y_data, y_fin, NULL, y_close, NULL, NULL};
+static const ap_yamux_cbs_t ycbs = {y_write,    y_open,  y_data, y_fin,
+                                    y_writable, y_close, NULL,   NULL};
 
 int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *udata,
                         ap_p2p_stream_t **out)
@@ -269,7 +394,7 @@ int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *uda
     if (rc) {
         ap__yamux_reset(&c->y, id);
         ap__u64map_del(&c->streams, id, NULL);
-        free(s);
+        stream_free(s);
         return rc;
     }
     stream_flush_mss(s);
@@ -280,14 +405,40 @@ int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *uda
 int ap__p2p_stream_write(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
 {
     if (!s->ready || s->c->closing) return AP_ESTATE;
-    /* small request/response protocols only: refuse what the window cannot take */
-    long k = ap__yamux_send(&s->c->y, s->id, p, n);
-    if (k < 0) return (int)k;
-    return (size_t)k == n ? 0 : AP_EAGAIN;
+    if (s->lclosed) return AP_ECLOSED;
+    if (n == 0) return 0;
+    if (queued(s) && (n > AP_P2P_STREAM_QUEUE_MAX || queued(s) > AP_P2P_STREAM_QUEUE_MAX - n)) {
+        s->want_writable = true;
+        return AP_EAGAIN;
+    }
+    return stream_queue(s, p, n);
+}
+
+size_t ap__p2p_stream_queued(const ap_p2p_stream_t *s)
+{
+    return queued(s);
+}
+
+void ap__p2p_stream_set_flow(ap_p2p_stream_t *s, void (*on_writable)(ap_p2p_stream_t *s),
+                             bool manual_consume)
+{
+    s->on_writable = on_writable;
+    s->manual = manual_consume;
+}
+
+void ap__p2p_stream_consume(ap_p2p_stream_t *s, size_t n)
+{
+    ap__yamux_consume(&s->c->y, s->id, n);
 }
 
 int ap__p2p_stream_close(ap_p2p_stream_t *s)
 {
+    if (s->lclosed) return 0;
+    s->lclosed = true;
+    if (queued(s)) {
+        s->fin_pending = true;
+        return 0;
+    }
     return ap__yamux_close(&s->c->y, s->id);
 }
 
@@ -297,7 +448,7 @@ void ap__p2p_stream_reset(ap_p2p_stream_t *s)
     ap__yamux_reset(&c->y, s->id);
     ap__u64map_del(&c->streams, s->id, NULL);
     if (s->proto && s->proto->on_close) s->proto->on_close(s, AP_ECANCELED);
-    free(s);
+    stream_free(s);
 }
 
 void *ap__p2p_stream_udata(const ap_p2p_stream_t *s)
@@ -589,9 +740,16 @@ int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_c
 
 /* ---- identify and ping, served ---------------------------------------------- */
 
+/* ping and echo: the bytes go back; credit returns as they leave the queue,
+ * so a peer that does not read its answers stops being read */
+static void echo_open(ap_p2p_stream_t *s)
+{
+    s->echo = true;
+}
+
 static void ping_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
 {
-    ap__yamux_send(&s->c->y, s->id, p, n); /* echo: the peer's window bounds it */
+    if (stream_queue(s, p, n) != 0) ap__p2p_stream_reset(s);
 }
 
 static void ping_fin(ap_p2p_stream_t *s)
@@ -608,7 +766,11 @@ static void id_open(ap_p2p_stream_t *s)
     memset(&info, 0, sizeof info);
     snprintf(info.protocol_version, sizeof info.protocol_version, "ipfs/0.1.0");
     snprintf(info.agent_version, sizeof info.agent_version, "%s", h->agent);
-    if (h->listening) {
+    if (h->addrs_fn) {
+        int k = h->addrs_fn(h->addrs_arg, info.listen, AP_IDENTIFY_ADDRS_MAX);
+        info.nlisten = k < 0 ? 0 : k > AP_IDENTIFY_ADDRS_MAX ? AP_IDENTIFY_ADDRS_MAX : (size_t)k;
+        for (size_t i = 0; i < info.nlisten; i++) info.listen[i].has_peer = false;
+    } else if (h->listening) {
         info.listen[0] = h->bound;
         info.nlisten = 1;
     }
@@ -621,7 +783,8 @@ static void id_open(ap_p2p_stream_t *s)
     ap__p2p_stream_close(s);
 }
 
-static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, NULL, ping_data, ping_fin, NULL};
+static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, echo_open, ping_data, ping_fin, NULL};
+static const ap_p2p_proto_t echo_srv = {AP_P2P_ECHO_PROTO, echo_open, ping_data, ping_fin, NULL};
 static const ap_p2p_proto_t id_srv = {AP_IDENTIFY_PROTO, id_open, NULL, NULL, NULL};
 
 /* ---- host ---------------------------------------------------------------------- */
@@ -644,6 +807,12 @@ const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h)
     return &h->creds.id;
 }
 
+void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg)
+{
+    h->addrs_fn = fn;
+    h->addrs_arg = arg;
+}
+
 int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
 {
     if (h->nprotos == PROTOS_MAX) return AP_ELIMIT;
@@ -656,6 +825,11 @@ int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
 {
     int rc = ap__p2p_host_serve(h, &id_srv);
     return rc ? rc : ap__p2p_host_serve(h, &ping_srv);
+}
+
+int ap__p2p_host_serve_echo(ap_p2p_host_t *h)
+{
+    return ap__p2p_host_serve(h, &echo_srv);
 }
 
 static void on_conn(uv_stream_t *srv, int status)

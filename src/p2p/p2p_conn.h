@@ -28,7 +28,8 @@ typedef struct ap_p2p_conn ap_p2p_conn_t;
 typedef struct ap_p2p_stream ap_p2p_stream_t;
 typedef struct ap_p2p_host ap_p2p_host_t;
 
-/* A protocol spoken on streams. Callbacks run on the loop thread. */
+/* A protocol spoken on streams. Callbacks run on the loop thread. Flow
+ * control: ap__p2p_stream_set_flow. */
 typedef struct ap_p2p_proto {
     const char *name;
     void (*on_open)(ap_p2p_stream_t *s); /* negotiated: the stream is usable */
@@ -36,6 +37,12 @@ typedef struct ap_p2p_proto {
     void (*on_fin)(ap_p2p_stream_t *s);               /* the peer closed its direction */
     void (*on_close)(ap_p2p_stream_t *s, int status); /* last call for s */
 } ap_p2p_proto_t;
+
+/* Bytes a stream queues beyond the peer's window before writes are refused. */
+#define AP_P2P_STREAM_QUEUE_MAX (4u << 20)
+/* Bytes a connection hands to the socket before its streams wait for the
+ * kernel to take them (queued stream bytes stay in the streams meanwhile). */
+#define AP_P2P_CONN_WQ_MAX (1u << 20)
 
 typedef struct ap_p2p_conn_cbs {
     void (*on_ready)(ap_p2p_conn_t *c, void *arg);             /* upgraded, streams may open */
@@ -48,6 +55,12 @@ ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const 
 int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto);
 /* Serves "/ipfs/id/1.0.0" and "/ipfs/ping/1.0.0". */
 int ap__p2p_host_serve_basics(ap_p2p_host_t *h);
+/* Serves AP_P2P_ECHO_PROTO (tests and benchmarks): every byte is sent back,
+ * the stream closed after the peer's FIN once all is sent; the peer's
+ * window reopens only as the echoed bytes leave, so a peer that does not
+ * read the echo is stopped. */
+#define AP_P2P_ECHO_PROTO "/echo/1.0.0"
+int ap__p2p_host_serve_echo(ap_p2p_host_t *h);
 /* Listens on ma (ip4/ip6 + tcp; port 0 picks one); *bound gets the address. */
 int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr_t *bound);
 /* Closes the listener and every connection; frees h once they are gone
@@ -60,6 +73,13 @@ void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg
  * "/multistream/1.0.0"). h owns sock from here on, also on error. */
 int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n);
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);
+/* What identify announces as the host's listen addresses: fn writes at most
+ * max addresses into out (a /p2p/ part is dropped) and returns how many it
+ * wrote; it runs for each identify answer, so the list follows the node's
+ * addresses as they change. Without fn: the address ap__p2p_host_listen
+ * bound, if any (an adopted connection's host has none). */
+typedef int (*ap_p2p_addrs_fn)(void *arg, ap_multiaddr_t *out, int max);
+void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg);
 
 /* Dials ma (ip4/ip6 + tcp; a /p2p/ part is the PeerID the remote must
  * prove, else AP_EAUTH). */
@@ -75,9 +95,28 @@ const char *ap__p2p_conn_muxer(const ap_p2p_conn_t *c, bool *early);
  * AP_ENOPROTO if the peer answers "na"). */
 int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *udata,
                         ap_p2p_stream_t **out);
-/* Queues bytes (the stream must be open: after on_open). */
+/* Sends bytes (the stream must be open: after on_open; copied): what the
+ * peer's window and the socket take goes out now, the rest waits in the
+ * stream's queue and leaves as the peer grants credit. 0, or AP_EAGAIN (and
+ * nothing taken) when the queue would pass AP_P2P_STREAM_QUEUE_MAX (a write
+ * into an empty queue is always taken); on_writable follows. AP_ESTATE
+ * before on_open, AP_ECLOSED once our direction is closed. */
 int ap__p2p_stream_write(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
-int ap__p2p_stream_close(ap_p2p_stream_t *s); /* half-close */
+/* Bytes waiting in the stream's send queue. */
+size_t ap__p2p_stream_queued(const ap_p2p_stream_t *s);
+/* Flow control of s; call it in on_open or right after ap__p2p_stream_open.
+ * on_writable (may be NULL) runs once the send queue fell to at most half of
+ * AP_P2P_STREAM_QUEUE_MAX after ap__p2p_stream_write refused bytes.
+ * Receiving: by default the bytes handed to on_data count as read at once
+ * (the peer's window reopens); with manual_consume the protocol calls
+ * ap__p2p_stream_consume when it is done with them, so a reader that stops
+ * consuming stops the sender (yamux back-pressure). */
+void ap__p2p_stream_set_flow(ap_p2p_stream_t *s, void (*on_writable)(ap_p2p_stream_t *s),
+                             bool manual_consume);
+/* manual_consume: n bytes handed to on_data are processed. */
+void ap__p2p_stream_consume(ap_p2p_stream_t *s, size_t n);
+/* Half-close (FIN), sent once the queue has drained. */
+int ap__p2p_stream_close(ap_p2p_stream_t *s);
 void ap__p2p_stream_reset(ap_p2p_stream_t *s);
 void *ap__p2p_stream_udata(const ap_p2p_stream_t *s);
 void ap__p2p_stream_set_udata(ap_p2p_stream_t *s, void *udata);

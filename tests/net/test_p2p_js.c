@@ -2,15 +2,20 @@
  * npm registry, pinned by tests/interop/js/package-lock.json), both ways:
  * Apiary dials js (handshake, yamux, ping, identify with every field
  * checked, a wrong expected PeerID refused, the peer killed mid-stream) and
- * js dials Apiary (ping and identify from js's side).
+ * js dials Apiary (ping and identify from js's side, also on a node's own
+ * TCP port, where identify announces the node's addresses); and echo both
+ * ways: 64 MiB through one stream, 256 concurrent streams, a stream reset.
  * Skipped, with the reason printed, when node or npm is missing or the
  * packages cannot be installed. */
 #include "aptest.h"
 
 #include "apiary/identity.h"
+#include "apiary/node.h"
+#include "runtime/uv/uv_impl.h"
 #include "p2p/identify.h"
 #include "net/tcp.h"
 #include "p2p/p2p_conn.h"
+#include "p2p_echo.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -86,7 +91,9 @@ typedef struct js {
 
 static void js_listen(js_t *j)
 {
-    snprintf(j->log, sizeof j->log, "%s/listen-%d.log", dir, (int)getpid());
+    static int runs; /* a fresh file each time: never read an earlier peer's address */
+    snprintf(j->log, sizeof j->log, "%s/listen-%d-%d.log", dir, (int)getpid(), runs++);
+    unlink(j->log);
     int p[2];
     assert_int_equal(pipe(p), 0);
     j->pid = fork();
@@ -421,6 +428,9 @@ static void test_js_dials_tcp_port(void **state)
     assert_non_null(strstr(out, "\"muxer\":\"/yamux/1.0.0\""));
     assert_non_null(strstr(out, "\"/ipfs/ping/1.0.0\""));
     assert_non_null(strstr(out, "\"key_matches\":true"));
+    /* identify's listen addresses: the bound one (a bare transport) */
+    snprintf(want, sizeof want, "\"listen_addrs\":[\"/ip4/127.0.0.1/tcp/%u", (unsigned)bound.port);
+    assert_non_null(strstr(out, want));
     print_message("js -> apiary transport port: %s", out);
 
     uv_async_send(&s.stop);
@@ -428,13 +438,160 @@ static void test_js_dials_tcp_port(void **state)
     assert_int_equal(uv_loop_close(&s.loop), 0);
 }
 
+/* ---- js dials a node's port: identify announces the node's addresses ------- */
+
+static void test_js_dials_node(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    ap_host_t *host = ap_host_new();
+    assert_non_null(host);
+    assert_ok(ap_host_start(host));
+    const char *ann[1] = {"/ip4/192.0.2.7/tcp/4242"};
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0", .announce = ann, .nannounce = 1};
+    ap_rt_t *rt = NULL;
+    assert_ok(ap_node_new(host, &o, &rt));
+    /* the bound address (it advertises the announced one); set by ap_node_new */
+    const char *bound = ((ap_node_t *)rt)->addr;
+    assert_true(bound[0] != 0);
+    char addr[AP_RT_ADDR_MAX + AP_PEER_ID_STR_MAX + 8], pid[AP_PEER_ID_STR_MAX], want[600];
+    ap_peer_id_str(ap_rt_self(rt), pid);
+    snprintf(addr, sizeof addr, "%s/p2p/%s", bound, pid);
+    int st;
+    char *out = js_dial(addr, &st);
+    if (st != 0 || !strstr(out, "\"ok\":true")) fail_msg("js dial: status %d: %s", st, out);
+    snprintf(want, sizeof want, "\"peer\":\"%s\"", pid);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"listen_addrs\":[\"/ip4/192.0.2.7/tcp/4242\"]"));
+    assert_non_null(strstr(out, "\"observed_addr\":\"/ip4/127.0.0.1/tcp/"));
+    print_message("js -> apiary node port: %s", out);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(host), 0);
+}
+
+/* ---- echo: 64 MiB through one stream, 256 concurrent streams ---------------- */
+
+#define BIG   (64u << 20)
+#define SMALL (64u << 10)
+#define MANY  256
+
+static void echo_run(ctx_t *x, int n, size_t size)
+{
+    static ap_echo_run_t r;
+    assert_ok(ap_echo_start(x->conn, &r, n, size));
+    RUN_UNTIL(x, ap_echo_done(&r) || x->closed);
+    if (r.ok != n)
+        fail_msg("echo %d x %zu: %d ok of %d closed, first error %s", n, size, r.ok, r.closed,
+                 ap_err_name(r.first_error));
+    /* flow control: the writer never queued past the stream's cap */
+    assert_true(r.max_queued <= AP_P2P_STREAM_QUEUE_MAX);
+    assert_int_equal(r.bytes_back, (uint64_t)n * size);
+    print_message("echo %d x %zu bytes: ok (largest send queue %zu bytes)\n", n, size,
+                  r.max_queued);
+    ap_echo_free(&r);
+}
+
+static void r_close(ap_p2p_stream_t *s, int st)
+{
+    s_close(s, st);
+}
+static const ap_p2p_proto_t echo_reset_c = {AP_P2P_ECHO_PROTO, NULL, NULL, NULL, r_close};
+
+static void test_echo_apiary_dials_js(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    js_t j;
+    js_listen(&j);
+    static ctx_t x;
+    memset(&x, 0, sizeof x);
+    uv_loop_init(&x.loop);
+    ap_identity_t me;
+    assert_ok(ap_identity_generate(&me));
+    ap_p2p_host_t *h = ap__p2p_host_new(&x.loop, &me, "apiary-test/js");
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, j.addr) != 0) fail_msg("js printed %s", j.addr);
+    assert_ok(ap__p2p_dial(h, &ma, &cbs, &x, &x.conn));
+    RUN_UNTIL(&x, x.ready || x.closed);
+    if (!x.ready) fail_msg("dial failed: %s", ap_err_name(x.close_status));
+
+    echo_run(&x, 1, BIG);
+    echo_run(&x, MANY, SMALL);
+
+    /* a stream reset mid-transfer: that stream ends, the connection lives */
+    ap_p2p_stream_t *rs = NULL;
+    assert_ok(ap__p2p_stream_open(x.conn, &echo_reset_c, &x, &rs));
+    RUN_UNTIL(&x, ap__p2p_stream_queued(rs) == 0); /* negotiated request sent */
+    int before = x.stream_closed;
+    ap__p2p_stream_reset(rs);
+    assert_int_equal(x.stream_closed, before + 1);
+    assert_int_equal(x.stream_status, AP_ECANCELED);
+    echo_run(&x, 4, SMALL);
+    assert_false(x.closed);
+
+    ap__p2p_conn_close(x.conn);
+    RUN_UNTIL(&x, x.closed);
+    js_stop(&j, false);
+    ap__p2p_host_free(h);
+    uv_run(&x.loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&x.loop), 0);
+}
+
+static char *js_echo(const char *addr, size_t size, int n, int *status)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cd '%s' && node peer.mjs echo '%s' %zu %d 2>&1", dir, addr, size, n);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    static char out[16384];
+    size_t k = fread(out, 1, sizeof out - 1, f);
+    out[k] = 0;
+    int st = pclose(f);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void test_echo_js_dials_apiary(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    static srv_t s;
+    uv_loop_init(&s.loop);
+    ap_identity_t me;
+    assert_ok(ap_identity_generate(&me));
+    s.h = ap__p2p_host_new(&s.loop, &me, "apiary-test/js");
+    assert_ok(ap__p2p_host_serve_basics(s.h));
+    assert_ok(ap__p2p_host_serve_echo(s.h));
+    ap_multiaddr_t ma, bound;
+    assert_ok(ap_multiaddr_parse(&ma, "/ip4/127.0.0.1/tcp/0"));
+    assert_ok(ap__p2p_host_listen(s.h, &ma, &bound));
+    uv_async_init(&s.loop, &s.stop, stop_cb);
+    s.stop.data = &s;
+    assert_int_equal(pthread_create(&s.th, NULL, serve, &s), 0);
+    char addr[AP_MA_TEXT_MAX], want[64];
+    bound.has_peer = true;
+    bound.peer = me.id;
+    ap_multiaddr_print(&bound, addr, sizeof addr);
+    int st;
+    char *out = js_echo(addr, BIG, 1, &st);
+    if (st != 0 || !strstr(out, "\"ok\":true")) fail_msg("js echo 1 x 64 MiB: %d: %s", st, out);
+    print_message("js -> apiary echo 1 x 64 MiB: %s", out);
+    out = js_echo(addr, SMALL, MANY, &st);
+    snprintf(want, sizeof want, "\"streams_ok\":%d", MANY);
+    if (st != 0 || !strstr(out, want)) fail_msg("js echo 256 x 64 KiB: %d: %s", st, out);
+    print_message("js -> apiary echo 256 x 64 KiB: %s", out);
+    uv_async_send(&s.stop);
+    pthread_join(s.th, NULL);
+    assert_int_equal(uv_loop_close(&s.loop), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_apiary_dials_js),
-        cmocka_unit_test(test_js_dials_apiary),
-        cmocka_unit_test(test_js_dials_tcp_port),
+        cmocka_unit_test(test_apiary_dials_js),      cmocka_unit_test(test_js_dials_apiary),
+        cmocka_unit_test(test_js_dials_tcp_port),    cmocka_unit_test(test_js_dials_node),
+        cmocka_unit_test(test_echo_apiary_dials_js), cmocka_unit_test(test_echo_js_dials_apiary),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

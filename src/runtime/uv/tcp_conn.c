@@ -150,6 +150,20 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
 
 /* ---- node hooks -------------------------------------------------------------------- */
 
+/* What libp2p peers on the node's port are told (identify): the node's own
+ * addresses, as ap_rt_listen_addrs gives them. */
+static int node_announce(void *arg, ap_multiaddr_t *out, int max)
+{
+    tcpc_t *tc = arg;
+    if (!tc->node) return 0;
+    char a[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int k = ap__node_addrs(tc->node, a, AP_NODE_MAX_ANNOUNCE, false);
+    int got = 0;
+    for (int i = 0; i < k && i < AP_NODE_MAX_ANNOUNCE && got < max; i++)
+        if (ap_multiaddr_parse(&out[got], a[i]) == 0) got++;
+    return got;
+}
+
 static bool is_known(void *arg, const ap_peer_id_t *peer)
 {
     tcpc_t *tc = arg;
@@ -188,6 +202,7 @@ static int tcpc_start(ap_node_t *n, const char *listen)
     }
     tc->node = n;
     n->tcpc = tc;
+    ap__tcp_set_announce(tc->t, node_announce, tc);
     return 0;
 }
 
