@@ -54,6 +54,7 @@ static void collab_release(ap_collab_t *c)
     free(c->view_seen);
     free(c->view_silent);
     free(c->seen_prev);
+    ap__closed_free(c);
     free(c);
 }
 
@@ -170,8 +171,11 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     c->subkey_len = (size_t)snprintf(c->subkey, sizeof c->subkey, "[owner:%s]", pid);
     c->params = params;
     c->n = n;
-    int rc = ap_nn_solver_new(&c->cfg.solver, n, views, nviews, &c->opt);
+    int rc = ap__closed_init(c);
+    c->cfg.run_owner = c->cfg.token = NULL; /* borrowed: read into c */
+    if (rc == 0) rc = ap_nn_solver_new(&c->cfg.solver, n, views, nviews, &c->opt);
     if (rc) {
+        ap__closed_free(c);
         free(c);
         return rc;
     }
@@ -300,6 +304,10 @@ static void refused_stored(ap_collab_t *c)
 
 static void start_fetched(ap_collab_t *c)
 {
+    if (c->shut_out) { /* revoked: the owner's record was in this first read */
+        ap__collab_finish_user(c, AP_EPERM);
+        return;
+    }
     if (c->refused) {
         /* One record (marked refused), stored before the start fails, lets
          * the others name the difference in their logs too. */
@@ -329,6 +337,8 @@ static void start_fetched(ap_collab_t *c)
 int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg)
 {
     if (c->phase != PH_IDLE || c->cb || c->started) return AP_EBUSY;
+    int rc = ap__closed_self_check(c); /* no valid token of its own: it must not join */
+    if (rc) return rc;
     c->phase = PH_STARTING;
     c->cb = cb;
     c->cb_arg = arg;
@@ -345,6 +355,7 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
                      ap_collab_fn cb, void *arg)
 {
     if (c->refused) return AP_ECONFIG;
+    if (c->shut_out) return AP_EPERM;
     if (c->cfg.role == AP_AVG_AUX || !c->started) return AP_ESTATE;
     if (c->cb || (c->phase != PH_IDLE && !c->bg)) return AP_EBUSY;
     if (!grad || samples == 0) return AP_EINVAL;

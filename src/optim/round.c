@@ -328,7 +328,10 @@ static void start_search(ap_collab_t *c)
                         .key_len = (size_t)kl,
                         .target_group_size = want,
                         .min_group_size = 2,
-                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us};
+                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us,
+                        /* closed run: joins only from peers of admitted records */
+                        .exclude = c->closed ? ap__closed_exclude : NULL,
+                        .exclude_arg = c};
     ap_avg_member_t me = {.id = *ap_rt_self(c->rt),
                           .role = c->cfg.role,
                           .up = c->cfg.up > 0 ? c->cfg.up : 1e6,
@@ -425,8 +428,8 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
 /* After a fresh view: behind -> download; due -> average; else go on. */
 void ap__collab_decide(ap_collab_t *c)
 {
-    if (c->refused) {
-        ap__collab_finish_user(c, AP_ECONFIG);
+    if (c->refused || c->shut_out) {
+        ap__collab_finish_user(c, c->refused ? AP_ECONFIG : AP_EPERM);
         return;
     }
     ap__estimate_t e;

@@ -106,6 +106,19 @@ static int serve_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id
     }
     int rc = 0;
     char why[256] = "";
+    if (c->closed) {
+        /* closed run: the requester's own token (the stream's peer is
+         * authenticated by the transport) */
+        ap_run_token_t t;
+        bool has = rq->token.len && ap_run_token_unpack(rq->token.data, rq->token.len, &t) == 0;
+        int no = ap__closed_check(c, peer, has ? &t : NULL);
+        if (no) {
+            apiary__optim__state_request__free_unpacked(rq, NULL);
+            c->st.unauthorized_requests++;
+            ap__closed_note(c, peer, no, "the state request");
+            return AP_EPERM;
+        }
+    }
     if (rq->run_hash.len != 32 || memcmp(rq->run_hash.data, c->run_hash, 32) != 0)
         rc = AP_ENOTFOUND;
     else if ((rc = config_check(c, rq->config, sh, why, sizeof why)) != 0)
@@ -413,6 +426,13 @@ static int open_range(ap_collab_t *c, int ri)
     Apiary__Optim__RunConfig cfg;
     ap__run_config_to_pb(&c->runcfg, &cfg);
     rq.config = &cfg;
+    uint8_t tok[AP_RUN_TOKEN_MAX];
+    if (c->has_token) {
+        int tl = ap_run_token_pack(&c->token, tok, sizeof tok);
+        if (tl < 0) return tl;
+        rq.token.data = tok;
+        rq.token.len = (size_t)tl;
+    }
     if (apiary__optim__state_request__get_packed_size(&rq) > HELLO_MAX) return AP_EMSGSIZE;
     uint8_t hello[HELLO_MAX];
     size_t hl = apiary__optim__state_request__pack(&rq, hello);

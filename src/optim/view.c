@@ -115,6 +115,8 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->report_ms = (uint32_t)c->report_ms;
     p->has_config = true;
     p->config = c->runcfg;
+    p->has_token = c->has_token;
+    if (c->has_token) p->token = c->token;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
 }
@@ -243,6 +245,13 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
             continue;
         }
         p.peer = who;
+        int no = ap__closed_check(c, &who, p.has_token ? &p.token : NULL);
+        if (no && !ap__collab_is_self(c, &who)) {
+            /* closed run: no valid token, or revoked: not part of this run */
+            c->st.unauthorized_records++;
+            ap__closed_note(c, &who, no, "the progress record");
+            continue;
+        }
         if (!ap__collab_is_self(c, &p.peer)) {
             bool same = p.has_config &&
                         memcmp(p.config_digest, c->cfg_digest, AP_RUN_CONFIG_DIGEST_LEN) == 0;
@@ -263,7 +272,7 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
     /* alone against the run: no live peer agrees with this one, and it is
      * joining (not started yet) or some peer that differs is ahead of it
      * (the run was there first) */
-    if (!c->refused && n_diff > 0 && n_match == 0 && (!c->started || n_ahead > 0)) {
+    if (!c->refused && !c->shut_out && n_diff > 0 && n_match == 0 && (!c->started || n_ahead > 0)) {
         c->refused = true;
         snprintf(c->refusal, sizeof c->refusal,
                  "run configuration differs from the run's (%d peer(s) differ, %d agree): %s",
@@ -293,11 +302,24 @@ static void get_done(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
     ap__collab_unref(c);
 }
 
+/* A closed run reads the owner's revocations with the records. */
+static void get_many_done(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t *res,
+                          size_t n)
+{
+    op_ctx_t *o = arg;
+    if (!o->c->dead && status == 0 && n == 2) ap__closed_absorb_revoked(o->c, &res[1]);
+    get_done(dht, arg, status, n >= 1 ? &res[0] : NULL);
+}
+
 void ap__collab_fetch(ap_collab_t *c, ap__step_fn next)
 {
     op_ctx_t *o = malloc(sizeof *o);
-    int rc =
-        o ? ap_dht_get(c->dht, (const uint8_t *)c->key, c->key_len, true, get_done, o) : AP_ENOMEM;
+    const uint8_t *keys[2] = {(const uint8_t *)c->key, (const uint8_t *)c->revoked_key};
+    size_t lens[2] = {c->key_len, c->revoked_key_len};
+    int rc = !o ? AP_ENOMEM
+             : c->closed
+                 ? ap_dht_get_many(c->dht, keys, lens, 2, true, get_many_done, o)
+                 : ap_dht_get(c->dht, (const uint8_t *)c->key, c->key_len, true, get_done, o);
     if (rc) {
         free(o);
         if (next) next(c);
@@ -333,7 +355,7 @@ bool ap__collab_gathering(ap_collab_t *c)
 void ap__collab_aux_check(ap_collab_t *c)
 {
     /* An auxiliary peer follows the others' epoch and joins every round. */
-    if (c->phase != PH_IDLE || c->refused) return;
+    if (c->phase != PH_IDLE || c->refused || c->shut_out) return;
     ap__estimate_t e;
     ap__collab_estimate(c, &e);
     if (e.max_epoch > c->epoch) {

@@ -98,7 +98,7 @@ static void test_dead_peer_leaves_count(void **state)
 }
 
 /* A record of an older peer (no report interval) keeps the stale rule: its
- * encoding has no field 22 and decodes with report_ms 0; a record with one
+ * encoding has no field 23 and decodes with report_ms 0; a record with one
  * round-trips it. */
 static void test_report_interval_codec(void **state)
 {
@@ -115,7 +115,7 @@ static void test_report_interval_codec(void **state)
     assert_int_equal(q.report_ms, 0);
     p.report_ms = 1000;
     int len2 = ap_progress_encode(&p, buf2, sizeof buf2);
-    assert_int_equal(len2, len + 4); /* tag 22 (2 bytes) + varint 1000 (2 bytes) */
+    assert_int_equal(len2, len + 4); /* tag 23 (2 bytes) + varint 1000 (2 bytes) */
     assert_ok(ap_progress_decode(buf2, (size_t)len2, 100000, 5000, &q));
     assert_int_equal(q.report_ms, 1000);
 }
