@@ -169,7 +169,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             int len = ap_progress_encode(&p, buf, sizeof buf);
             ap_progress_t q;
             if (len < 0 || ap_progress_decode(buf, (size_t)len, now, 5000, &q) != 0) abort();
-            if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms) abort();
+            if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms ||
+                q.report_ms != p.report_ms)
+                abort();
             /* the run configuration: printable bounded model, finite
              * numbers, the digest of the fields, all kept */
             if (q.has_config != p.has_config || q.refused != p.refused) abort();

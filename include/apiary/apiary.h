@@ -12,6 +12,7 @@
  *   allreduce.h  one all-reduce round                      service, matchmaking
  *   averager.h   the Averager                 btard.h      BTARD building blocks
  *   run_config.h a run's shared configuration progress.h   progress records
+ *   run_token.h  closed runs: join tokens
  *   collab.h     the collaborative optimizer  masha.h      MASHA extragradient
  *   nn.h         the model kit (models, solvers, schedules, checkpoints)
  *   swarm.h      SWARM pipeline parallelism */
@@ -36,6 +37,7 @@
 #include "apiary/averager.h"
 #include "apiary/btard.h"
 #include "apiary/run_config.h"
+#include "apiary/run_token.h"
 #include "apiary/progress.h"
 #include "apiary/collab.h"
 #include "apiary/masha.h"

@@ -103,7 +103,12 @@ typedef struct ap_collab_config {
     uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
     /* Progress tracking. */
     int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */
-    int64_t stale_ms;        /* records older than this are ignored (0 = 20 s) */
+    /* Records older than this are ignored (0 = 20 s). A peer reports at least
+     * every min(1 s, stale_ms / 4), in every phase, and says so in its record;
+     * a record that has not changed for 3 such intervals + 2 s between our
+     * reads counts as gone before stale_ms (docs/training.md, "Peers that
+     * leave"). */
+    int64_t stale_ms;
     int64_t max_skew_ms;     /* tolerated clock skew (0 = 5 s) */
     uint64_t min_refresh_us; /* adaptive refresh period bounds (0 = 0.5 s, 10 s) */
     uint64_t max_refresh_us;
@@ -163,6 +168,18 @@ typedef struct ap_collab_config {
     bool byzantine_tolerant;
     double btard_tau;        /* CenteredClip radius over one part, L2 (0 = 1.0) */
     uint32_t btard_max_iter; /* CenteredClip steps at most (0 = 100) */
+    /* Closed runs (apiary/run_token.h; docs/closed_runs.md). run_owner: the
+     * owner's PeerID as text; set, the run is CLOSED: this peer takes part
+     * only with a valid unexpired token of its own (ap_collab_start fails
+     * with AP_EPERM otherwise, ap_collab_refusal says why), ignores the
+     * progress records of peers without one or revoked by the owner, refuses
+     * their state requests and group joins, and stops (AP_EPERM from the
+     * next submit) when the owner revokes it. NULL = an open run: no token
+     * is checked. token: this peer's token in text form (NULL = none; the
+     * owner needs none), carried in its records and state requests. Both are
+     * copied; a malformed one is AP_EINVAL from ap_collab_new. */
+    const char *run_owner;
+    const char *token;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -212,6 +229,11 @@ typedef struct ap_collab_stats {
      * (each peer logged once per configuration) */
     uint64_t peers_refused;
     bool refused; /* the run refused this peer's configuration (ap_collab_refusal) */
+    /* closed runs: progress records ignored for want of a valid token
+     * (missing, expired, forged, another peer's) or revoked, and state
+     * requests and group joins refused for that reason */
+    uint64_t unauthorized_records, unauthorized_requests;
+    bool shut_out; /* closed run: this peer has no valid token or was revoked */
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */
@@ -236,7 +258,11 @@ AP_EXPORT void ap_collab_free(ap_collab_t *c);
  * progress and starts the refresh timer. cb runs once; status 0, AP_ECONFIG
  * (every other peer of the run has another configuration: this peer must
  * not train; ap_collab_refusal names the field), or the download error
- * (params untouched then; the peer may still train). An AUX
+ * (params untouched then; the peer may still train), or AP_EPERM (a closed
+ * run's owner revoked this peer). Returns AP_EPERM at once (cb not called)
+ * when the run is closed and this peer has no valid unexpired token of its
+ * own: ap_collab_refusal then says "run R is closed: ask its owner for a
+ * token" (or why its token is not valid). An AUX
  * peer then follows the epochs by itself and joins every round. */
 AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
 
@@ -246,7 +272,8 @@ AP_EXPORT int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg);
  * (params change), or, if this peer is behind the others, downloads their
  * state. cb runs once when the caller may compute the next batch; status 0,
  * AP_ECANCELED (freed), AP_ECONFIG (the run refused this peer's
- * configuration: see ap_collab_refusal; every later submit returns it too)
+ * configuration: see ap_collab_refusal; every later submit returns it too),
+ * AP_EPERM (closed run: the owner revoked this peer; every later submit too)
  * or AP_EBUSY (a submit is pending: cb is not called).
  * Not for AUX peers (AP_ESTATE). */
 AP_EXPORT int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float loss,
@@ -283,7 +310,8 @@ AP_EXPORT void ap_collab_get_stats(const ap_collab_t *c, ap_collab_stats_t *out)
 /* This peer's run configuration (what its records carry). */
 AP_EXPORT void ap_collab_run_config(const ap_collab_t *c, ap_run_config_t *out);
 /* Why the run refused this peer (its configuration differs: the field and
- * both values), once an operation ended with AP_ECONFIG; NULL otherwise.
+ * both values), once an operation ended with AP_ECONFIG, or why a closed
+ * run shuts it out, once one ended with AP_EPERM; NULL otherwise.
  * Owned by the collab, valid until it is freed; readable from the user's
  * thread after the *_sync call that returned AP_ECONFIG. */
 AP_EXPORT const char *ap_collab_refusal(const ap_collab_t *c);

@@ -9,6 +9,7 @@
 #include "apiary/common.h"
 #include "apiary/peer.h"
 #include "apiary/run_config.h"
+#include "apiary/run_token.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,9 +36,17 @@ typedef struct ap_progress {
     uint64_t rounds, rounds_failed;      /* gradient rounds, and of them incomplete */
     uint32_t last_group, last_round_ms;  /* the last round's members and duration */
     float last_fraction;                 /* the last round's averaged fraction */
+    /* The longest the peer lets pass between two of its records, ms (0 = not
+     * said, as from older peers; decode passes any value: a reader uses the
+     * smaller of its own stale_ms and a few of these intervals) */
+    uint32_t report_ms;
     bool has_config; /* config and config_digest are set (always, from ap_collab) */
     uint8_t config_digest[AP_RUN_CONFIG_DIGEST_LEN]; /* of config (set by encode and decode) */
     ap_run_config_t config;
+    /* closed runs (apiary/run_token.h): the peer's join token; decode checks
+     * its form, not its signature (the reader does, against its run) */
+    bool has_token;
+    ap_run_token_t token;
 } ap_progress_t;
 
 /* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
@@ -56,7 +65,9 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *   AP_ECORRUPT   also: a configuration with a model description that is too
  *                 long or not printable; AP_ERANGE: a non-finite learning
  *                 rate, weight decay or clipping norm.
- * A record without a configuration decodes with has_config false.
+ *   AP_ECORRUPT   also: a token that is not one (ap_run_token_unpack).
+ * A record without a configuration decodes with has_config false, one
+ * without a token with has_token false.
  * peer is not part of the encoding (it is the owner of the subkey). */
 AP_EXPORT AP_NODISCARD int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms,
                                               int64_t max_skew_ms, ap_progress_t *out);

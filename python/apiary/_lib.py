@@ -185,7 +185,8 @@ class CollabConfig(ctypes.Structure):
                 ("delayed_updates", c_bool), ("max_local_samples", c_u64),
                 ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
                 ("byzantine_tolerant", c_bool), ("btard_tau", c_double),
-                ("btard_max_iter", c_u32)]
+                ("btard_max_iter", c_u32),
+                ("run_owner", c_char_p), ("token", c_char_p)]
 
 
 class CollabStats(ctypes.Structure):
@@ -201,7 +202,9 @@ class CollabStats(ctypes.Structure):
                [(n, c_u64) for n in ("samples_during_rounds", "delayed_steps", "submits_held",
                                      "samples_dropped", "group_wait_us", "averaging_us",
                                      "download_us", "state_donor_failures", "peers_refused")] + \
-               [("refused", c_bool)]
+               [("refused", c_bool)] + \
+               [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
+               [("shut_out", c_bool)]
 
 
 def collab_protos(L):

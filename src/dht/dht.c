@@ -45,7 +45,7 @@ int ap__dht_validate(ap_dht_t *dht, const ap_dht_record_t *rec, const uint8_t *s
                      const ap_peer_id_t *from)
 {
     int rc = ap__dht_check_sizes(rec);
-    if (!rc) rc = ap__dht_check_owner(rec, sig, has_sig);
+    if (!rc) rc = ap__dht_check_owner_cached(&dht->sigcache, rec, sig, has_sig);
     for (int i = 0; !rc && i < dht->nvalidators; i++) {
         rc = dht->validators[i].fn(dht->validators[i].arg, rec, from);
         if (rc > 0) rc = AP_EINVAL;

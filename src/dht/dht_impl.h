@@ -41,6 +41,7 @@ struct ap_dht {
     ap__dht_routing_t table;
     ap__dht_storage_t store;
     ap__dht_storage_t cache;
+    ap__dht_sigcache_t sigcache; /* signatures verified already */
     validator_t validators[MAX_VALIDATORS];
     int nvalidators;
     uint64_t maint_timer;

@@ -779,7 +779,8 @@ int ap_dht_store_many(ap_dht_t *dht, const ap_dht_record_t *recs, size_t n, ap_d
         rc = ap__dht_check_sizes(&recs[i]);
         if (!rc && recs[i].expiration_ms <= now) rc = AP_EEXPIRED;
         if (!rc && recs[i].expiration_ms - now > dht->cfg.max_ttl_ms) rc = AP_ERANGE;
-        if (!rc) rc = ap__dht_sign(dht->rt, &recs[i], sr[i].sig, &sr[i].has_sig);
+        if (!rc)
+            rc = ap__dht_sign_cached(dht->rt, &dht->sigcache, &recs[i], sr[i].sig, &sr[i].has_sig);
         if (!rc) {
             size_t tot = recs[i].key_len + recs[i].subkey_len + recs[i].value_len;
             sr[i].data = malloc(tot ? tot : 1);

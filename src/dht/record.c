@@ -101,6 +101,37 @@ int ap_dht_record_sign_bytes(const ap_dht_record_t *rec, uint8_t **out, size_t *
 
 int ap__dht_check_owner(const ap_dht_record_t *rec, const uint8_t *sig, bool has_sig)
 {
+    return ap__dht_check_owner_cached(NULL, rec, sig, has_sig);
+}
+
+static void sigcache_digest(const ap_peer_id_t *owner, const uint8_t *sig, const uint8_t *msg,
+                            size_t len, uint8_t d[32])
+{
+    crypto_generichash_state hs;
+    crypto_generichash_init(&hs, NULL, 0, 32);
+    crypto_generichash_update(&hs, owner->b, AP_PEER_ID_LEN);
+    crypto_generichash_update(&hs, sig, AP_ED25519_SIG_LEN);
+    crypto_generichash_update(&hs, msg, len);
+    crypto_generichash_final(&hs, d, 32);
+}
+
+static void sigcache_put(ap__dht_sigcache_t *sc, const uint8_t d[32])
+{
+    memcpy(sc->d[sc->next], d, 32);
+    sc->next = (sc->next + 1) % AP__DHT_SIGCACHE;
+    if (sc->n < AP__DHT_SIGCACHE) sc->n++;
+}
+
+static bool sigcache_has(const ap__dht_sigcache_t *sc, const uint8_t d[32])
+{
+    for (uint32_t i = 0; i < sc->n; i++)
+        if (memcmp(sc->d[i], d, 32) == 0) return true;
+    return false;
+}
+
+int ap__dht_check_owner_cached(ap__dht_sigcache_t *sc, const ap_dht_record_t *rec,
+                               const uint8_t *sig, bool has_sig)
+{
     bool has_owner;
     ap_peer_id_t owner;
     int rc = ap__dht_find_owner(rec, &has_owner, &owner);
@@ -110,13 +141,31 @@ int ap__dht_check_owner(const ap_dht_record_t *rec, const uint8_t *sig, bool has
     uint8_t *msg;
     size_t len;
     if ((rc = ap_dht_record_sign_bytes(rec, &msg, &len))) return rc;
+    uint8_t d[32];
+    if (sc) {
+        sigcache_digest(&owner, sig, msg, len, d);
+        if (sigcache_has(sc, d)) {
+            sc->hits++;
+            free(msg);
+            return 0;
+        }
+        sc->misses++;
+    }
     rc = ap_peer_verify(&owner, msg, len, sig);
     free(msg);
-    return rc ? AP_EAUTH : 0;
+    if (rc) return AP_EAUTH;
+    if (sc) sigcache_put(sc, d);
+    return 0;
 }
 
 int ap__dht_sign(ap_rt_t *rt, const ap_dht_record_t *rec, uint8_t sig[AP_ED25519_SIG_LEN],
                  bool *has_sig)
+{
+    return ap__dht_sign_cached(rt, NULL, rec, sig, has_sig);
+}
+
+int ap__dht_sign_cached(ap_rt_t *rt, ap__dht_sigcache_t *sc, const ap_dht_record_t *rec,
+                        uint8_t sig[AP_ED25519_SIG_LEN], bool *has_sig)
 {
     bool has_owner;
     ap_peer_id_t owner;
@@ -129,6 +178,11 @@ int ap__dht_sign(ap_rt_t *rt, const ap_dht_record_t *rec, uint8_t sig[AP_ED25519
     size_t len;
     if ((rc = ap_dht_record_sign_bytes(rec, &msg, &len))) return rc;
     ap_rt_sign(rt, msg, len, sig);
+    if (sc) { /* our own signature of these bytes: no need to verify it again */
+        uint8_t d[32];
+        sigcache_digest(&owner, sig, msg, len, d);
+        sigcache_put(sc, d);
+    }
     free(msg);
     *has_sig = true;
     return 0;

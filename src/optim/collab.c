@@ -51,6 +51,10 @@ static void collab_release(ap_collab_t *c)
     if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
     if (c->shadow) ap__big_free(c->shadow, c->acc_bytes);
     free(c->view);
+    free(c->view_seen);
+    free(c->view_silent);
+    free(c->seen_prev);
+    ap__closed_free(c);
     free(c);
 }
 
@@ -167,8 +171,11 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     c->subkey_len = (size_t)snprintf(c->subkey, sizeof c->subkey, "[owner:%s]", pid);
     c->params = params;
     c->n = n;
-    int rc = ap_nn_solver_new(&c->cfg.solver, n, views, nviews, &c->opt);
+    int rc = ap__closed_init(c);
+    c->cfg.run_owner = c->cfg.token = NULL; /* borrowed: read into c */
+    if (rc == 0) rc = ap_nn_solver_new(&c->cfg.solver, n, views, nviews, &c->opt);
     if (rc) {
+        ap__closed_free(c);
         free(c);
         return rc;
     }
@@ -192,13 +199,20 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     c->acc = ap__big_alloc(c->acc_bytes);
     c->buf = ap__big_alloc(c->buf_bytes);
     c->view = calloc(AP__VIEW_MAX, sizeof *c->view);
+    c->view_seen = calloc(AP__VIEW_MAX, sizeof *c->view_seen);
+    c->view_silent = calloc(AP__VIEW_MAX, sizeof *c->view_silent);
+    c->seen_prev = calloc(AP__VIEW_MAX, sizeof *c->seen_prev);
+    c->report_ms =
+        c->cfg.stale_ms / 4 < AP__REPORT_MAX_MS ? c->cfg.stale_ms / 4 : AP__REPORT_MAX_MS;
+    if (c->report_ms < 1) c->report_ms = 1;
     if (c->cfg.byzantine_tolerant) {
         c->bclip.cfg = ap_btard_clip_cfg_default();
         c->bclip.cfg.tau = c->cfg.btard_tau;
         c->bclip.cfg.max_iter = (int)c->cfg.btard_max_iter;
         c->bclip.ws = ap_btard_clip_ws_new();
     }
-    if (!c->acc || !c->buf || !c->view || (c->cfg.byzantine_tolerant && !c->bclip.ws)) {
+    if (!c->acc || !c->buf || !c->view || !c->view_seen || !c->view_silent || !c->seen_prev ||
+        (c->cfg.byzantine_tolerant && !c->bclip.ws)) {
         collab_release(c);
         return AP_ENOMEM;
     }
@@ -290,6 +304,10 @@ static void refused_stored(ap_collab_t *c)
 
 static void start_fetched(ap_collab_t *c)
 {
+    if (c->shut_out) { /* revoked: the owner's record was in this first read */
+        ap__collab_finish_user(c, AP_EPERM);
+        return;
+    }
     if (c->refused) {
         /* One record (marked refused), stored before the start fails, lets
          * the others name the difference in their logs too. */
@@ -300,7 +318,7 @@ static void start_fetched(ap_collab_t *c)
     bool donors = false;
     uint64_t maxe = 0;
     for (size_t i = 0; i < c->nview; i++)
-        if (!ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, &c->view[i], now)) {
+        if (!ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, i, now)) {
             if (c->view[i].donor) donors = true;
             if (c->view[i].role != AP_AVG_AUX && c->view[i].epoch > maxe) maxe = c->view[i].epoch;
         }
@@ -319,6 +337,8 @@ static void start_fetched(ap_collab_t *c)
 int ap_collab_start(ap_collab_t *c, ap_collab_fn cb, void *arg)
 {
     if (c->phase != PH_IDLE || c->cb || c->started) return AP_EBUSY;
+    int rc = ap__closed_self_check(c); /* no valid token of its own: it must not join */
+    if (rc) return rc;
     c->phase = PH_STARTING;
     c->cb = cb;
     c->cb_arg = arg;
@@ -335,6 +355,7 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
                      ap_collab_fn cb, void *arg)
 {
     if (c->refused) return AP_ECONFIG;
+    if (c->shut_out) return AP_EPERM;
     if (c->cfg.role == AP_AVG_AUX || !c->started) return AP_ESTATE;
     if (c->cb || (c->phase != PH_IDLE && !c->bg)) return AP_EBUSY;
     if (!grad || samples == 0) return AP_EINVAL;

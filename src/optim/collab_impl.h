@@ -9,6 +9,7 @@
 #include "apiary/nn.h"
 #include "apiary/progress.h"
 #include "apiary/run_config.h"
+#include "apiary/run_token.h"
 #include "optim.pb-c.h"
 
 #include <sodium.h>
@@ -17,9 +18,24 @@
 #define AP__STATE_CHUNK  16384 /* floats per state chunk message (64 KiB) */
 #define AP__MAX_SERVING  8     /* concurrent state uploads per donor */
 #define AP__MAX_RANGES   64    /* download ranges (parts and re-requests) */
-#define AP__PROGRESS_MAX 512   /* bytes of an encoded progress record (with the run config) */
+#define AP__PROGRESS_MAX 768   /* bytes of an encoded progress record (run config, token) */
 #define AP__VIEW_MAX     4096  /* progress records kept per fetch */
 #define AP__REFUSED_LOG  64    /* peers of another configuration remembered (logged once) */
+#define AP__REVOKED_MAX  1024  /* revoked peers of a closed run kept */
+/* Peers that leave: a record that has not changed for AP__REPORT_MISSED of
+ * its peer's report intervals plus AP__REPORT_SLACK_MS (store latency, timers
+ * late under load), by our own clock between fetches, counts as gone (it is
+ * out of the counts, groups and downloads) without waiting for stale_ms. */
+#define AP__REPORT_MISSED   3
+#define AP__REPORT_SLACK_MS 2000
+#define AP__REPORT_MAX_MS   1000 /* our report interval: min(this, stale_ms / 4) */
+
+/* When a peer's record last changed, by our wall clock (view.c). */
+typedef struct view_seen {
+    ap_peer_id_t peer;
+    int64_t time_ms; /* the record's time then */
+    int64_t seen_ms; /* our clock when we first saw that time */
+} view_seen_t;
 
 typedef enum collab_phase {
     PH_IDLE = 0,
@@ -127,6 +143,10 @@ struct ap_collab {
     /* the latest view of the run */
     ap_progress_t *view;
     size_t nview;
+    int64_t *view_seen;     /* per entry: our wall clock when its record last changed */
+    bool *view_silent;      /* per entry: it missed its report intervals (gone) */
+    view_seen_t *seen_prev; /* scratch: the previous view's, sorted by peer */
+    int64_t report_ms;      /* the interval our records promise */
     uint64_t view_at_us;
     bool fetching;
     int64_t last_exp_ms;
@@ -163,6 +183,22 @@ struct ap_collab {
         uint8_t digest[AP_RUN_CONFIG_DIGEST_LEN];
     } refused_log[AP__REFUSED_LOG]; /* peers refused and logged (once per configuration) */
     int nrefused_log, refused_next;
+
+    /* closed runs (closed.c) */
+    bool closed;        /* cfg.run_owner set */
+    ap_peer_id_t owner; /* the run's owner */
+    bool has_token;     /* cfg.token given (parsed) */
+    ap_run_token_t token;
+    bool shut_out; /* no valid token of our own, or revoked: every operation fails */
+    char revoked_key[AP_COLLAB_RUN_ID_MAX + 16];
+    size_t revoked_key_len;
+    ap_peer_id_t *revoked; /* AP__REVOKED_MAX */
+    size_t nrevoked;
+    struct {
+        ap_peer_id_t id;
+        int why;
+    } unauth_log[AP__REFUSED_LOG]; /* peers refused for want of a token (logged once) */
+    int nunauth_log, unauth_next;
 
     dl_state_t dl;
     donor_memo_t memo[AP__DONOR_MEMO];
@@ -221,7 +257,9 @@ typedef struct ap__estimate {
     uint32_t peers;
 } ap__estimate_t;
 bool ap__collab_is_self(const struct ap_collab *c, const ap_peer_id_t *p);
-bool ap__collab_fresh(const struct ap_collab *c, const ap_progress_t *p, int64_t now_ms);
+/* View entry i is a live peer: its record is younger than stale_ms and it has
+ * not missed its report intervals. */
+bool ap__collab_fresh(const struct ap_collab *c, size_t i, int64_t now_ms);
 void ap__collab_estimate(struct ap_collab *c, ap__estimate_t *e);
 void ap__collab_update_stats(struct ap_collab *c);
 /* Stores our record; next (may be NULL) runs when the store ends. */
@@ -247,6 +285,28 @@ void ap__collab_make_run_config(const struct ap_collab *c, ap_run_config_t *rc);
  * m->model into rc. */
 void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m);
 int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc);
+
+/* ---- closed.c: closed runs (apiary/run_token.h) ---- */
+/* token.c: the bytes a token's signature covers (out: AP__TOKEN_MSG_MAX);
+ * for signers other than an ap_identity_t (ap_rt_sign in tests). */
+#define AP__TOKEN_MSG_MAX (20 + AP_COLLAB_RUN_ID_MAX + 1 + AP_PEER_ID_LEN + 8)
+size_t ap__run_token_message(const char *run_id, const ap_peer_id_t *peer, int64_t expires_ms,
+                             uint8_t *out);
+/* Reads cfg.run_owner / cfg.token (AP_EINVAL if malformed, logged). */
+int ap__closed_init(struct ap_collab *c);
+void ap__closed_free(struct ap_collab *c);
+/* Whether peer may take part: 0, or why not (AP_ENOTFOUND no token,
+ * AP_ESTALE revoked, or ap_run_token_verify's error). Always 0 in an open
+ * run and for the owner. tok may be NULL (none). */
+int ap__closed_check(struct ap_collab *c, const ap_peer_id_t *peer, const ap_run_token_t *tok);
+/* Logs a refusal once per (peer, reason): what = "progress record", ... */
+void ap__closed_note(struct ap_collab *c, const ap_peer_id_t *peer, int why, const char *what);
+/* This peer's own admission: 0, or AP_EPERM with c->refusal set and logged. */
+int ap__closed_self_check(struct ap_collab *c);
+/* The owner's revocation records (the "<run>_revoked" key). */
+void ap__closed_absorb_revoked(struct ap_collab *c, const ap_dht_result_t *res);
+/* The matchmaker's exclude hook: peers not in the (admitted) view. */
+bool ap__closed_exclude(void *arg, const ap_peer_id_t *peer);
 
 /* ---- epoch.c: the step and the epoch change ---- */
 typedef enum ap__epoch_how {

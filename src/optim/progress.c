@@ -100,6 +100,14 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.last_group = p->last_group;
     m.last_round_ms = p->last_round_ms;
     m.last_fraction = p->last_fraction;
+    m.report_ms = p->report_ms;
+    uint8_t tok[AP_RUN_TOKEN_MAX];
+    if (p->has_token) {
+        int tl = ap_run_token_pack(&p->token, tok, sizeof tok);
+        if (tl < 0) return tl;
+        m.token.data = tok;
+        m.token.len = (size_t)tl;
+    }
     Apiary__Optim__RunConfig rc;
     ap_run_config_t cfg;
     if (p->has_config) {
@@ -141,12 +149,17 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.last_group = m->last_group;
     p.last_round_ms = m->last_round_ms;
     p.last_fraction = m->last_fraction;
+    p.report_ms = m->report_ms;
     uint32_t role = m->role;
     int crc = 0;
     if (m->config) {
         crc = ap__run_config_from_pb(m->config, &p.config);
         if (!crc) ap_run_config_digest(&p.config, p.config_digest);
         p.has_config = crc == 0;
+    }
+    if (!crc && m->token.len) {
+        crc = ap_run_token_unpack(m->token.data, m->token.len, &p.token);
+        p.has_token = crc == 0;
     }
     apiary__optim__progress__free_unpacked(m, NULL);
     if (crc) return crc;

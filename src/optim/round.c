@@ -23,7 +23,7 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
     if (collect) c->nmembers = 0;
     for (size_t i = 0; collect && i < c->nview && c->nmembers < AP_AVG_MAX_PEERS; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (p->epoch != c->epoch || !ap__collab_fresh(c, p, now)) continue;
+        if (p->epoch != c->epoch || !ap__collab_fresh(c, i, now)) continue;
         if (p->ready_ms <= 0 || p->ready_ms > c->cutoff_ms) continue; /* not in this round */
         ap_avg_member_t *m = &c->members[c->nmembers++];
         m->id = p->peer;
@@ -166,7 +166,7 @@ static bool others_active(ap_collab_t *c)
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
         if (!ap__collab_is_self(c, &p->peer) && p->role != AP_AVG_AUX &&
-            ap__collab_fresh(c, p, now) && p->epoch >= c->epoch)
+            ap__collab_fresh(c, i, now) && p->epoch >= c->epoch)
             return true;
     }
     return false;
@@ -242,7 +242,7 @@ static void member_samples(ap_collab_t *c)
         for (size_t i = 0; i < c->nview; i++) {
             const ap_progress_t *p = &c->view[i];
             if (ap_peer_id_eq(&p->peer, &c->members[k].id) && p->epoch == c->epoch &&
-                ap__collab_fresh(c, p, now)) {
+                ap__collab_fresh(c, i, now)) {
                 samples += (uint64_t)p->samples;
                 break;
             }
@@ -317,7 +317,7 @@ static void start_search(ap_collab_t *c)
     int64_t now = ap_rt_wall_ms(c->rt);
     uint32_t want = 0;
     for (size_t i = 0; i < c->nview; i++)
-        if (c->view[i].epoch == c->epoch && ap__collab_fresh(c, &c->view[i], now)) want++;
+        if (c->view[i].epoch == c->epoch && ap__collab_fresh(c, i, now)) want++;
     if (want < 2) want = 2;
     if (want > AP_AVG_MAX_PEERS) want = AP_AVG_MAX_PEERS;
     /* the configuration's digest in the key: joins only reach peers of the
@@ -328,7 +328,10 @@ static void start_search(ap_collab_t *c)
                         .key_len = (size_t)kl,
                         .target_group_size = want,
                         .min_group_size = 2,
-                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us};
+                        .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us,
+                        /* closed run: joins only from peers of admitted records */
+                        .exclude = c->closed ? ap__closed_exclude : NULL,
+                        .exclude_arg = c};
     ap_avg_member_t me = {.id = *ap_rt_self(c->rt),
                           .role = c->cfg.role,
                           .up = c->cfg.up > 0 ? c->cfg.up : 1e6,
@@ -410,7 +413,7 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
     double mine = c->ready_sps > 0 ? c->ready_sps : c->sps > 0 ? c->sps : 1.0, sum = mine;
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (ap__collab_is_self(c, &p->peer) || !ap__collab_fresh(c, p, now) ||
+        if (ap__collab_is_self(c, &p->peer) || !ap__collab_fresh(c, i, now) ||
             p->role == AP_AVG_AUX)
             continue;
         if (p->epoch != c->epoch && p->epoch != c->epoch + 1) continue;
@@ -425,8 +428,8 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
 /* After a fresh view: behind -> download; due -> average; else go on. */
 void ap__collab_decide(ap_collab_t *c)
 {
-    if (c->refused) {
-        ap__collab_finish_user(c, AP_ECONFIG);
+    if (c->refused || c->shut_out) {
+        ap__collab_finish_user(c, c->refused ? AP_ECONFIG : AP_EPERM);
         return;
     }
     ap__estimate_t e;

@@ -150,5 +150,5 @@ void ap_collab_run_config(const ap_collab_t *c, ap_run_config_t *out)
 
 const char *ap_collab_refusal(const ap_collab_t *c)
 {
-    return c->refused ? c->refusal : NULL;
+    return c->refused || c->shut_out ? c->refusal : NULL;
 }

@@ -106,6 +106,19 @@ static int serve_accept(ap_rt_t *rt, void *arg, ap_stream_t *s, const ap_peer_id
     }
     int rc = 0;
     char why[256] = "";
+    if (c->closed) {
+        /* closed run: the requester's own token (the stream's peer is
+         * authenticated by the transport) */
+        ap_run_token_t t;
+        bool has = rq->token.len && ap_run_token_unpack(rq->token.data, rq->token.len, &t) == 0;
+        int no = ap__closed_check(c, peer, has ? &t : NULL);
+        if (no) {
+            apiary__optim__state_request__free_unpacked(rq, NULL);
+            c->st.unauthorized_requests++;
+            ap__closed_note(c, peer, no, "the state request");
+            return AP_EPERM;
+        }
+    }
     if (rq->run_hash.len != 32 || memcmp(rq->run_hash.data, c->run_hash, 32) != 0)
         rc = AP_ENOTFOUND;
     else if ((rc = config_check(c, rq->config, sh, why, sizeof why)) != 0)
@@ -413,6 +426,13 @@ static int open_range(ap_collab_t *c, int ri)
     Apiary__Optim__RunConfig cfg;
     ap__run_config_to_pb(&c->runcfg, &cfg);
     rq.config = &cfg;
+    uint8_t tok[AP_RUN_TOKEN_MAX];
+    if (c->has_token) {
+        int tl = ap_run_token_pack(&c->token, tok, sizeof tok);
+        if (tl < 0) return tl;
+        rq.token.data = tok;
+        rq.token.len = (size_t)tl;
+    }
     if (apiary__optim__state_request__get_packed_size(&rq) > HELLO_MAX) return AP_EMSGSIZE;
     uint8_t hello[HELLO_MAX];
     size_t hl = apiary__optim__state_request__pack(&rq, hello);
@@ -518,10 +538,11 @@ void ap__state_download_abort(ap_collab_t *c, int err)
     dl_finish(c, err);
 }
 
-static bool usable(ap_collab_t *c, const ap_progress_t *p, int64_t now, uint64_t min_epoch)
+static bool usable(ap_collab_t *c, size_t i, int64_t now, uint64_t min_epoch)
 {
+    const ap_progress_t *p = &c->view[i];
     return p->donor && p->epoch >= min_epoch && !ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) &&
-           p->time_ms >= now - c->cfg.stale_ms;
+           ap__collab_fresh(c, i, now);
 }
 
 /* The highest epoch among the usable donors not in back-off; false if none. */
@@ -533,7 +554,7 @@ static bool best_epoch(ap_collab_t *c, uint64_t min_epoch, uint64_t *best, int *
     *ndonors = *nbacked = 0;
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (!usable(c, p, now, min_epoch)) continue;
+        if (!usable(c, i, now, min_epoch)) continue;
         if (backed_off(c, &p->peer)) {
             (*nbacked)++;
             continue;
@@ -543,7 +564,7 @@ static bool best_epoch(ap_collab_t *c, uint64_t min_epoch, uint64_t *best, int *
     }
     if (any) {
         for (size_t i = 0; i < c->nview; i++)
-            if (usable(c, &c->view[i], now, min_epoch) && c->view[i].epoch == *best &&
+            if (usable(c, i, now, min_epoch) && c->view[i].epoch == *best &&
                 !backed_off(c, &c->view[i].peer))
                 (*ndonors)++;
     }
@@ -582,7 +603,7 @@ int ap__state_download(ap_collab_t *c, float *dst, uint64_t min_epoch, ap__dl_fn
     /* donors at the highest epoch, in a random order (spread the load) */
     for (size_t i = 0; i < c->nview && c->dl.ndonors < AP_COLLAB_MAX_DONORS; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (!usable(c, p, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
+        if (!usable(c, i, now, min_epoch) || p->epoch != best || backed_off(c, &p->peer)) continue;
         c->dl.donors[c->dl.ndonors++] = p->peer;
     }
     for (int i = c->dl.ndonors - 1; i > 0; i--) {

@@ -14,9 +14,35 @@ bool ap__collab_is_self(const ap_collab_t *c, const ap_peer_id_t *p)
     return ap_peer_id_eq(p, ap_rt_self(c->rt));
 }
 
-bool ap__collab_fresh(const ap_collab_t *c, const ap_progress_t *p, int64_t now_ms)
+bool ap__collab_fresh(const ap_collab_t *c, size_t i, int64_t now_ms)
 {
-    return p->time_ms >= now_ms - c->cfg.stale_ms;
+    return c->view[i].time_ms >= now_ms - c->cfg.stale_ms && !c->view_silent[i];
+}
+
+static int cmp_seen(const void *a, const void *b)
+{
+    return ap_peer_id_cmp(&((const view_seen_t *)a)->peer, &((const view_seen_t *)b)->peer);
+}
+
+/* Our wall clock when p's record (as read now) first appeared: the previous
+ * view's if the record has not changed since; now if it has; for a peer not
+ * seen before, its report time corrected for the worst tolerated skew. */
+static int64_t first_seen(const ap_collab_t *c, size_t nprev, const ap_progress_t *p, int64_t now)
+{
+    view_seen_t key = {.peer = p->peer};
+    const view_seen_t *o = nprev ? bsearch(&key, c->seen_prev, nprev, sizeof key, cmp_seen) : NULL;
+    if (o) return p->time_ms <= o->time_ms ? o->seen_ms : now;
+    int64_t t = p->time_ms + c->cfg.max_skew_ms;
+    return t < now ? t : now;
+}
+
+/* A record unchanged for AP__REPORT_MISSED of its report intervals (plus the
+ * slack): its peer is gone. A record without an interval (older peers) is
+ * judged by stale_ms alone. */
+static bool silent(const ap_progress_t *p, int64_t seen_ms, int64_t now)
+{
+    return p->report_ms > 0 &&
+           now - seen_ms > AP__REPORT_MISSED * (int64_t)p->report_ms + AP__REPORT_SLACK_MS;
 }
 
 void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
@@ -31,7 +57,7 @@ void ap__collab_estimate(ap_collab_t *c, ap__estimate_t *e)
     e->peers = 1;
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (ap__collab_is_self(c, &p->peer) || !ap__collab_fresh(c, p, now)) continue;
+        if (ap__collab_is_self(c, &p->peer) || !ap__collab_fresh(c, i, now)) continue;
         e->peers++;
         if (p->epoch > e->max_epoch && p->role != AP_AVG_AUX) e->max_epoch = p->epoch;
         if (p->role == AP_AVG_AUX) continue;
@@ -86,8 +112,11 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->last_group = c->st.last_group_size;
     p->last_round_ms = c->st.last_round_ms;
     p->last_fraction = (float)c->st.last_averaged_fraction;
+    p->report_ms = (uint32_t)c->report_ms;
     p->has_config = true;
     p->config = c->runcfg;
+    p->has_token = c->has_token;
+    if (c->has_token) p->token = c->token;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
 }
@@ -97,12 +126,13 @@ static void view_put_self(ap_collab_t *c)
 {
     ap_progress_t me;
     my_record(c, &me);
-    for (size_t i = 0; i < c->nview; i++)
-        if (ap__collab_is_self(c, &c->view[i].peer)) {
-            c->view[i] = me;
-            return;
-        }
-    if (c->nview < AP__VIEW_MAX) c->view[c->nview++] = me;
+    size_t i = 0;
+    while (i < c->nview && !ap__collab_is_self(c, &c->view[i].peer)) i++;
+    if (i == AP__VIEW_MAX) return;
+    if (i == c->nview) c->nview++;
+    c->view[i] = me;
+    c->view_seen[i] = me.time_ms;
+    c->view_silent[i] = false;
 }
 
 typedef struct op_ctx {
@@ -184,6 +214,12 @@ static void refuse_peer(ap_collab_t *c, const ap_progress_t *p, char *why, size_
 static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
 {
     int64_t now = ap_rt_wall_ms(c->rt);
+    /* when each record of the previous view last changed, by peer */
+    size_t nprev = 0;
+    for (size_t i = 0; i < c->nview; i++)
+        c->seen_prev[nprev++] = (view_seen_t){
+            .peer = c->view[i].peer, .time_ms = c->view[i].time_ms, .seen_ms = c->view_seen[i]};
+    qsort(c->seen_prev, nprev, sizeof *c->seen_prev, cmp_seen);
     size_t m = 0;
     int n_match = 0, n_diff = 0, n_ahead = 0;
     char why[AP_RUN_CONFIG_MSG_MAX], first_why[AP_RUN_CONFIG_MSG_MAX] = "";
@@ -209,10 +245,17 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
             continue;
         }
         p.peer = who;
+        int no = ap__closed_check(c, &who, p.has_token ? &p.token : NULL);
+        if (no && !ap__collab_is_self(c, &who)) {
+            /* closed run: no valid token, or revoked: not part of this run */
+            c->st.unauthorized_records++;
+            ap__closed_note(c, &who, no, "the progress record");
+            continue;
+        }
         if (!ap__collab_is_self(c, &p.peer)) {
             bool same = p.has_config &&
                         memcmp(p.config_digest, c->cfg_digest, AP_RUN_CONFIG_DIGEST_LEN) == 0;
-            bool live = ap__collab_fresh(c, &p, now) && !p.refused;
+            bool live = p.time_ms >= now - c->cfg.stale_ms && !p.refused;
             if (!same) {
                 refuse_peer(c, &p, why, sizeof why);
                 if (live && !n_diff++) memcpy(first_why, why, sizeof why);
@@ -222,12 +265,14 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
             if (p.refused) continue; /* stopped: counts for nothing */
             n_match += live;
         }
+        c->view_seen[m] = first_seen(c, nprev, &p, now);
+        c->view_silent[m] = silent(&p, c->view_seen[m], now);
         c->view[m++] = p;
     }
     /* alone against the run: no live peer agrees with this one, and it is
      * joining (not started yet) or some peer that differs is ahead of it
      * (the run was there first) */
-    if (!c->refused && n_diff > 0 && n_match == 0 && (!c->started || n_ahead > 0)) {
+    if (!c->refused && !c->shut_out && n_diff > 0 && n_match == 0 && (!c->started || n_ahead > 0)) {
         c->refused = true;
         snprintf(c->refusal, sizeof c->refusal,
                  "run configuration differs from the run's (%d peer(s) differ, %d agree): %s",
@@ -257,11 +302,24 @@ static void get_done(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t
     ap__collab_unref(c);
 }
 
+/* A closed run reads the owner's revocations with the records. */
+static void get_many_done(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t *res,
+                          size_t n)
+{
+    op_ctx_t *o = arg;
+    if (!o->c->dead && status == 0 && n == 2) ap__closed_absorb_revoked(o->c, &res[1]);
+    get_done(dht, arg, status, n >= 1 ? &res[0] : NULL);
+}
+
 void ap__collab_fetch(ap_collab_t *c, ap__step_fn next)
 {
     op_ctx_t *o = malloc(sizeof *o);
-    int rc =
-        o ? ap_dht_get(c->dht, (const uint8_t *)c->key, c->key_len, true, get_done, o) : AP_ENOMEM;
+    const uint8_t *keys[2] = {(const uint8_t *)c->key, (const uint8_t *)c->revoked_key};
+    size_t lens[2] = {c->key_len, c->revoked_key_len};
+    int rc = !o ? AP_ENOMEM
+             : c->closed
+                 ? ap_dht_get_many(c->dht, keys, lens, 2, true, get_many_done, o)
+                 : ap_dht_get(c->dht, (const uint8_t *)c->key, c->key_len, true, get_done, o);
     if (rc) {
         free(o);
         if (next) next(c);
@@ -279,7 +337,7 @@ int64_t ap__collab_first_ready(ap_collab_t *c)
     int64_t now = ap_rt_wall_ms(c->rt), first = 0;
     for (size_t i = 0; i < c->nview; i++) {
         const ap_progress_t *p = &c->view[i];
-        if (p->epoch != c->epoch || p->ready_ms <= 0 || !ap__collab_fresh(c, p, now)) continue;
+        if (p->epoch != c->epoch || p->ready_ms <= 0 || !ap__collab_fresh(c, i, now)) continue;
         if (!first || p->ready_ms < first) first = p->ready_ms;
     }
     return first;
@@ -297,7 +355,7 @@ bool ap__collab_gathering(ap_collab_t *c)
 void ap__collab_aux_check(ap_collab_t *c)
 {
     /* An auxiliary peer follows the others' epoch and joins every round. */
-    if (c->phase != PH_IDLE || c->refused) return;
+    if (c->phase != PH_IDLE || c->refused || c->shut_out) return;
     ap__estimate_t e;
     ap__collab_estimate(c, &e);
     if (e.max_epoch > c->epoch) {
@@ -317,15 +375,35 @@ static void refresh_fetched(ap_collab_t *c)
     ap__collab_schedule_refresh(c);
 }
 
+/* How often the view is read: a third of the ETA, within the configured
+ * bounds. */
+static uint64_t view_period(const ap_collab_t *c)
+{
+    double eta = c->st.eta_s;
+    /* no speed known yet: look again soon */
+    uint64_t p = isfinite(eta) ? (uint64_t)(eta * 1e6 / 3) : c->cfg.min_refresh_us;
+    if (p < c->cfg.min_refresh_us) p = c->cfg.min_refresh_us;
+    if (p > c->cfg.max_refresh_us) p = c->cfg.max_refresh_us;
+    return p;
+}
+
+/* The timer's period: the view's, and at most half our report interval, so
+ * that our record never goes longer than report_ms without a new one (in
+ * every phase: also during rounds, waits and downloads). */
+static uint64_t tick_period(const ap_collab_t *c)
+{
+    uint64_t p = view_period(c), r = (uint64_t)c->report_ms * 1000 / 2;
+    return p < r ? p : r;
+}
+
 static void refresh_tick(ap_rt_t *rt, void *arg)
 {
     ap_collab_t *c = arg;
     c->refresh_timer = 0;
-    uint64_t now = ap_rt_now_us(rt);
-    if (c->phase == PH_IDLE && now - c->last_report_us > (uint64_t)c->cfg.stale_ms * 1000 / 3)
-        ap__collab_report(c, NULL);
+    uint64_t now = ap_rt_now_us(rt), tick = tick_period(c);
+    if (now - c->last_report_us >= (uint64_t)c->report_ms * 1000 / 2) ap__collab_report(c, NULL);
     /* a submit may have read the view recently: no second read then */
-    if (!c->fetching && c->phase == PH_IDLE && now - c->view_at_us >= c->cfg.min_refresh_us)
+    if (!c->fetching && c->phase == PH_IDLE && now - c->view_at_us + tick / 2 >= view_period(c))
         ap__collab_fetch(c, refresh_fetched);
     else
         ap__collab_schedule_refresh(c);
@@ -334,10 +412,5 @@ static void refresh_tick(ap_rt_t *rt, void *arg)
 void ap__collab_schedule_refresh(ap_collab_t *c)
 {
     if (c->dead || c->refresh_timer) return;
-    double eta = c->st.eta_s;
-    /* no speed known yet: look again soon */
-    uint64_t p = isfinite(eta) ? (uint64_t)(eta * 1e6 / 3) : c->cfg.min_refresh_us;
-    if (p < c->cfg.min_refresh_us) p = c->cfg.min_refresh_us;
-    if (p > c->cfg.max_refresh_us) p = c->cfg.max_refresh_us;
-    c->refresh_timer = ap_rt_timer_start(c->rt, p, 0, refresh_tick, c);
+    c->refresh_timer = ap_rt_timer_start(c->rt, tick_period(c), 0, refresh_tick, c);
 }

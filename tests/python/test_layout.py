@@ -37,3 +37,4 @@ def test_collab_config_layout():
     assert cfg.load_state_on_start is True
     assert cfg.delayed_updates is False and cfg.dht_matchmaking is False
     assert cfg.max_local_samples == 0 and cfg.model_desc is None
+    assert cfg.run_owner is None and cfg.token is None

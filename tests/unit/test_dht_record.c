@@ -105,6 +105,53 @@ static void test_owner_signature(void **state)
     assert_int_equal(ap__dht_check_owner(&r, NULL, false), AP_EAUTH);
 }
 
+/* The cache of verified signatures skips only a verification it did before:
+ * the same owner, bytes and signature. A forged signature, a changed field or
+ * another signer after a cached success are still refused, and a failure is
+ * never remembered. */
+static void test_sig_cache(void **state)
+{
+    (void)state;
+    ident_t a, b;
+    ident_new(&a);
+    ident_new(&b);
+    char key[128];
+    snprintf(key, sizeof key, "progress[owner:%s]", a.text);
+    static ap__dht_sigcache_t sc;
+    memset(&sc, 0, sizeof sc);
+    uint8_t sig[64], bad[64];
+    ap_dht_record_t r = rec_of(key, NULL, "v1", 1000);
+    sign_rec(&a, &r, sig);
+    assert_ok(ap__dht_check_owner_cached(&sc, &r, sig, true));
+    assert_int_equal(sc.misses, 1);
+    assert_ok(ap__dht_check_owner_cached(&sc, &r, sig, true));
+    assert_int_equal(sc.hits, 1); /* verified once */
+    memcpy(bad, sig, sizeof bad);
+    bad[7] ^= 1;
+    assert_int_equal(ap__dht_check_owner_cached(&sc, &r, bad, true), AP_EAUTH);
+    assert_int_equal(ap__dht_check_owner_cached(&sc, &r, bad, true), AP_EAUTH);
+    ap_dht_record_t r2 = r;
+    r2.expiration_ms++;
+    assert_int_equal(ap__dht_check_owner_cached(&sc, &r2, sig, true), AP_EAUTH);
+    r2 = rec_of(key, NULL, "v2", 1000);
+    assert_int_equal(ap__dht_check_owner_cached(&sc, &r2, sig, true), AP_EAUTH);
+    sign_rec(&b, &r, bad);
+    assert_int_equal(ap__dht_check_owner_cached(&sc, &r, bad, true), AP_EAUTH);
+    assert_int_equal(sc.hits, 1);
+    /* the ring forgets the oldest: still correct, verified again */
+    for (int i = 0; i < AP__DHT_SIGCACHE; i++) {
+        char v[16];
+        snprintf(v, sizeof v, "x%d", i);
+        ap_dht_record_t t = rec_of(key, NULL, v, 1000);
+        uint8_t ts[64];
+        sign_rec(&a, &t, ts);
+        assert_ok(ap__dht_check_owner_cached(&sc, &t, ts, true));
+    }
+    uint64_t misses = sc.misses;
+    assert_ok(ap__dht_check_owner_cached(&sc, &r, sig, true));
+    assert_int_equal(sc.misses, misses + 1);
+}
+
 static void test_sizes_and_ids(void **state)
 {
     (void)state;
@@ -276,6 +323,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_owner_signature),
+        cmocka_unit_test(test_sig_cache),
         cmocka_unit_test(test_sizes_and_ids),
         cmocka_unit_test(test_wire_strict),
     };

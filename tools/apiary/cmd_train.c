@@ -12,6 +12,7 @@
 #include "apiary/error.h"
 #include "apiary/host.h"
 #include "apiary/identity.h"
+#include "apiary/run_token.h"
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "apiary/nn.h"
@@ -102,6 +103,9 @@ static void usage(void)
         "                            averaging module (default: READY window over progress)\n"
         "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
         "                            synthetic stream (P peers split one big batch)\n"
+        "  --run-owner PEERID        the run is closed: only peers with a token signed by\n"
+        "                            PEERID's key take part (docs/closed_runs.md)\n"
+        "  --token T                 this peer's token for a closed run (apiary run-token)\n"
         "  --log-level LEVEL         debug, info, warn (default), error, off\n"
         "Stop with Ctrl-C (SIGINT) or SIGTERM: prints a summary line and exits.\n");
 }
@@ -114,6 +118,7 @@ static void on_signal(int sig)
 
 typedef struct topts {
     const char *run_id, *listen, *identity, *model, *data, *ckdir, *http;
+    const char *run_owner, *token;
     const char *announce[AP_NODE_MAX_ANNOUNCE];
     int nannounce;
     char *peers[MAX_PEERS];
@@ -432,6 +437,8 @@ static int run(const topts_t *o)
     cfg.byzantine_tolerant = o->byz;
     cfg.btard_tau = o->btard_tau;
     cfg.model_desc = model_desc;
+    cfg.run_owner = o->run_owner;
+    cfg.token = o->token;
     if (!rc) {
         rc = ap_collab_new_sync(rt, dht, svc, &cfg, pr->data, pr->count, pr->views, pr->nviews, &c);
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
@@ -493,7 +500,10 @@ static int run(const topts_t *o)
                                 : "from the PeerID; --seed N fixes it");
         fflush(stdout);
         rc = ap_collab_start_sync(c);
-        if (rc == AP_ECONFIG) {
+        if (rc == AP_EPERM) { /* a closed run: no valid token, or revoked */
+            fprintf(stderr, "apiary train: %s\n", ap_collab_refusal(c));
+            fatal = true;
+        } else if (rc == AP_ECONFIG) {
             fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
                     ap_collab_refusal(c));
             fatal = true;
@@ -580,6 +590,12 @@ static int run(const topts_t *o)
                 for (size_t k = 0; k < pr->count; k++) pr->grad[k] *= -1000.0f;
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
+            if (r == AP_EPERM) { /* the owner revoked this peer */
+                fprintf(stderr, "apiary train: %s\n", ap_collab_refusal(c));
+                fatal = true;
+                ckpath[0] = 0;
+                break;
+            }
             if (r == AP_ECONFIG) {
                 fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
                         ap_collab_refusal(c));
@@ -601,6 +617,12 @@ static int run(const topts_t *o)
         }
         ap_collab_stats_t st;
         ap_collab_get_stats_sync(c, &st);
+        if (st.shut_out && !fatal) { /* an auxiliary peer of a closed run, revoked */
+            fprintf(stderr, "apiary train: %s\n", ap_collab_refusal(c));
+            fatal = true;
+            ckpath[0] = 0;
+            break;
+        }
         if (st.refused) { /* an auxiliary peer learns it here */
             fprintf(stderr, "apiary train: refused by the run '%s': %s\n", o->run_id,
                     ap_collab_refusal(c));
@@ -751,7 +773,9 @@ static int train_main(int argc, char **argv)
         O_HTTP,
         O_BYZ,
         O_TAU,
-        O_ATTACK
+        O_ATTACK,
+        O_OWNER,
+        O_TOKEN
     };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
@@ -795,6 +819,8 @@ static int train_main(int argc, char **argv)
         {"byzantine-tolerant", no_argument, NULL, O_BYZ},
         {"btard-tau", required_argument, NULL, O_TAU},
         {"attack", required_argument, NULL, O_ATTACK},
+        {"run-owner", required_argument, NULL, O_OWNER},
+        {"token", required_argument, NULL, O_TOKEN},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
@@ -995,6 +1021,24 @@ static int train_main(int argc, char **argv)
             }
             o.sign_flip = true;
             break;
+        case O_OWNER: {
+            ap_peer_id_t p_;
+            if (ap_peer_id_parse(&p_, optarg) != 0) {
+                fprintf(stderr, "apiary train: --run-owner %s is not a PeerID (12D3KooW...)\n",
+                        optarg);
+                return 2;
+            }
+            o.run_owner = optarg;
+        } break;
+        case O_TOKEN: {
+            ap_run_token_t t_;
+            if (ap_run_token_parse(optarg, &t_) != 0) {
+                fprintf(stderr, "apiary train: --token: not a run token (apiary run-token "
+                                "prints one)\n");
+                return 2;
+            }
+            o.token = optarg;
+        } break;
         case 'h':
             usage();
             return 0;
