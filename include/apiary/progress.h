@@ -31,7 +31,8 @@ typedef struct ap_progress {
     int64_t ready_ms; /* wall clock when it became ready to average this epoch; 0 = not */
     bool refused;     /* the peer stopped: the run refused its configuration */
     /* for the run's monitor (docs/monitor.md); decode passes them unchecked */
-    float loss;                          /* mean loss of the last batch (0 = none yet) */
+    float loss;                          /* mean loss of the last batch */
+    bool has_loss;                       /* loss is set (0 is a loss; false = none yet) */
     uint64_t bytes_sent, bytes_received; /* averaging payload, cumulative */
     uint64_t rounds, rounds_failed;      /* gradient rounds, and of them incomplete */
     uint32_t last_group, last_round_ms;  /* the last round's members and duration */

@@ -379,6 +379,7 @@ int ap_collab_submit(ap_collab_t *c, const float *grad, uint32_t samples, float 
     }
     c->last_submit_us = now;
     c->st.last_loss = loss;
+    c->has_loss = true;
     c->cb = cb;
     c->cb_arg = arg;
     if (c->bg) {

@@ -139,6 +139,7 @@ struct ap_collab {
      * when this peer became ready, its round began, its download began */
     uint64_t mark_ready_us, mark_round_us, mark_dl_us;
     bool started;
+    bool has_loss; /* a batch was submitted: st.last_loss is a loss (0 included) */
 
     /* the latest view of the run */
     ap_progress_t *view;

@@ -93,6 +93,7 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
     m.ready_ms = p->ready_ms;
     m.refused = p->refused;
     m.loss = p->loss;
+    m.has_loss = p->has_loss;
     m.bytes_sent = p->bytes_sent;
     m.bytes_received = p->bytes_received;
     m.rounds = p->rounds;
@@ -142,6 +143,7 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
     p.ready_ms = m->ready_ms;
     p.refused = m->refused;
     p.loss = m->loss;
+    p.has_loss = m->has_loss || m->loss != 0; /* older writers: 0 meant none */
     p.bytes_sent = m->bytes_sent;
     p.bytes_received = m->bytes_received;
     p.rounds = m->rounds;

@@ -105,6 +105,7 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->ready_ms = c->ready_ms;
     p->refused = c->refused;
     p->loss = c->st.last_loss;
+    p->has_loss = c->has_loss;
     p->bytes_sent = c->st.bytes_sent;
     p->bytes_received = c->st.bytes_received;
     p->rounds = c->st.rounds;

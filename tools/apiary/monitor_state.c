@@ -96,7 +96,9 @@ static void short_id(const char *id, char out[16])
 static bool clamp(ap_progress_t *p)
 {
     bool c = false;
-    if (!isfinite(p->loss) || p->loss < 0 || p->loss > 1e9f) p->loss = 0, c = true;
+    if (!isfinite(p->loss) || p->loss < 0 || p->loss > 1e9f)
+        p->loss = 0, p->has_loss = false, c = true;
+    if (!p->has_loss) p->loss = 0;
     if (!isfinite(p->last_fraction) || p->last_fraction < 0 || p->last_fraction > 1)
         p->last_fraction = isfinite(p->last_fraction) && p->last_fraction > 1 ? 1 : 0, c = true;
     if (p->last_group > 1u << 16) p->last_group = 1u << 16, c = true;
@@ -225,7 +227,7 @@ void mon_state_update(mon_state_t *m)
         if (!fresh(m, p) || p->p.role == AP_AVG_AUX || p->p.epoch != epoch) continue;
         double ahead = (double)(m->now_ms > p->p.time_ms ? m->now_ms - p->p.time_ms : 0) / 1e3;
         global += (double)p->p.samples + p->p.samples_per_s * ahead;
-        if (p->p.loss > 0) loss += p->p.loss, nloss++;
+        if (p->p.has_loss) loss += p->p.loss, nloss++; /* 0 is a loss too */
     }
     if (m->target_batch && global > (double)m->target_batch) global = (double)m->target_batch;
     m->epoch = epoch;
@@ -284,7 +286,7 @@ char *mon_render_json(const mon_state_t *m, size_t *len)
         first = false;
         json_num(&b, p->p.samples_per_s);
         sb_printf(&b, ",\"loss\":");
-        json_num(&b, p->p.loss);
+        json_num(&b, p->p.has_loss ? p->p.loss : NAN); /* null: none yet */
         sb_printf(&b, ",\"up\":");
         json_num(&b, p->p.up);
         sb_printf(&b, ",\"down\":");
@@ -357,7 +359,7 @@ char *mon_render_metrics(const mon_state_t *m, const char *extra, size_t *len)
         bad += (double)p->p.rounds_failed;
         if (!fresh(m, p)) continue;
         roles[p->p.role <= AP_AVG_AUX ? p->p.role : 0]++;
-        if (p->p.epoch == m->epoch && p->p.loss > 0) loss += p->p.loss, nloss++;
+        if (p->p.epoch == m->epoch && p->p.has_loss) loss += p->p.loss, nloss++;
     }
     metric(&b, "apiary_epoch", "gauge", "Global epoch of the run (highest among fresh trainers).");
     sb_printf(&b, "apiary_epoch %llu\n", (unsigned long long)m->epoch);
