@@ -6,6 +6,7 @@ Kept as a test (tests/python/test_examples.py): the covered API runs unchanged."
 import apiary as hivemind  # was: import hivemind
 
 import argparse
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -34,6 +35,7 @@ def main():
         batch_size_per_step=16,           # each call to opt.step adds this many samples
         target_batch_size=args.target_batch_size,  # after peers collectively process this
         optimizer=opt,                    # wrap the SGD optimizer defined above
+        scheduler=partial(torch.optim.lr_scheduler.StepLR, step_size=4, gamma=0.5),  # per epoch
         use_local_updates=False,          # average gradients, then step
         matchmaking_time=0.5,             # when averaging parameters, gather peers in background
         averaging_timeout=10.0,           # give up on averaging if not successful in this many s

@@ -302,6 +302,61 @@ AP_EXPORT void ap_collab_set_epoch(ap_collab_t *c, uint64_t epoch);
  * come. No-op when no submit is pending. Loop thread. */
 AP_EXPORT void ap_collab_release(ap_collab_t *c);
 
+/* ---- a step made by the caller ------------------------------------------------
+ *
+ * For an optimizer of the caller's own (e.g. a PyTorch one over views of these
+ * buffers): the collab runs exactly as above (accumulation, rounds, state
+ * averaging, state sharing), but where it would apply its solver's step it
+ * calls step_fn instead. The model kit's solver is still created from
+ * cfg->solver (its kind and settings are part of the run configuration every
+ * peer must share) but only its step counter is used; cfg->lr is not read.
+ *
+ * step_fn runs on the loop thread, once per global epoch that stepped, with
+ *   params  the buffer to update in place: the caller's params, or with
+ *           delayed updates the optimizer's own copy (ap_collab_buffers),
+ *           which the collab copies into params at the next submit;
+ *   grad    the averaged gradient (n floats; clipped to max_grad_norm; the
+ *           function may overwrite it);
+ *   epoch   the global epoch this step ends;
+ *   step    the steps this optimizer took before (downloaded with the state).
+ * It returns 0, or a negative error: the step is then skipped (logged) and the
+ * step counter stays. It must not call into the collab.
+ *
+ * The optimizer STATE is state_count floats owned by the collab
+ * (ap_collab_buffers), zero-initialised: the caller keeps its optimizer's
+ * state there (views), so that state averaging and state downloads carry it
+ * like the solver's state. Peers must use one state layout (state_count is
+ * part of the run configuration). */
+typedef int (*ap_collab_step_fn)(void *arg, float *params, float *grad, uint64_t epoch,
+                                 uint64_t step);
+
+/* ap_collab_new (no LAMB views) with the caller's step and state_count floats
+ * of optimizer state. AP_EINVAL also if step_fn is NULL. Loop thread. */
+AP_EXPORT int ap_collab_new_custom(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                                   const ap_collab_config_t *cfg, float *params, size_t n,
+                                   size_t state_count, ap_collab_step_fn step_fn, void *arg,
+                                   ap_collab_t **out);
+/* The collab's buffers, stable for its lifetime (any pointer may be NULL):
+ * *shadow the delayed updates' copy of the parameters (NULL without delayed
+ * updates), *grad the buffer step_fn gets the averaged gradient in (n
+ * floats), *state the optimizer state (*state_count floats; NULL if 0). Any
+ * thread (the pointers do not change). */
+AP_EXPORT void ap_collab_buffers(ap_collab_t *c, float **shadow, float **grad, float **state,
+                                 size_t *state_count);
+/* Steps taken by the optimizer (the solver's counter: downloaded with the
+ * state, set by ap_collab_resume). Loop thread, or from the *_sync caller's
+ * thread while no submit is pending and no background round runs. */
+AP_EXPORT uint64_t ap_collab_optim_step(const ap_collab_t *c);
+/* Resumes from a checkpoint of the caller's own: epoch (ap_collab_set_epoch)
+ * and the optimizer's step counter (the caller wrote params and the state
+ * buffer). Loop thread, only while nothing is pending. */
+AP_EXPORT void ap_collab_resume(ap_collab_t *c, uint64_t epoch, uint64_t optim_step);
+AP_EXPORT int ap_collab_new_custom_sync(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                                        const ap_collab_config_t *cfg, float *params, size_t n,
+                                        size_t state_count, ap_collab_step_fn step_fn, void *arg,
+                                        ap_collab_t **out);
+AP_EXPORT int ap_collab_resume_sync(ap_collab_t *c, uint64_t epoch, uint64_t optim_step);
+
 /* ---- blocking wrappers for a user thread (real driver, apiary/node.h) -------- */
 
 /* ap_collab_new / _free on the loop thread. */

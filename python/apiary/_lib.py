@@ -218,6 +218,12 @@ def collab_protos(L):
     _proto(L, "ap_collab_submit_sync", c_int, c_void_p, P(c_float), c_u32, c_float)
     _proto(L, "ap_collab_get_stats_sync", c_int, c_void_p, P(CollabStats))
     _proto(L, "ap_collab_refusal", c_char_p, c_void_p)
+    _proto(L, "ap_collab_new_custom_sync", c_int, c_void_p, c_void_p, c_void_p, P(CollabConfig),
+           P(c_float), c_size_t, c_size_t, c_void_p, c_void_p, P(c_void_p))
+    _proto(L, "ap_collab_buffers", None, c_void_p, P(c_void_p), P(c_void_p), P(c_void_p),
+           P(c_size_t))
+    _proto(L, "ap_collab_optim_step", c_u64, c_void_p)
+    _proto(L, "ap_collab_resume_sync", c_int, c_void_p, c_u64, c_u64)
     L._collab_ready = True
 
 

@@ -3,16 +3,22 @@ hivemind.Optimizer's API.
 
 Zero copy: the parameters are re-pointed into one flat float32 buffer and their .grad
 tensors are views of a second one. libapiary reads the gradients from the flat buffer
-(ap_collab_submit copies them into its accumulator) and makes the optimizer step in
-place on the parameter buffer; Python copies nothing per step.
+(ap_collab_submit copies them into its accumulator), averages them with the peers and
+then the user's torch optimizer makes the step (ap_collab_new_custom; _torchstep.py) on
+tensors viewing libapiary's buffers: the parameters, the averaged gradient and the
+optimizer state. With native_step=True libapiary's own SGD/Adam/AdamW makes the step
+instead (settings read from the torch optimizer). Python copies nothing per step.
 """
+import atexit
 import ctypes
 import hashlib
 import threading
+import weakref
 
 import torch
 
 from . import _lib as C
+from ._torchstep import TorchStep
 from .compression import NoCompression, codec_of
 from .dht import DHT
 
@@ -64,11 +70,17 @@ def _flatten_params(params):
     return out
 
 
-def _optim_config(opt):
+def _optim_config(opt, native=True):
     kind = None
     for cls, k in _OPT_KINDS.items():
         if type(opt) is cls:
             kind = k
+    if kind is None and not native:
+        # The torch optimizer makes the step: libapiary's solver settings only name the
+        # run's configuration (the optimizer's class is in the model description).
+        cfg = C.NnSolverConfig()
+        cfg.kind = C.AP_NN_SGD
+        return cfg, float(opt.param_groups[0].get("lr", 0.0) or 0.0)
     if kind is None:
         raise TypeError("optimizer %s is not supported: libapiary makes the step with SGD, "
                         "Adam or AdamW (torch.optim.SGD/Adam/AdamW or a factory of one)"
@@ -79,23 +91,24 @@ def _optim_config(opt):
     for other in groups[1:]:
         for k in keys:
             if other.get(k) != g.get(k):
-                raise ValueError("param groups differ in %r: one set of hyperparameters is "
-                                 "supported" % k)
+                if native:
+                    raise ValueError("param groups differ in %r: one set of hyperparameters "
+                                     "is supported with native_step=True" % k)
     cfg = C.NnSolverConfig()
     cfg.kind = kind
     cfg.weight_decay = float(g.get("weight_decay", 0.0))
     if kind == C.AP_NN_SGD:
-        if g.get("dampening", 0):
-            raise ValueError("SGD dampening is not supported")
+        if g.get("dampening", 0) and native:
+            raise ValueError("SGD dampening is not supported with native_step=True")
         cfg.momentum = float(g.get("momentum", 0.0))
         cfg.nesterov = bool(g.get("nesterov", False))
     else:
-        if g.get("amsgrad"):
-            raise ValueError("amsgrad is not supported")
+        if g.get("amsgrad") and native:
+            raise ValueError("amsgrad is not supported with native_step=True")
         cfg.beta1, cfg.beta2 = (float(b) for b in g["betas"])
         cfg.eps = float(g["eps"])
-    if g.get("maximize"):
-        raise ValueError("maximize is not supported")
+    if g.get("maximize") and native:
+        raise ValueError("maximize is not supported with native_step=True")
     return cfg, float(g["lr"])
 
 
@@ -107,7 +120,7 @@ class Optimizer(torch.optim.Optimizer):
                  load_state_timeout=None, delay_optimizer_step=False, average_state_every=1,
                  client_mode=None, auxiliary=False, grad_compression=NoCompression(),
                  state_averaging_compression=NoCompression(), verbose=False,
-                 max_local_samples=None, **kwargs):
+                 max_local_samples=None, native_step=False, **kwargs):
         for k in kwargs:
             if k not in ("allreduce_timeout", "next_chunk_timeout", "reuse_grad_buffers",
                          "offload_optimizer", "delay_grad_averaging", "delay_state_averaging",
@@ -129,9 +142,14 @@ class Optimizer(torch.optim.Optimizer):
                 raise TypeError("batch_size_per_step must be an int")
             if batch_size_per_step <= 0:
                 raise ValueError("batch_size_per_step must be > 0")
-        if scheduler is not None:
-            raise TypeError("scheduler is not supported yet: libapiary applies the learning rate "
-                            "itself (constant; docs/python.md)")
+        self.native_step = bool(native_step)
+        if scheduler is not None and self.native_step:
+            raise TypeError("scheduler is not supported with native_step=True (libapiary's "
+                            "solver uses a constant learning rate; docs/python.md)")
+        if scheduler is not None and not callable(scheduler) and \
+                not hasattr(scheduler, "step"):
+            raise TypeError("scheduler must be a callable(optimizer) making an LR scheduler, "
+                            "or one, not %s" % type(scheduler).__name__)
         for name, v in (("matchmaking_time", matchmaking_time),
                         ("averaging_timeout", averaging_timeout),
                         ("load_state_timeout", load_state_timeout)):
@@ -169,7 +187,7 @@ class Optimizer(torch.optim.Optimizer):
             raise TypeError("optimizer must be a torch optimizer or a callable(params) making "
                             "one, not %s" % type(optimizer).__name__)
         self.opt = opt
-        ocfg, lr = _optim_config(opt)
+        ocfg, lr = _optim_config(opt, self.native_step)
 
         # One flat buffer for the parameters and one for the gradients.
         n = sum(p.numel() for p in plist)
@@ -187,7 +205,10 @@ class Optimizer(torch.optim.Optimizer):
                 off += k
         self._plist = plist
         self._gptr = ctypes.cast(self._grad.data_ptr(), C.P(C.c_float))
-        digest = hashlib.blake2b(repr(shapes).encode(), digest_size=6).hexdigest()
+        self._gviews = [p.grad for p in plist]  # what step() checks
+        self._gptrs = [g.data_ptr() for g in self._gviews]
+        what = repr(shapes) if self.native_step else repr((shapes, type(opt).__name__))
+        digest = hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
         self._model_desc = ("torch %d tensors %s" % (len(plist), digest)).encode()
 
         cfg = C.CollabConfig()
@@ -216,6 +237,7 @@ class Optimizer(torch.optim.Optimizer):
         cfg.max_local_samples = max_local_samples or 0
         cfg.model_desc = self._model_desc
         self._cfg = cfg
+        self._submit = L.ap_collab_submit_sync
         self._lock = threading.Lock()
         self._closed = False
         self._c = None
@@ -223,22 +245,54 @@ class Optimizer(torch.optim.Optimizer):
         self._host, self._rt, self._dht = dht._c_handles()
         self._svc = dht._avg_service()
         dht._dependents.append(self)
+        self._ts = None
+        self.scheduler = None
+        if not self.native_step:
+            self._ts = TorchStep(opt, plist, self._flat)
+            if scheduler is not None:
+                sched = scheduler if hasattr(scheduler, "step") and \
+                    hasattr(scheduler, "last_epoch") else scheduler(opt)
+                if not (hasattr(sched, "step") and hasattr(sched, "last_epoch")):
+                    raise TypeError("scheduler factory returned %s, not an LR scheduler"
+                                    % type(sched).__name__)
+                if getattr(sched, "optimizer", opt) is not opt:
+                    raise ValueError("scheduler must be bound to this Optimizer's torch "
+                                     "optimizer")
+                self.scheduler = sched
+                self._ts.scheduler = sched
         defaults = dict(opt.defaults)
         super().__init__(plist, defaults)
+        _live.add(self)
         self._open_and_start()
 
     # ---- internals ------------------------------------------------------------------------
     def _open_and_start(self):
         L = C.lib()
         c = C.c_void_p()
-        rc = L.ap_collab_new_sync(self._rt, self._dht, self._svc, ctypes.byref(self._cfg),
-                                  ctypes.cast(self._flat.data_ptr(), C.P(C.c_float)),
-                                  self._flat.numel(), None, 0, ctypes.byref(c))
+        pptr = ctypes.cast(self._flat.data_ptr(), C.P(C.c_float))
+        if self._ts is None:
+            rc = L.ap_collab_new_sync(self._rt, self._dht, self._svc, ctypes.byref(self._cfg),
+                                      pptr, self._flat.numel(), None, 0, ctypes.byref(c))
+        else:
+            rc = L.ap_collab_new_custom_sync(self._rt, self._dht, self._svc,
+                                             ctypes.byref(self._cfg), pptr, self._flat.numel(),
+                                             self._ts.state_count,
+                                             ctypes.cast(self._ts.fn, C.c_void_p), None,
+                                             ctypes.byref(c))
         if rc:
             self.shutdown()
             C.check(rc, "creating the collaborative optimizer (one per DHT)")
         self._c = c
+        if self._ts is not None:
+            shadow, grad, state = C.c_void_p(), C.c_void_p(), C.c_void_p()
+            count = C.c_size_t()
+            L.ap_collab_buffers(c, ctypes.byref(shadow), ctypes.byref(grad),
+                                ctypes.byref(state), ctypes.byref(count))
+            self._ts.bind(self._flat.data_ptr(), shadow.value, grad.value, state.value,
+                          count.value, int(L.ap_collab_optim_step(c)))
         rc = L.ap_collab_start_sync(c)
+        if self._ts is not None:
+            self._ts.set_step(int(L.ap_collab_optim_step(c)))
         self._raise_refusal(rc)
         if rc and C.err_name(rc) not in ("EUNREACH", "ETIMEDOUT", "ENOENT"):
             C.check(rc, "joining the run")
@@ -313,26 +367,24 @@ class Optimizer(torch.optim.Optimizer):
             raise TypeError("batch_size must be an int")
         if not 0 < b < 2 ** 32:
             raise ValueError("batch_size must be in 1..2^32-1")
+        # the .grad views given out must still be there (identity: data_ptr() costs
+        # microseconds per tensor; a replaced .grad at the same address is accepted)
+        gv = self._gviews
         for i, p in enumerate(self._plist):
-            if p.grad is None or p.grad.data_ptr() != self._grad.data_ptr() + \
-                    4 * (self._grad_off(i)):
+            g = p.grad
+            if g is not gv[i] and (g is None or g.data_ptr() != self._gptrs[i]):
                 raise RuntimeError("params[%d].grad was replaced (set_to_none?): call "
                                    "opt.zero_grad() of this Optimizer, which zeroes in place" % i)
         lv = float(loss) if loss is not None else 0.0
-        rc = C.lib().ap_collab_submit_sync(c, self._gptr, b, lv)
+        rc = self._submit(c, self._gptr, b, lv)
+        ts = self._ts
+        if ts is not None and ts.error is not None:
+            err, ts.error = ts.error, None
+            raise RuntimeError("the torch optimizer's step failed: %r" % (err,)) from err
         self._raise_refusal(rc)
         if rc < 0 and C.err_name(rc) != "ECANCELED":
             C.check(rc, "step")
         return loss
-
-    def _grad_off(self, i):
-        if not hasattr(self, "_offs"):
-            offs, off = [], 0
-            for p in self._plist:
-                offs.append(off)
-                off += p.numel()
-            self._offs = offs
-        return self._offs[i]
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the flat gradient buffer in place (never sets .grad to None)."""
@@ -343,25 +395,62 @@ class Optimizer(torch.optim.Optimizer):
         """Downloads parameters, optimizer state and epoch from the run's donors now."""
         with self._lock:
             L = C.lib()
-            L.ap_collab_free_sync(self._rt, self._handle())
+            c = self._handle()
+            if self._ts is not None:
+                self._ts.detach()  # while libapiary's buffers are still there
+            L.ap_collab_free_sync(self._rt, c)
             self._c = None
             self._cfg.load_state_on_start = True
             self._open_and_start()
 
     def state_dict(self):
-        return {"local_epoch": self.local_epoch, "parameters": self._flat.clone(),
-                "run_id": self.run_id}
+        """The run's state as this peer has it: epoch, parameters, the torch optimizer's
+        state (copied), the optimizer's step counter and the scheduler's state."""
+        c = self._handle()
+        sd = {"local_epoch": self.local_epoch, "parameters": self._flat.clone(),
+              "run_id": self.run_id,
+              "optim_step": int(C.lib().ap_collab_optim_step(c))}
+        if self._ts is not None:
+            osd = self.opt.state_dict()
+            osd["state"] = {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                for k, v in st.items()} for i, st in osd["state"].items()}
+            sd["optimizer"] = osd
+            if self.scheduler is not None:
+                sd["scheduler"] = self.scheduler.state_dict()
+        return sd
 
     def load_state_dict(self, state_dict):
+        """Resumes from state_dict(): parameters, epoch, optimizer state and step counter,
+        scheduler (what the dictionary has)."""
         if not isinstance(state_dict, dict) or "parameters" not in state_dict:
             raise TypeError("state_dict must be a dict from Optimizer.state_dict()")
         p = state_dict["parameters"]
         if not isinstance(p, torch.Tensor) or p.shape != self._flat.shape:
             raise ValueError("state_dict parameters have shape %s, this model %s" %
                              (getattr(p, "shape", None), tuple(self._flat.shape)))
-        self._handle()
+        epoch = state_dict.get("local_epoch")
+        step = state_dict.get("optim_step")
+        for name, v in (("local_epoch", epoch), ("optim_step", step)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError("state_dict %s must be an int >= 0, got %r" % (name, v))
+        if "optimizer" in state_dict and self._ts is None:
+            raise ValueError("state_dict has a torch optimizer state: load it into an "
+                             "Optimizer with native_step=False")
+        c = self._handle()
+        if self._ts is not None and "optimizer" in state_dict:
+            self.opt.load_state_dict(state_dict["optimizer"])
+            self._ts.after_load()
+        if self.scheduler is not None and "scheduler" in state_dict:
+            self.scheduler.load_state_dict(state_dict["scheduler"])
         with torch.no_grad():
             self._flat.copy_(p)
+        if epoch is not None:
+            L = C.lib()
+            cur = int(L.ap_collab_optim_step(c))
+            C.check(L.ap_collab_resume_sync(c, epoch, cur if step is None else step),
+                    "resuming (a step is pending?)")
+            if self._ts is not None:
+                self._ts.set_step(cur if step is None else step)
 
     def shutdown(self):
         """Leaves the run; later calls raise RuntimeError. Idempotent."""
@@ -370,6 +459,8 @@ class Optimizer(torch.optim.Optimizer):
         self._closed = True
         L = C.lib()
         if self._c:
+            if self._ts is not None:
+                self._ts.detach()  # while libapiary's buffers are still there
             L.ap_collab_free_sync(self._rt, self._c)
             self._c = None
         self._svc = None  # the DHT's, freed with it
@@ -386,3 +477,23 @@ class Optimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return "apiary.Optimizer(run_id=%r, %s)" % (self.run_id, type(self.opt).__name__)
+
+
+# libapiary calls the torch optimizer's step on its own thread: an Optimizer still
+# running when the interpreter exits is shut down first (no call into a finalizing
+# interpreter).
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all():
+    for o in list(_live):
+        try:
+            o.shutdown()
+        except Exception:
+            pass
+
+
+# torch.optim.Optimizer wraps a subclass's step() in a profiler record_function (tens of
+# microseconds per call); this step is a C call, so it is marked as wrapped already.
+Optimizer.step.hooked = True

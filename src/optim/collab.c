@@ -121,6 +121,14 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
                   float *params, size_t n, const ap_nn_view_t *views, size_t nviews,
                   ap_collab_t **out)
 {
+    return ap__collab_create(rt, dht, svc, cfg, params, n, views, nviews, SIZE_MAX, out);
+}
+
+int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                      const ap_collab_config_t *cfg, float *params, size_t n,
+                      const ap_nn_view_t *views, size_t nviews, size_t state_count,
+                      ap_collab_t **out)
+{
     if (!rt || !dht || !svc || !cfg || !out || (!params && cfg->role != AP_AVG_AUX))
         return AP_EINVAL;
     size_t rl = cfg->run_id ? strlen(cfg->run_id) : 0;
@@ -163,6 +171,16 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     if (rc) {
         free(c);
         return rc;
+    }
+    if (state_count != SIZE_MAX && state_count != c->opt->state_count) {
+        /* a caller's optimizer keeps its own state layout in this buffer */
+        ap__big_free(c->opt->state, c->opt->state_count * sizeof(float));
+        c->opt->state_count = state_count;
+        c->opt->state = state_count ? ap__big_alloc(state_count * sizeof(float)) : NULL;
+        if (state_count && !c->opt->state) {
+            collab_release(c);
+            return AP_ENOMEM;
+        }
     }
     c->total = n + c->opt->state_count;
     ap__collab_make_run_config(c, &c->runcfg);

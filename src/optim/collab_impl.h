@@ -169,6 +169,10 @@ struct ap_collab {
     int nmemo;
     serve_ctx_t *serving[AP__MAX_SERVING];
 
+    /* ap_collab_new_custom: the caller's step replaces the solver's */
+    ap_collab_step_fn step_fn;
+    void *step_arg;
+
     ap_collab_stats_t st;
     int refs;  /* async operations holding a pointer to this object */
     bool dead; /* ap_collab_free ran; memory goes when refs reaches 0 */
@@ -191,6 +195,12 @@ int ap__state_download(struct ap_collab *c, float *dst, uint64_t min_epoch, ap__
 void ap__state_download_abort(struct ap_collab *c, int err);
 
 /* ---- collab.c: lifetime, start, submit ---- */
+/* ap_collab_new with, if state_count != SIZE_MAX, an optimizer state of
+ * state_count floats instead of the solver's (ap_collab_new_custom). */
+int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
+                      const ap_collab_config_t *cfg, float *params, size_t n,
+                      const ap_nn_view_t *views, size_t nviews, size_t state_count,
+                      ap_collab_t **out);
 void ap__collab_unref(struct ap_collab *c);
 /* The freshest parameters (shadow during/after a background step). */
 const float *ap__collab_cur_params(const struct ap_collab *c);

@@ -20,9 +20,15 @@ void ap__collab_apply_step(ap_collab_t *c, float *grad)
             return;
         }
     }
-    float lr = ap_nn_lr_at(&c->cfg.lr, c->epoch);
     /* delayed updates: the caller computes on params meanwhile */
-    int rc = ap_nn_solver_step(c->opt, c->bg ? c->shadow : c->params, grad, lr);
+    float *dst = c->bg ? c->shadow : c->params;
+    int rc;
+    if (c->step_fn) {
+        rc = c->step_fn(c->step_arg, dst, grad, c->epoch, c->opt->step);
+        if (rc == 0) c->opt->step++;
+    } else {
+        rc = ap_nn_solver_step(c->opt, dst, grad, ap_nn_lr_at(&c->cfg.lr, c->epoch));
+    }
     if (rc)
         ap_warn(OPT_MOD, "epoch %llu: optimizer step failed: %s", (unsigned long long)c->epoch,
                 ap_strerror(rc));
