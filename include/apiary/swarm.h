@@ -17,7 +17,8 @@
  *   - Throughput is what the trainer measures from its own calls (size over
  *     elapsed time, smoothed); the throughput a server announces is used only
  *     until the first measurement, so a server announcing speed it does not
- *     deliver is judged by what it delivers.
+ *     deliver is judged by what it delivers. A server neither measured nor
+ *     announcing counts as fast as the fastest measured one until measured.
  *   - A newly seen server, or one coming back from a ban, enters at the
  *     current minimum key: it neither gets a burst of catch-up tasks nor waits
  *     behind the others' history.
@@ -59,7 +60,8 @@ typedef struct ap_swarm_balancer_opts {
     double deadline_factor;    /* and at least this times the mean; 0 = 3 */
     uint64_t deadline_min_us;  /* 0 = 100 ms */
     uint64_t deadline_max_us;  /* 0 = 60 s; also the deadline before any measurement */
-    double default_throughput; /* units/s assumed when nothing is known; 0 = 1 */
+    double default_throughput; /* units/s assumed when nothing is known (no measurement,
+                                  no announcement, no other server measured); 0 = 1 */
 } ap_swarm_balancer_opts_t;
 
 /* One server's state, for status lines and tests. */
@@ -233,19 +235,64 @@ typedef struct ap_swarm_server ap_swarm_server_t;
 typedef struct ap_swarm_trainer ap_swarm_trainer_t;
 
 typedef struct ap_swarm_server_stats {
-    uint64_t forwards, backwards; /* calls answered */
-    uint64_t refused;             /* calls refused (bad bytes or not fitting the stage) */
+    uint64_t forwards, backwards;          /* calls answered */
+    uint64_t refused;                      /* calls refused (bad bytes or not fitting the stage) */
+    uint64_t samples;                      /* rows (B) of the backwards answered */
+    uint32_t queue;                        /* calls waiting or computing now */
+    double throughput;                     /* measured, units/s (0 = not yet) */
+    uint64_t announces, announce_failures; /* DHT stores of its record */
 } ap_swarm_server_stats_t;
+
+#define AP_SWARM_QUEUE_MAX 64 /* calls a server holds; beyond, refused with AP_EBUSY */
 
 /* Serves stage `stage` of a GPT stage model m (borrowed; the server
  * accumulates its gradients) under AP_SWARM_PROTO_STAGE, answering with
- * codec (NULL = BLOCKWISE8). Refusals go back as an error with the reason
- * and a log line naming the caller. The compute runs on the loop thread.
+ * codec (NULL = BLOCKWISE8). Calls are decoded on arrival (a refusal goes
+ * back as an error with the reason, and a log line names the caller),
+ * queued (at most AP_SWARM_QUEUE_MAX), and computed one at a time with
+ * ap_rt_work (a worker thread in the real driver, virtual compute time in the
+ * simulator: cost 2 x tokens x parameters for a forward, 3 times that for a
+ * backward). The server measures its throughput from its own compute, in
+ * tokens of backward work per second (a forward counts a third).
  * AP_EEXIST if rt serves a stage already. */
 AP_EXPORT int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage,
                                   const ap_codec_cfg_t *codec, ap_swarm_server_t **out);
+/* Unregisters, answers the queued calls with AP_ESHUTDOWN and frees. If a
+ * compute is running, the server's memory goes when it ends: the caller must
+ * not free m before ap_swarm_server_idle held (the real driver) or the node
+ * was shut down. */
 AP_EXPORT void ap_swarm_server_free(ap_swarm_server_t *s);
 AP_EXPORT void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *out);
+/* Measured throughput, or the initial estimate given to _announce. */
+AP_EXPORT double ap_swarm_server_throughput(const ap_swarm_server_t *s);
+AP_EXPORT uint32_t ap_swarm_server_stage(const ap_swarm_server_t *s);
+/* Paused, the server keeps queueing calls but starts no compute (the model's
+ * parameters may then be changed, e.g. by an optimizer step, once
+ * ap_swarm_server_idle). Unpausing starts the queue again. */
+AP_EXPORT void ap_swarm_server_pause(ap_swarm_server_t *s, bool paused);
+/* No compute running. */
+AP_EXPORT bool ap_swarm_server_idle(const ap_swarm_server_t *s);
+/* Called on the loop thread after every answered BACKWARD with its rows (B),
+ * when the model's gradients hold that call's contribution: the place to
+ * hand accumulated gradients to an optimizer (pause, step, zero, unpause). */
+typedef void (*ap_swarm_backward_fn)(ap_swarm_server_t *s, void *arg, uint64_t samples);
+AP_EXPORT void ap_swarm_server_on_backward(ap_swarm_server_t *s, ap_swarm_backward_fn fn,
+                                           void *arg);
+/* The stage version its record carries (e.g. the optimizer's epoch). */
+AP_EXPORT void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version);
+/* Serves another stage with another model (a rebalancing move; the caller
+ * loaded m's state first). Queued calls get AP_EINVAL "wrong stage"; the
+ * measured throughput starts again; the record is stored under the new
+ * stage at once. AP_EBUSY while a compute runs. */
+AP_EXPORT int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage);
+/* Announces the server in dht: stores its record (ap_swarm_stage_key(run,
+ * its stage), subkey "[owner:<its PeerID>]", value: throughput, queue length,
+ * version) now and every period_us (>= 100 ms), each living 3 periods, so a
+ * server that stops refreshing disappears within 3 periods. initial_throughput
+ * is announced until the first measurement (0 = none). dht is borrowed and
+ * must outlive the server. AP_EEXIST if announcing already. */
+AP_EXPORT int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *run,
+                                       uint64_t period_us, double initial_throughput);
 
 /* A trainer drives micro-batches through nstages stages, one balancer per
  * stage. codec NULL = BLOCKWISE8; attempts = calls per pipeline step before
@@ -269,6 +316,46 @@ AP_EXPORT int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_
                                       const int32_t *tokens, const int32_t *targets,
                                       ap_swarm_batch_fn done, void *arg);
 AP_EXPORT uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t); /* sent + received */
+/* Routes by the DHT: reads every stage's records (ap_swarm_watch) every
+ * period_us and feeds them to the stage balancers (a server whose freshest
+ * record is in another stage leaves this stage's balancer); a step that
+ * finds no eligible server reads again at once. No static server list is
+ * needed. dht is borrowed and must outlive the trainer. AP_EEXIST if
+ * watching already. */
+AP_EXPORT int ap_swarm_trainer_watch(ap_swarm_trainer_t *t, ap_dht_t *dht, const char *run,
+                                     uint64_t period_us);
+typedef struct ap_swarm_trainer_stats {
+    uint64_t batches, failed; /* micro-batches done / failed */
+    uint64_t samples;         /* rows of the batches done */
+    uint64_t calls, call_failures, call_timeouts, garbage;
+    uint64_t reads; /* DHT reads of the stage records */
+} ap_swarm_trainer_stats_t;
+AP_EXPORT void ap_swarm_trainer_stats(const ap_swarm_trainer_t *t, ap_swarm_trainer_stats_t *out);
+
+/* ---- reading the stage records ---------------------------------------------
+ * A watch gets every stage's key (ap_swarm_stage_key(run, 0..nstages-1)) from
+ * the DHT in one batch (latest: the k nearest nodes' dictionaries merged)
+ * now and every period_us (>= 50 ms), and hands the results to fn: status 0
+ * and res[0..nstages-1] (valid only during the call), or the DHT's error and
+ * NULL. One read at a time; ap_swarm_watch_now asks for one more at once. */
+typedef struct ap_swarm_watch ap_swarm_watch_t;
+typedef void (*ap_swarm_watch_fn)(ap_rt_t *rt, void *arg, int status, const ap_dht_result_t *res,
+                                  uint32_t nstages);
+AP_EXPORT int ap_swarm_watch_new(ap_rt_t *rt, ap_dht_t *dht, const char *run, uint32_t nstages,
+                                 uint64_t period_us, ap_swarm_watch_fn fn, void *arg,
+                                 ap_swarm_watch_t **out);
+/* Stops; fn is not called again. Safe from inside fn. */
+AP_EXPORT void ap_swarm_watch_free(ap_swarm_watch_t *w);
+AP_EXPORT void ap_swarm_watch_now(ap_swarm_watch_t *w);
+AP_EXPORT uint64_t ap_swarm_watch_reads(const ap_swarm_watch_t *w);
+/* The servers in a watch's results: one member per announcer (a server with
+ * records in several stages, having moved, counts where its record expires
+ * last), with its announced throughput and record expiry; expired and
+ * malformed entries are skipped; expires_ms[i] gets member i's record
+ * expiry (wall-clock ms). Writes at most max; returns the count or
+ * AP_ELIMIT (more than max), AP_EINVAL. */
+AP_EXPORT int ap_swarm_members_from(const ap_dht_result_t *res, uint32_t nstages, int64_t wall_ms,
+                                    ap_swarm_member_t *m, int64_t *expires_ms, size_t max);
 
 /* ---- announcements in the DHT ------------------------------------------------
  * A stage server announces itself under the key ap_swarm_stage_key(run,

@@ -16,9 +16,10 @@ typedef struct srv {
     double mean, dev; /* smoothed seconds per unit and its deviation */
     bool measured;
     bool banned;
-    uint64_t ban_until;  /* banned until this instant (record expiry at ban time) */
-    uint64_t expires_us; /* record expiry */
-    long heap_pos;       /* -1 when not in the heap */
+    double guess_key, guess_units; /* key charged, and work, before the first measurement */
+    uint64_t ban_until;            /* banned until this instant (record expiry at ban time) */
+    uint64_t expires_us;           /* record expiry */
+    long heap_pos;                 /* -1 when not in the heap */
     uint64_t tasks, ok, failed, timed_out;
 } srv_t;
 
@@ -127,7 +128,14 @@ static double throughput(const ap_swarm_balancer_t *b, const srv_t *s)
 {
     if (s->measured && s->mean > 0) return 1.0 / s->mean;
     if (s->announced > 0) return s->announced;
-    return b->o.default_throughput;
+    /* Neither measured nor announced: as fast as the fastest measured one,
+     * so its first task is not charged at a pessimistic guess that would
+     * keep it waiting behind the others for long. */
+    double best = 0;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->s[i].measured && b->s[i].mean > 0 && 1.0 / b->s[i].mean > best)
+            best = 1.0 / b->s[i].mean;
+    return best > 0 ? best : b->o.default_throughput;
 }
 
 static void set_defaults(ap_swarm_balancer_opts_t *o)
@@ -262,7 +270,12 @@ int ap_swarm_balancer_pick(ap_swarm_balancer_t *b, double size, uint64_t now_us,
             continue;
         }
         b->vclock = s->key;
-        s->key += size / throughput(b, s);
+        const double adv = size / throughput(b, s);
+        s->key += adv;
+        if (!s->measured) {
+            s->guess_key += adv;
+            s->guess_units += size;
+        }
         s->tasks++;
         sift_down(b, 0);
         *peer = s->peer;
@@ -272,7 +285,8 @@ int ap_swarm_balancer_pick(ap_swarm_balancer_t *b, double size, uint64_t now_us,
     return AP_ENOTFOUND;
 }
 
-static void measure(ap_swarm_balancer_t *b, srv_t *s, double size, uint64_t elapsed_us)
+static void measure(ap_swarm_balancer_t *b, srv_t *s, double size, uint64_t elapsed_us,
+                    bool success)
 {
     if (!(size > 0) || !isfinite(size)) return;
     double x = (double)(elapsed_us ? elapsed_us : 1) * 1e-6 / size;
@@ -280,6 +294,14 @@ static void measure(ap_swarm_balancer_t *b, srv_t *s, double size, uint64_t elap
         s->mean = x;
         s->dev = x / 2;
         s->measured = true;
+        /* Re-charge the tasks picked on a guess at the measured speed, so a
+         * pessimistic guess does not keep the server waiting. */
+        if (success && s->heap_pos >= 0 && s->guess_units > 0) {
+            const size_t idx = (size_t)(s - b->s);
+            heap_del(b, idx);
+            s->key += s->guess_units * x - s->guess_key;
+            heap_push(b, idx);
+        }
         return;
     }
     double a = b->o.ema;
@@ -296,12 +318,12 @@ void ap_swarm_balancer_report(ap_swarm_balancer_t *b, const ap_peer_id_t *peer, 
     srv_t *s = &b->s[i];
     if (status == 0) {
         s->ok++;
-        measure(b, s, size, elapsed_us);
+        measure(b, s, size, elapsed_us, true);
         return;
     }
     if (status == AP_ETIMEDOUT) {
         s->timed_out++;
-        measure(b, s, size, elapsed_us);
+        measure(b, s, size, elapsed_us, false);
         return;
     }
     s->failed++;

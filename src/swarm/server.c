@@ -1,19 +1,53 @@
-/* A SWARM stage server on a runtime: decodes stage calls, runs them on its
- * stage model, answers. Sans-I/O: runtime.h only. */
+/* A SWARM stage server on a runtime: decodes stage calls, queues them, runs
+ * them one at a time on its stage model off the loop thread (ap_rt_work),
+ * answers; measures its own throughput and announces it in the DHT. Sans-I/O:
+ * runtime.h only. */
 #include "apiary/log.h"
 #include "apiary/swarm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MOD "swarm"
+#define MOD          "swarm"
+#define THR_EMA      0.25
+#define TTL_PERIODS  3
+#define ANNOUNCE_MIN 100000 /* us */
+
+typedef struct job job_t;
+struct job {
+    job_t *next;
+    ap_swarm_server_t *s;
+    ap_rpc_req_t *req;
+    ap_swarm_req_t q;
+    ap_swarm_resp_t r;
+    uint8_t *out;
+    size_t olen;
+    int rc;
+    const char *why;
+};
 
 struct ap_swarm_server {
     ap_rt_t *rt;
     ap_nn_model_t *m;
     uint32_t stage;
+    size_t nparams;
     ap_codec_cfg_t codec;
     ap_swarm_server_stats_t st;
+    job_t *head, *tail; /* waiting */
+    uint32_t queued;
+    job_t *running;
+    uint64_t started_us;
+    bool paused, dying;
+    double thr; /* measured tokens/s, 0 = not yet */
+    ap_swarm_backward_fn on_bwd;
+    void *bwd_arg;
+    /* announcements */
+    ap_dht_t *dht;
+    char run[AP_SWARM_RUN_MAX + 1];
+    uint64_t period_us, timer_id, version;
+    double initial_thr;
+    bool storing;
 };
 
 static ap_log_limit_t refuse_lim;
@@ -28,41 +62,120 @@ static void refuse(ap_swarm_server_t *s, ap_rpc_req_t *req, int rc, const char *
     ap_rpc_respond_error(req, rc, why ? why : "invalid");
 }
 
+static void job_free(job_t *j)
+{
+    ap_swarm_req_clear(&j->q);
+    ap_swarm_resp_clear(&j->r);
+    free(j->out);
+    free(j);
+}
+
+/* Worker thread: the stage compute and the answer's encoding. Touches only
+ * the job and the model, which nothing else touches while it runs. */
+static void work(void *arg)
+{
+    job_t *j = arg;
+    ap_swarm_server_t *s = j->s;
+    j->rc = ap_swarm_stage_run(s->m, s->stage, &j->q, &j->r, &j->why);
+    if (j->rc) return;
+    j->rc = ap_swarm_resp_encode(&j->r, &s->codec, &j->out, &j->olen);
+    if (j->rc) j->why = "cannot encode the answer";
+}
+
+static void pump(ap_swarm_server_t *s);
+static void server_destroy(ap_swarm_server_t *s);
+
+static void after(ap_rt_t *rt, void *arg, int status)
+{
+    job_t *j = arg;
+    ap_swarm_server_t *s = j->s;
+    s->running = NULL;
+    const uint64_t now = ap_rt_now_us(rt);
+    if (status == 0 && j->rc == 0) {
+        const double tokens = (double)j->q.B * j->q.T;
+        const uint64_t el = now > s->started_us ? now - s->started_us : 1;
+        /* a backward costs about three forwards; count forward-equivalents */
+        const double units = j->q.op == AP_SWARM_BACKWARD ? tokens : tokens / 3.0;
+        const double v = units * 1e6 / (double)el;
+        s->thr = s->thr > 0 ? (1 - THR_EMA) * s->thr + THR_EMA * v : v;
+        if (j->q.op == AP_SWARM_FORWARD) {
+            s->st.forwards++;
+        } else {
+            s->st.backwards++;
+            s->st.samples += (uint64_t)j->q.B;
+        }
+        ap_rpc_respond(j->req, j->out, j->olen);
+        const bool bwd = j->q.op == AP_SWARM_BACKWARD;
+        const uint64_t samples = j->q.B;
+        job_free(j);
+        if (bwd && s->on_bwd && !s->dying) s->on_bwd(s, s->bwd_arg, samples);
+    } else if (status) {
+        ap_rpc_respond_error(j->req, status, "server shutting down");
+        job_free(j);
+    } else {
+        refuse(s, j->req, j->rc, j->why);
+        job_free(j);
+    }
+    if (s->dying) {
+        server_destroy(s);
+        return;
+    }
+    pump(s);
+}
+
+static void pump(ap_swarm_server_t *s)
+{
+    while (!s->running && !s->paused && s->head) {
+        job_t *j = s->head;
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->queued--;
+        const double tokens = (double)j->q.B * j->q.T;
+        const double cost =
+            2.0 * tokens * (double)s->nparams * (j->q.op == AP_SWARM_BACKWARD ? 3.0 : 1.0);
+        s->running = j;
+        s->started_us = ap_rt_now_us(s->rt);
+        int rc = ap_rt_work(s->rt, cost, work, after, j);
+        if (rc) {
+            s->running = NULL;
+            ap_rpc_respond_error(j->req, rc, "cannot schedule the compute");
+            job_free(j);
+        }
+    }
+}
+
 static void on_call(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
     (void)rt;
     ap_swarm_server_t *s = arg;
+    if (s->queued >= AP_SWARM_QUEUE_MAX) {
+        refuse(s, req, AP_EBUSY, "queue full");
+        return;
+    }
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) {
+        ap_rpc_respond_error(req, AP_ENOMEM, "out of memory");
+        return;
+    }
     size_t len;
     const uint8_t *data = ap_rpc_req_data(req, &len);
     const char *why = NULL;
-    ap_swarm_req_t q;
-    int rc = ap_swarm_req_decode(data, len, &q, &why);
+    int rc = ap_swarm_req_decode(data, len, &j->q, &why);
+    if (!rc && j->q.stage != s->stage) rc = AP_EINVAL, why = "wrong stage";
     if (rc) {
+        free(j);
         refuse(s, req, rc, why);
         return;
     }
-    ap_swarm_resp_t r;
-    rc = ap_swarm_stage_run(s->m, s->stage, &q, &r, &why);
-    const ap_swarm_op_t op = q.op;
-    ap_swarm_req_clear(&q);
-    if (rc) {
-        refuse(s, req, rc, why);
-        return;
-    }
-    uint8_t *out;
-    size_t olen;
-    rc = ap_swarm_resp_encode(&r, &s->codec, &out, &olen);
-    ap_swarm_resp_clear(&r);
-    if (rc) {
-        refuse(s, req, rc, "cannot encode the answer");
-        return;
-    }
-    if (op == AP_SWARM_FORWARD)
-        s->st.forwards++;
+    j->s = s;
+    j->req = req;
+    if (s->tail)
+        s->tail->next = j;
     else
-        s->st.backwards++;
-    ap_rpc_respond(req, out, olen);
-    free(out);
+        s->head = j;
+    s->tail = j;
+    s->queued++;
+    pump(s);
 }
 
 int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage, const ap_codec_cfg_t *codec,
@@ -76,6 +189,7 @@ int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage, const ap_
     s->rt = rt;
     s->m = m;
     s->stage = stage;
+    s->nparams = ap_nn_model_params(m)->count;
     if (codec)
         s->codec = *codec;
     else
@@ -89,14 +203,166 @@ int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage, const ap_
     return 0;
 }
 
+static void server_destroy(ap_swarm_server_t *s)
+{
+    if (s->storing) return; /* the store's callback frees */
+    free(s);
+}
+
 void ap_swarm_server_free(ap_swarm_server_t *s)
 {
     if (!s) return;
     ap_rt_rpc_unregister(s->rt, AP_SWARM_PROTO_STAGE);
-    free(s);
+    if (s->timer_id) ap_rt_timer_stop(s->rt, s->timer_id);
+    s->timer_id = 0;
+    while (s->head) {
+        job_t *j = s->head;
+        s->head = j->next;
+        ap_rpc_respond_error(j->req, AP_ESHUTDOWN, "server shutting down");
+        job_free(j);
+    }
+    s->tail = NULL;
+    s->queued = 0;
+    s->dying = true;
+    s->dht = NULL;
+    if (s->running) return; /* after() frees */
+    server_destroy(s);
 }
 
 void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *out)
 {
-    if (s && out) *out = s->st;
+    if (!s || !out) return;
+    *out = s->st;
+    out->queue = s->queued + (s->running ? 1 : 0);
+    out->throughput = s->thr;
+}
+
+double ap_swarm_server_throughput(const ap_swarm_server_t *s)
+{
+    return s ? (s->thr > 0 ? s->thr : s->initial_thr) : 0;
+}
+
+uint32_t ap_swarm_server_stage(const ap_swarm_server_t *s)
+{
+    return s ? s->stage : 0;
+}
+
+void ap_swarm_server_pause(ap_swarm_server_t *s, bool paused)
+{
+    if (!s) return;
+    s->paused = paused;
+    if (!paused) pump(s);
+}
+
+bool ap_swarm_server_idle(const ap_swarm_server_t *s)
+{
+    return s && !s->running;
+}
+
+void ap_swarm_server_on_backward(ap_swarm_server_t *s, ap_swarm_backward_fn fn, void *arg)
+{
+    if (!s) return;
+    s->on_bwd = fn;
+    s->bwd_arg = arg;
+}
+
+void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version)
+{
+    if (s) s->version = version;
+}
+
+static void announce_now(ap_swarm_server_t *s);
+
+int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage)
+{
+    if (!s || !m) return AP_EINVAL;
+    if (s->running) return AP_EBUSY;
+    ap_nn_gpt_config_t c;
+    if (ap_nn_model_gpt_config(m, &c)) return AP_EINVAL;
+    while (s->head) { /* calls for the old stage */
+        job_t *j = s->head;
+        s->head = j->next;
+        ap_rpc_respond_error(j->req, AP_EINVAL, "wrong stage");
+        job_free(j);
+    }
+    s->tail = NULL;
+    s->queued = 0;
+    s->m = m;
+    s->stage = stage;
+    s->nparams = ap_nn_model_params(m)->count;
+    s->thr = 0; /* another stage: measure again */
+    if (s->dht) announce_now(s);
+    return 0;
+}
+
+static void on_stored(ap_dht_t *dht, void *arg, int status, int nstored)
+{
+    (void)dht;
+    (void)nstored;
+    ap_swarm_server_t *s = arg;
+    s->storing = false;
+    if (s->dying) {
+        server_destroy(s);
+        return;
+    }
+    s->st.announces++;
+    if (status) {
+        s->st.announce_failures++;
+        ap_info(MOD, "stage %u: announcement not stored: %s", s->stage, ap_err_name(status));
+    }
+}
+
+static void announce_now(ap_swarm_server_t *s)
+{
+    if (s->storing || !s->dht) return;
+    char key[AP_SWARM_KEY_MAX];
+    int klen = ap_swarm_stage_key(s->run, s->stage, key);
+    if (klen < 0) return;
+    char idtxt[AP_PEER_ID_STR_MAX], sub[AP_PEER_ID_STR_MAX + 16];
+    ap_peer_id_str(ap_rt_self(s->rt), idtxt);
+    int slen = snprintf(sub, sizeof sub, "[owner:%s]", idtxt);
+    ap_swarm_announce_t a = {.throughput = ap_swarm_server_throughput(s),
+                             .queue = s->queued + (s->running ? 1 : 0),
+                             .version = s->version};
+    uint8_t val[AP_SWARM_ANNOUNCE_LEN];
+    ap_swarm_announce_encode(&a, val);
+    const int64_t ttl_ms = (int64_t)(s->period_us * TTL_PERIODS / 1000);
+    ap_dht_record_t r = {.key = (const uint8_t *)key,
+                         .key_len = (size_t)klen,
+                         .subkey = (const uint8_t *)sub,
+                         .subkey_len = (size_t)slen,
+                         .value = val,
+                         .value_len = sizeof val,
+                         .expiration_ms = ap_rt_wall_ms(s->rt) + ttl_ms};
+    s->storing = true;
+    if (ap_dht_store(s->dht, &r, on_stored, s) != 0) {
+        s->storing = false;
+        s->st.announce_failures++;
+    }
+}
+
+static void on_announce_timer(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    announce_now(arg);
+}
+
+int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *run,
+                             uint64_t period_us, double initial_throughput)
+{
+    if (!s || !dht || !run || period_us < ANNOUNCE_MIN) return AP_EINVAL;
+    char key[AP_SWARM_KEY_MAX];
+    if (ap_swarm_stage_key(run, 0, key) < 0) return AP_EINVAL;
+    if (s->dht) return AP_EEXIST;
+    memcpy(s->run, run, strlen(run) + 1);
+    s->dht = dht;
+    s->period_us = period_us;
+    s->initial_thr = initial_throughput > 0 ? initial_throughput : 0;
+    s->timer_id = ap_rt_timer_start(s->rt, period_us, period_us, on_announce_timer, s);
+    if (!s->timer_id) {
+        s->dht = NULL;
+        return AP_ENOMEM;
+    }
+    announce_now(s);
+    return 0;
 }

@@ -21,6 +21,10 @@ struct ap_swarm_trainer {
     ap_swarm_balancer_t **bal;
     mb_t *head;
     uint64_t bytes;
+    ap_swarm_trainer_stats_t st;
+    ap_swarm_watch_t *watch;
+    ap_swarm_member_t *members;
+    int64_t *expires;
 };
 
 struct mb {
@@ -59,6 +63,12 @@ static void finish(mb_t *b, int status)
     ap_swarm_batch_fn done = b->done;
     void *arg = b->arg;
     float loss = b->loss;
+    if (status == 0) {
+        t->st.batches++;
+        t->st.samples += b->B;
+    } else if (status != AP_ECANCELED) {
+        t->st.failed++;
+    }
     free(b);
     if (done) done(t->rt, arg, status, loss);
 }
@@ -116,7 +126,9 @@ static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, siz
         finish(b, AP_ECANCELED);
         return;
     }
+    if (status == AP_ETIMEDOUT) t->st.call_timeouts++;
     if (status) {
+        if (status != AP_ETIMEDOUT) t->st.call_failures++;
         ap_peer_id_short(&b->peer, who);
         ap_info(MOD, "stage %u: call to %s failed: %s%s%s", b->s, who, ap_err_name(status),
                 errmsg ? ": " : "", errmsg ? errmsg : "");
@@ -133,6 +145,7 @@ static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, siz
     if (!rc) rc = ap_swarm_resp_check(&q, &r, b->s == 0, b->s == t->S - 1, &why);
     if (rc) {
         ap_swarm_resp_clear(&r);
+        t->st.garbage++;
         ap_peer_id_short(&b->peer, who);
         ap_warn(MOD, "stage %u: server %s answered garbage (%s): banned", b->s, who,
                 why ? why : ap_err_name(rc));
@@ -166,6 +179,7 @@ static void step(mb_t *b)
     uint64_t deadline = 0;
     int rc = ap_swarm_balancer_pick(t->bal[b->s], (double)b->B * b->T, now, &b->peer, &deadline);
     if (rc) {
+        ap_swarm_watch_now(t->watch); /* servers may have appeared */
         retry(b, AP_EUNREACH, true);
         return;
     }
@@ -178,6 +192,7 @@ static void step(mb_t *b)
         return;
     }
     t->bytes += len;
+    t->st.calls++;
     ap_rpc_opts_t o = {.timeout_us = deadline, .max_resp = AP_SWARM_MSG_MAX};
     b->sent_us = now;
     b->call_id = ap_rt_rpc_call(t->rt, &b->peer, AP_SWARM_PROTO_STAGE, buf, len, &o, on_done, b);
@@ -221,6 +236,9 @@ void ap_swarm_trainer_free(ap_swarm_trainer_t *t)
         if (b->call_id && ap_rt_rpc_cancel(t->rt, b->call_id)) continue; /* on_done finished it */
         finish(b, AP_ECANCELED);
     }
+    ap_swarm_watch_free(t->watch);
+    free(t->members);
+    free(t->expires);
     for (uint32_t s = 0; s < t->S; s++) ap_swarm_balancer_free(t->bal[s]);
     free(t->bal);
     free(t);
@@ -274,4 +292,48 @@ int ap_swarm_trainer_submit(ap_swarm_trainer_t *t, uint32_t B, uint32_t T, const
         return AP_ENOMEM;
     }
     return 0;
+}
+
+void ap_swarm_trainer_stats(const ap_swarm_trainer_t *t, ap_swarm_trainer_stats_t *out)
+{
+    if (!t || !out) return;
+    *out = t->st;
+    out->reads = ap_swarm_watch_reads(t->watch);
+}
+
+static void on_records(ap_rt_t *rt, void *arg, int status, const ap_dht_result_t *res,
+                       uint32_t nstages)
+{
+    ap_swarm_trainer_t *t = arg;
+    if (status || nstages != t->S) return;
+    const int64_t wall = ap_rt_wall_ms(rt);
+    const uint64_t now = ap_rt_now_us(rt);
+    int n =
+        ap_swarm_members_from(res, nstages, wall, t->members, t->expires, AP_SWARM_BALANCER_MAX);
+    if (n < 0) {
+        ap_warn(MOD, "stage records: %s", ap_err_name(n));
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const ap_swarm_member_t *m = &t->members[i];
+        const int64_t left_ms = t->expires[i] - wall;
+        if (left_ms <= 0 || left_ms > 7 * 86400000ll) continue;
+        for (uint32_t s = 0; s < t->S; s++)
+            if (s != m->stage) ap_swarm_balancer_remove(t->bal[s], &m->peer);
+        int rc = ap_swarm_balancer_update(t->bal[m->stage], &m->peer, m->throughput,
+                                          now + (uint64_t)left_ms * 1000, now);
+        if (rc) ap_info(MOD, "stage %u: server not tracked: %s", m->stage, ap_err_name(rc));
+    }
+}
+
+int ap_swarm_trainer_watch(ap_swarm_trainer_t *t, ap_dht_t *dht, const char *run,
+                           uint64_t period_us)
+{
+    if (!t || !dht || !run) return AP_EINVAL;
+    if (t->watch) return AP_EEXIST;
+    if (!t->members && !(t->members = calloc(AP_SWARM_BALANCER_MAX, sizeof *t->members)))
+        return AP_ENOMEM;
+    if (!t->expires && !(t->expires = calloc(AP_SWARM_BALANCER_MAX, sizeof *t->expires)))
+        return AP_ENOMEM;
+    return ap_swarm_watch_new(t->rt, dht, run, t->S, period_us, on_records, t, &t->watch);
 }
