@@ -554,17 +554,18 @@ static int attack_held_connections(hctx_t *cx)
 
 /* Set-up of the hand-over attack (before the baseline): the records the
  * target holds and would hand over, from several writers (each peer's
- * quota is an eighth of the store). Legitimate state, not the attack's. */
+ * quota is a 32nd of the store, 2 MiB: 32 records of 60 KB each). Legitimate
+ * state, not the attack's. */
 static int setup_handover(hctx_t *cx)
 {
     static uint8_t v[60000];
     memset(v, 'h', sizeof v);
     char key[48];
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < 8; w++) {
         client_t c;
         int rc = client_open(&c, cx->host, cx->t.addr, false);
         if (rc) return rc;
-        for (int i = w * 64; i < (w + 1) * 64 && target_alive(&cx->t); i++) {
+        for (int i = w * 32; i < (w + 1) * 32 && target_alive(&cx->t); i++) {
             snprintf(key, sizeof key, "hostile-held-%d", i);
             store_rec(&c, key, NULL, v, sizeof v, 3600 * 1000);
         }

@@ -209,7 +209,7 @@ static void run_child(int fd, size_t max_conns)
     ap_tcp_cfg_t cfg = {.max_conns = max_conns + 16,
                         .max_handshakes = max_conns + 16,
                         .conns_per_ip = max_conns + 16};
-    ap_tcp_cbs_t cbs = {child_on_conn, child_on_data, NULL, child_on_close};
+    ap_tcp_cbs_t cbs = {child_on_conn, child_on_data, NULL, child_on_close, NULL};
     if (ap__tcp_new(&ch.loop, &id, &cfg, &cbs, NULL, &ch.t) != 0) _exit(1);
     if (ap__tcp_listen(ch.t, "/ip4/127.0.0.1/tcp/0") != 0) _exit(1);
     ap_multiaddr_t ma;
@@ -998,7 +998,7 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
     ap_identity_generate(&id);
     ap_tcp_cfg_t cfg = {
         .max_conns = idle_n + 16, .conns_per_ip = idle_n + 16, .write_queue_max = 8u << 20};
-    ap_tcp_cbs_t cbs = {NULL, p_on_data, p_on_writable, NULL};
+    ap_tcp_cbs_t cbs = {NULL, p_on_data, p_on_writable, NULL, NULL};
     if (ap__tcp_new(&p.loop, &id, &cfg, &cbs, &p, &p.t) != 0) return 1;
 
     double open_rate = aead_open_rate(ctx->quick ? 0.2 : 1.0);

@@ -71,7 +71,7 @@ def peer(a):
     g = torch.Generator().manual_seed(a["index"])
     x = torch.randn(b, 256, generator=g)
     y = torch.randn(b, 256, generator=g)
-    samples, busy = 0, 0.0
+    samples, busy, in_step = 0, 0.0, 0.0
     t0, t1 = a["t0"], a["t1"]
     while time.time() < t0 - 2 and opt.stats()["peers"] < a["n"]:
         time.sleep(0.05)
@@ -86,14 +86,18 @@ def peer(a):
         cpu = time.thread_time() - c0
         time.sleep(3 * cpu)  # a slower accelerator
         work = time.perf_counter() - w0
+        s0 = time.perf_counter()
         opt.step()
         if now >= t0:
             samples += b
             busy += work
+            in_step += time.perf_counter() - s0
     st = opt.stats()
     print("RESULT", json.dumps({"samples": samples, "busy": busy, "window": t1 - t0,
-                                "epoch": st["epoch"], "dropped": st["samples_dropped"]}),
-          flush=True)
+                                "in_step": in_step, "epoch": st["epoch"],
+                                "dropped": st["samples_dropped"], "held": st["submits_held"],
+                                "group_wait_s": st["group_wait_us"] / 1e6,
+                                "averaging_s": st["averaging_us"] / 1e6}), flush=True)
     opt.shutdown()
     dht.shutdown()
 
@@ -212,12 +216,22 @@ def main():
     if "--no-scaling" in sys.argv:
         return
     dur, warm = (15, 5) if quick else (45, 10)
-    sps1, share1, _ = run_scaling(1, dur, warm)
-    emit(js, "samples_per_s", sps1, "samples/s", peers=1, slowdown=3, delayed_updates=True)
+    def split(res):
+        # where the peers' wall time went besides computing: inside Optimizer.step() (of
+        # it, libapiary's held submits waiting for a group: group_wait_s per peer)
+        k = len(res)
+        return dict(step_share=round(sum(r["in_step"] / r["window"] for r in res) / k, 3),
+                    group_wait_s=round(sum(r["group_wait_s"] for r in res) / k, 2),
+                    submits_held=sum(r["held"] for r in res))
+
+    sps1, share1, res1 = run_scaling(1, dur, warm)
+    emit(js, "samples_per_s", sps1, "samples/s", peers=1, slowdown=3, delayed_updates=True,
+         busy_share=round(share1, 3), **split(res1))
     for n in (2, 4):
         sps, share, res = run_scaling(n, dur, warm)
         f = dict(peers=n, slowdown=3, delayed_updates=True)
-        emit(js, "samples_per_s", sps, "samples/s", **f)
+        emit(js, "samples_per_s", sps, "samples/s", busy_share=round(share, 3), **split(res),
+             **f)
         emit(js, "scaling_efficiency", sps / (n * sps1) if sps1 else 0.0, "ratio",
              single_peer_samples_per_s=round(sps1, 1), **f)
         emit(js, "time_efficiency", share / share1 if share1 else 0.0, "ratio",

@@ -66,8 +66,9 @@ typedef struct ap_dht_config {
     size_t max_records;                   /* records held for others (100,000) */
     size_t max_bytes;                     /* bytes of keys+subkeys+values held (64 MiB) */
     uint32_t max_stores_per_peer_per_min; /* records a single peer may store per minute (2,000) */
-    /* what one peer's stores may hold here (0 = an eighth of max_bytes /
-     * max_records); over it a store is refused with AP_EQUOTA. When full,
+    /* what one peer's stores may hold here (0 = a 32nd of max_bytes /
+     * max_records: 2 MiB / 3,125 records by default, so one writer moves a
+     * node's memory little); over it a store is refused with AP_EQUOTA. When full,
      * the largest contributor's records are evicted first. */
     size_t max_bytes_per_peer;
     size_t max_records_per_peer;

@@ -73,6 +73,46 @@ AP_EXPORT void ap_node_free(ap_rt_t *rt);
 /* The host a node lives on. */
 AP_EXPORT ap_host_t *ap_node_host(ap_rt_t *rt);
 
+/* ---- resource limits ------------------------------------------------------ */
+
+/* What peers can make a TCP or in-process node hold (docs/security.md):
+ * every message received (partial or waiting for a paused reader) and every
+ * RPC response queued for a peer that has not read it is counted in the
+ * scopes it belongs to -- the stream, its connection, its peer, its
+ * protocol and the node -- and a reservation that would take any of them
+ * over its limit is refused: the stream gets RESET AP_ELIMIT (the caller's
+ * RPC fails with "... memory full") and one rate-limited WARN names the peer
+ * and the full scope. On the node and on a protocol, one reservation
+ * takes at most half of what is free (another peer's small request always
+ * fits). Streams a peer opens and connections per peer are counted
+ * the same way. 0 = no limit. */
+typedef struct ap_node_limits {
+    uint64_t node_memory;   /* 256 MiB */
+    uint64_t proto_memory;  /* each protocol: 192 MiB */
+    uint64_t peer_memory;   /* each peer, all its connections: 64 MiB */
+    uint64_t conn_memory;   /* each connection: 64 MiB */
+    uint64_t stream_memory; /* each stream: 32 MiB */
+    uint32_t node_streams;  /* streams peers opened, all peers: 16384 */
+    uint32_t peer_streams;  /* each peer: 1024 */
+    uint32_t conn_streams;  /* each connection: 1024 */
+    uint32_t peer_conns;    /* connections per peer: 16 */
+} ap_node_limits_t;
+
+AP_EXPORT void ap_node_limits_default(ap_node_limits_t *l);
+/* Replaces the node's limits. Only before the node has a connection
+ * (right after ap_node_new): AP_ESTATE otherwise. Loop thread. */
+AP_EXPORT int ap_node_set_limits(ap_rt_t *rt, const ap_node_limits_t *l);
+/* The scopes' use against their limits, one line each: the node, every
+ * protocol, and the max_peers peers holding the most memory, e.g.
+ * "peer 12D3KooW...: memory 1048576/67108864, streams 3/1024, conns 1/16",
+ * then "refused N" (reservations refused so far). Returns the length
+ * (truncated to n - 1). Loop thread. */
+AP_EXPORT size_t ap_node_resources(ap_rt_t *rt, int max_peers, char *out, size_t n);
+/* The two above from any other thread (through ap_node_call_sync); the
+ * report returns its length or a negative error as ap_node_call_sync. */
+AP_EXPORT int ap_node_set_limits_sync(ap_rt_t *rt, const ap_node_limits_t *l);
+AP_EXPORT int ap_node_resources_sync(ap_rt_t *rt, int max_peers, char *out, size_t n);
+
 /* ---- blocking bridge for user threads ------------------------------------ */
 
 /* Posts fn to rt's loop and blocks until done is completed; returns the

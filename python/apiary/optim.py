@@ -292,7 +292,9 @@ class Optimizer(torch.optim.Optimizer):
                           count.value, int(L.ap_collab_optim_step(c)))
         rc = L.ap_collab_start_sync(c)
         if self._ts is not None:
+            # a download at the start brought the step counter and the epoch
             self._ts.set_step(int(L.ap_collab_optim_step(c)))
+            self._ts.catch_up_scheduler(int(self._stats().epoch))
         self._raise_refusal(rc)
         if rc and C.err_name(rc) not in ("EUNREACH", "ETIMEDOUT", "ENOENT"):
             C.check(rc, "joining the run")

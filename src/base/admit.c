@@ -277,7 +277,9 @@ bool ap_admit_has_room(const ap_admit_t *a, const uint8_t ip[16], uint64_t now_m
 {
     uint64_t iph = ip_hash(ip);
     const ipc_t *src = ip_find((ap_admit_t *)a, iph);
-    uint32_t cap = a->cfg.max_conns - a->cfg.reserved_out - a->cfg.reserved_known;
+    /* the peer is not identified yet: it may turn out known, so the known
+     * slots count here; ap_admit_open decides once it is */
+    uint32_t cap = a->cfg.max_conns - a->cfg.reserved_out;
     if (src && src->open_in >= a->cfg.conns_per_ip) return idle_victim(a, iph, true, 0, now_ms);
     if (open_total(a) >= cap) return idle_victim(a, iph, false, a->cfg.evict_idle_ms, now_ms);
     return true;

@@ -90,8 +90,9 @@ ap_admit_verdict_t ap_admit_inbound(ap_admit_t *a, uint64_t id, const uint8_t ip
  * (close it then, and call ap_admit_gone). */
 ap_admit_verdict_t ap_admit_open(ap_admit_t *a, uint64_t id, bool known, uint64_t now_ms,
                                  uint64_t *victim);
-/* Whether an inbound connection from ip (not known) would be admitted now
- * by ap_admit_open, were its handshake done: a slot is free or an idle
+/* Whether an inbound connection from ip could be admitted now by
+ * ap_admit_open, were its handshake done and its peer known: a slot is free
+ * (the known slots included: the peer is not identified yet) or an idle
  * connection could make room. A transport refuses at accept otherwise. */
 bool ap_admit_has_room(const ap_admit_t *a, const uint8_t ip[16], uint64_t now_ms);
 /* id carried application data at now_ms (any state; unknown ids ignored). */

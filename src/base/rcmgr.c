@@ -34,6 +34,8 @@ void ap_rcmgr_config_default(ap_rcmgr_config_t *c)
     c->peer = (ap_rc_limit_t){16u << 20, 512, 8};
     c->proto = (ap_rc_limit_t){128u << 20, 4096, 0};
     c->conn = (ap_rc_limit_t){8u << 20, 256, 1};
+    c->stream_memory = 0;
+    c->node_fair_share = false;
 }
 
 ap_rcmgr_t *ap_rcmgr_new(const ap_rcmgr_config_t *cfg)
@@ -132,6 +134,12 @@ static void maybe_free(ap_rc_scope_t *s)
     free(s);
 }
 
+ap_rc_scope_t *ap_rc_scope_ref(ap_rc_scope_t *s)
+{
+    if (s && s->kind != AP_RC_NODE) s->refs++;
+    return s;
+}
+
 void ap_rc_scope_unref(ap_rc_scope_t *s)
 {
     if (!s || s->kind == AP_RC_NODE || !s->refs) return;
@@ -156,8 +164,11 @@ static bool fits(const ap_rc_scope_t *s, int what, uint64_t n)
 {
     switch (what) {
     case R_MEM:
-        return !s->lim.memory ||
-               (s->use.memory <= s->lim.memory && n <= s->lim.memory - s->use.memory);
+        if (!s->lim.memory) return true;
+        if (s->use.memory > s->lim.memory) return false;
+        if ((s->kind == AP_RC_NODE || s->kind == AP_RC_PROTO) && s->m->cfg.node_fair_share)
+            return n <= (s->lim.memory - s->use.memory) / 2;
+        return n <= s->lim.memory - s->use.memory;
     case R_STREAM:
         return !s->lim.streams || s->use.streams < s->lim.streams;
     default:
@@ -275,4 +286,66 @@ ap_rc_scope_t *ap_rcmgr_node(ap_rcmgr_t *m)
 uint64_t ap_rcmgr_refusals(const ap_rcmgr_t *m)
 {
     return m->refusals;
+}
+
+const ap_rcmgr_config_t *ap_rcmgr_config(const ap_rcmgr_t *m)
+{
+    return &m->cfg;
+}
+
+bool ap_rc_stream_fits(ap_rcmgr_t *m, uint64_t held, uint64_t bytes)
+{
+    uint64_t lim = m->cfg.stream_memory;
+    if (!lim || (held <= lim && bytes <= lim - held)) return true;
+    m->refusals++;
+    return false;
+}
+
+size_t ap_rcmgr_npeers(const ap_rcmgr_t *m)
+{
+    size_t k = 0;
+    for (const ap_rc_scope_t *s = m->peers; s; s = s->next) k++;
+    return k;
+}
+
+static size_t put_line(const ap_rc_scope_t *s, char *out, size_t n, size_t off)
+{
+    if (off + 1 >= n) return off;
+    char line[256];
+    ap_rc_scope_describe(s, line, sizeof line);
+    int w = snprintf(out + off, n - off, "%s\n", line);
+    if (w < 0) return off;
+    return (size_t)w >= n - off ? n - 1 : off + (size_t)w;
+}
+
+size_t ap_rcmgr_report(const ap_rcmgr_t *m, int max_peers, char *out, size_t n)
+{
+    if (!out || !n) return 0;
+    out[0] = 0;
+    size_t off = put_line(&m->node, out, n, 0);
+    for (const ap_rc_scope_t *s = m->protos; s; s = s->next) off = put_line(s, out, n, off);
+    /* the peers holding the most memory, largest first (a selection: lists
+     * are short, and this runs on request) */
+    const ap_rc_scope_t *last = NULL;
+    for (int k = 0; k < max_peers; k++) {
+        const ap_rc_scope_t *best = NULL;
+        for (const ap_rc_scope_t *s = m->peers; s; s = s->next) {
+            /* strictly after `last` in (memory desc, address) order */
+            if (last && (s->use.memory > last->use.memory ||
+                         (s->use.memory == last->use.memory && (uintptr_t)s >= (uintptr_t)last)))
+                continue;
+            if (!best || s->use.memory > best->use.memory ||
+                (s->use.memory == best->use.memory && (uintptr_t)s > (uintptr_t)best))
+                best = s;
+        }
+        if (!best) break;
+        off = put_line(best, out, n, off);
+        last = best;
+    }
+    size_t np = ap_rcmgr_npeers(m);
+    if (np > (size_t)(max_peers > 0 ? max_peers : 0) && off + 1 < n) {
+        int w = snprintf(out + off, n - off, "(%zu peers in all)\n", np);
+        if (w > 0) off = (size_t)w >= n - off ? n - 1 : off + (size_t)w;
+    }
+    return off;
 }

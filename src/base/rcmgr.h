@@ -37,6 +37,13 @@ typedef struct ap_rcmgr_config {
     ap_rc_limit_t peer;  /* each peer (16 MiB, 512 streams, 8 connections) */
     ap_rc_limit_t proto; /* each protocol (128 MiB, 4096 streams) */
     ap_rc_limit_t conn;  /* each connection (8 MiB, 256 streams) */
+    /* Memory one stream may hold (0 = no limit): checked by the caller
+     * against what it reserved for the stream (ap_rc_stream_fits). */
+    uint64_t stream_memory;
+    /* One memory reservation may take at most half of the free memory of
+     * the node and of its protocol, so a few peers together cannot take all
+     * of it: a small request from another peer always fits. */
+    bool node_fair_share;
 } ap_rcmgr_config_t;
 
 typedef enum ap_rc_kind { AP_RC_NODE, AP_RC_PEER, AP_RC_PROTO, AP_RC_CONN } ap_rc_kind_t;
@@ -70,6 +77,8 @@ ap_rc_scope_t *ap_rcmgr_proto(ap_rcmgr_t *m, const char *proto);
  * ap_rc_reserve_conn. */
 ap_rc_scope_t *ap_rcmgr_conn(ap_rcmgr_t *m);
 void ap_rc_scope_unref(ap_rc_scope_t *s);
+/* One more reference to s (NULL: none); returns s. */
+ap_rc_scope_t *ap_rc_scope_ref(ap_rc_scope_t *s);
 
 /* Reservations. 0, or AP_ELIMIT with *full (may be NULL) set to the scope
  * that refused (nothing is reserved then). */
@@ -89,5 +98,15 @@ const ap_rc_use_t *ap_rc_scope_use(const ap_rc_scope_t *s);
 ap_rc_scope_t *ap_rcmgr_node(ap_rcmgr_t *m);
 /* Refusals so far, all scopes. */
 uint64_t ap_rcmgr_refusals(const ap_rcmgr_t *m);
+const ap_rcmgr_config_t *ap_rcmgr_config(const ap_rcmgr_t *m);
+/* Whether a stream holding `held` bytes may reserve `bytes` more
+ * (stream_memory); a refusal is counted. */
+bool ap_rc_stream_fits(ap_rcmgr_t *m, uint64_t held, uint64_t bytes);
+/* A report of the node scope, every protocol scope and the (at most
+ * max_peers) peers holding the most memory, one scope per line. Returns the
+ * length written (truncated to n - 1). */
+size_t ap_rcmgr_report(const ap_rcmgr_t *m, int max_peers, char *out, size_t n);
+/* Peer scopes alive (peers with a connection or a reservation). */
+size_t ap_rcmgr_npeers(const ap_rcmgr_t *m);
 
 #endif

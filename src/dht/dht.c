@@ -143,8 +143,8 @@ int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out)
     ap__dht_storage_init(&dht->store, c->max_records, c->max_bytes, c->max_ttl_ms,
                          c->max_stores_per_peer_per_min);
     ap__dht_storage_set_quota(
-        &dht->store, c->max_bytes_per_peer ? c->max_bytes_per_peer : c->max_bytes / 8,
-        c->max_records_per_peer ? c->max_records_per_peer : c->max_records / 8);
+        &dht->store, c->max_bytes_per_peer ? c->max_bytes_per_peer : c->max_bytes / 32,
+        c->max_records_per_peer ? c->max_records_per_peer : c->max_records / 32);
     dht->ho_tokens = HANDOVER_BURST;
     dht->ho_tokens_us = ap_rt_now_us(rt);
     ap__dht_storage_init(&dht->cache, c->cache_max_records, c->cache_max_bytes, c->max_ttl_ms, 0);

@@ -17,8 +17,8 @@ void ap__dht_storage_init(ap__dht_storage_t *st, size_t max_records, size_t max_
     st->max_bytes = max_bytes;
     st->max_ttl_ms = max_ttl_ms;
     st->per_peer_per_min = per_peer_per_min;
-    st->peer_max_bytes = max_bytes / 8;
-    st->peer_max_records = max_records / 8;
+    st->peer_max_bytes = max_bytes / 32;
+    st->peer_max_records = max_records / 32;
 }
 
 void ap__dht_storage_set_quota(ap__dht_storage_t *st, size_t peer_max_bytes,

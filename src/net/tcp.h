@@ -102,6 +102,11 @@ typedef struct ap_tcp_cbs {
      * AP_ESHUTDOWN (transport closing), AP_EEXIST (lost the duplicate rule).
      * c is freed right after this returns. */
     void (*on_close)(void *arg, ap_tcp_conn_t *c, int status);
+    /* Optional: whether peer is one the node already knows (its address
+     * book: routing-table contacts, peers it dialled). An inbound connection
+     * from a known peer may use the slots kept for known peers
+     * (reserved_known), which a flood of fresh identities cannot fill. */
+    bool (*is_known)(void *arg, const ap_peer_id_t *peer);
 } ap_tcp_cbs_t;
 
 /* Creates the transport on loop for identity id (copied). cfg may be NULL

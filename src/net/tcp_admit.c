@@ -86,8 +86,9 @@ static void hs_finish(ap_tcp_conn_t *c)
      * makes room (base/admit.h), so held connections cannot lock peers out. */
     if (!c->outbound && c->admitted) {
         uint64_t victim = 0;
+        bool known = t->cbs.is_known && t->cbs.is_known(t->arg, &c->peer);
         ap_admit_verdict_t v =
-            ap_admit_open(&t->admit, (uint64_t)(uintptr_t)c, false, ap__tcp_now_ms(t), &victim);
+            ap_admit_open(&t->admit, (uint64_t)(uintptr_t)c, known, ap__tcp_now_ms(t), &victim);
         if (v == AP_ADMIT_DROP) {
             static ap_log_limit_t lim = {.burst = 8, .window_ms = 10000};
             const ap_admit_stats_t *as = ap_admit_stats(&t->admit);

@@ -84,7 +84,17 @@ static void on_close(void *arg, ap_tcp_conn_t *c, int status)
     n->nclose++;
 }
 
-static const ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
+/* The peer the listening node "knows" (its routing table), if any. */
+static ap_peer_id_t g_known;
+static bool g_known_set;
+
+static bool is_known(void *arg, const ap_peer_id_t *peer)
+{
+    (void)arg;
+    return g_known_set && ap_peer_id_eq(&g_known, peer);
+}
+
+static const ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close, is_known};
 
 static void node_init(node_t *n, uint8_t seed, const ap_tcp_cfg_t *cfg, bool listen)
 {
@@ -864,9 +874,12 @@ static void test_caps_and_idle(void **state)
     for (int i = 0; i < 3; i++) {
         node_init(&n[i], (uint8_t)(2 + i), NULL, false);
         assert_ok(ap__tcp_dial(n[i].t, a.addr, 3000, dial_cb, &r[i]));
-        run_for(100);
+        /* each one done (both ends) before the next: under load, a third
+         * handshake started before the first two finished would pass the
+         * accept-time check and be refused only after it */
+        assert_true(run_until(dial_done, &r[i], 3000));
+        for (int k = 0; k < 100 && a.nconn < i + 1 && i < 2; k++) run_for(10);
     }
-    for (int i = 0; i < 3; i++) assert_true(run_until(dial_done, &r[i], 3000));
     assert_ok(r[0].status);
     assert_ok(r[1].status);
     assert_int_not_equal(r[2].status, 0); /* over the cap: refused */
@@ -897,6 +910,44 @@ static void test_caps_and_idle(void **state)
     assert_true(run_until(dial_done, &rx, 3000));
     assert_int_equal(rx.status, AP_EUNREACH);
     node_t *ns[] = {&a, &n[0], &n[1], &n[2], NULL};
+    free_nodes(ns);
+}
+
+/* Slots kept for known peers: a flood of fresh identities holding
+ * connections (not idle enough to be evicted) fills the shared part, and a
+ * peer the node knows still gets in; a new unknown one does not. */
+static void test_known_peer_slots(void **state)
+{
+    (void)state;
+    /* 16 connections: 2 kept for own dials, 2 for known peers, 12 shared */
+    ap_tcp_cfg_t cfg = {.max_conns = 16, .evict_idle_ms = 600000};
+    node_t a, n[14];
+    node_init(&a, 1, &cfg, true);
+    node_init(&n[13], 99, NULL, false);
+    g_known = n[13].id.id;
+    g_known_set = true;
+    dial_res_t r[14] = {{0}};
+    for (int i = 0; i < 13; i++) {
+        node_init(&n[i], (uint8_t)(2 + i), NULL, false);
+        assert_ok(ap__tcp_dial(n[i].t, a.addr, 3000, dial_cb, &r[i]));
+        assert_true(run_until(dial_done, &r[i], 5000));
+        run_for(20);
+    }
+    assert_int_equal(a.nconn, 12); /* the 13th fresh identity was refused */
+    ap_tcp_stats_t st;
+    ap__tcp_get_stats(a.t, &st);
+    assert_true(st.refused_open >= 1);
+    /* the known peer still gets in */
+    assert_ok(ap__tcp_dial(n[13].t, a.addr, 3000, dial_cb, &r[13]));
+    assert_true(run_until(dial_done, &r[13], 5000));
+    run_for(50);
+    assert_ok(r[13].status);
+    assert_int_equal(a.nconn, 13);
+    g_known_set = false;
+    node_t *ns[16];
+    ns[0] = &a;
+    for (int i = 0; i < 14; i++) ns[1 + i] = &n[i];
+    ns[15] = NULL;
     free_nodes(ns);
 }
 
@@ -974,6 +1025,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_peer_never_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_simultaneous_dial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_caps_and_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_known_peer_slots, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dns_dial, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_pipelining, setup, teardown),
     };

@@ -35,13 +35,10 @@ def train(opt, model, epochs, first=0):
         opt.step()
 
 
-def reference(make_opt, epochs, make_sched=None):
+def reference(make_opt, epochs):
     model = make_model()
     opt = make_opt(model.parameters())
-    sched = make_sched(opt) if make_sched else None
     train(opt, model, epochs)
-    if sched:
-        pass
     return model, opt
 
 
@@ -192,8 +189,12 @@ def test_joining_peer_downloads_the_torch_state(dht):
                                  torch.nn.Linear(16, 2))  # other initial values
         b = apiary.Optimizer(dht=other, run_id="join", target_batch_size=4,
                              batch_size_per_step=4, optimizer=make_opt,
-                             params=m2.parameters(), matchmaking_time=0.1)
+                             params=m2.parameters(), matchmaking_time=0.1,
+                             scheduler=functools.partial(torch.optim.lr_scheduler.StepLR,
+                                                         step_size=1, gamma=0.5))
         assert b.local_epoch == 3
+        assert b.scheduler.last_epoch == 3  # caught up with the downloaded epoch
+        assert b.opt.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5 ** 3)
         assert b.stats()["state_loads"] == 1
         assert torch.equal(flat_of(m2), flat_of(model))
         for qa, qb in zip(a._ts.q, b._ts.q):

@@ -673,7 +673,7 @@ static void test_peer_buffer_cap(void **state)
     env_up(&e);
     /* partial 1 MiB hellos: each START reserves its total; the 65th would
      * take the peer over the 64 MiB per-connection cap and is reset */
-    uint32_t n = AP_MUX_PEER_BUF_MAX / (1u << 20);
+    uint32_t n = AP_MUX_CONN_MEM_MAX / (1u << 20);
     for (uint32_t i = 0; i <= n; i++) {
         assert_ok(ap__frame_put_open(&b, 1 + 2 * i, false, 1024, "/t/big"));
         assert_ok(ap__frame_put_data(&b, 1 + 2 * i, true, 1u << 20, (const uint8_t *)"x", 1));

@@ -9,6 +9,7 @@
 #include "fake_conn.h"
 
 #include "apiary/host.h"
+#include "apiary/log.h"
 #include "apiary/node.h"
 #include "runtime/uv/frame.h"
 #include "runtime/uv/uv_impl.h"
@@ -55,6 +56,38 @@ static bool rx_released(void *arg)
     return ((ap_node_t *)arg)->rx_buffered == 0;
 }
 
+static void small_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    ap_rpc_respond(req, (const uint8_t *)"ok", 2);
+}
+
+static char g_log[4096];
+
+static void sink(void *arg, ap_log_level_t level, const char *module, const char *msg)
+{
+    (void)arg;
+    (void)module;
+    size_t k = strlen(g_log);
+    if (level >= AP_LOG_WARN && k + strlen(msg) + 2 < sizeof g_log)
+        snprintf(g_log + k, sizeof g_log - k, "%s\n", msg);
+}
+
+/* DATA frames in f's output (responses going out). */
+static int datas(const ap_test_fake_conn_t *f)
+{
+    int n = 0;
+    size_t off = 0;
+    while (off + AP_FRAME_HDR <= f->len) {
+        ap_frame_t fr;
+        if (ap__frame_parse_hdr(f->out + off, &fr) || off + AP_FRAME_HDR + fr.len > f->len) break;
+        if (fr.type == AP_FRAME_DATA) n++;
+        off += AP_FRAME_HDR + fr.len;
+    }
+    return n;
+}
+
 static ap_mconn_t *accept_fake(ap_rt_t *rt, ap_test_fake_conn_t *fk, uint8_t who)
 {
     ap_test_fake_conn_init(fk);
@@ -87,12 +120,13 @@ static void test_zero_window_responses(void **state)
         ap__buf_reset(&b);
         fk.len = 0; /* keep only this call's frames */
         ap_host_run_once(h, 0);
-        assert_true(c->resp_queued <= AP_MUX_CONN_RESP_MAX);
-        assert_true(n->resp_queued <= AP_MUX_NODE_RESP_MAX);
+        assert_true(c->resp_queued <= AP_MUX_CONN_MEM_MAX);
+        assert_true(n->resp_queued <= AP_MUX_NODE_MEM_MAX);
     }
     /* the queue filled up to its cap, then further responses were refused */
-    assert_int_equal(c->resp_queued, (AP_MUX_CONN_RESP_MAX / RESP_LEN) * RESP_LEN);
-    assert_int_equal(n->refused_resp, 100 - AP_MUX_CONN_RESP_MAX / RESP_LEN);
+    assert_int_equal(c->resp_queued, (AP_MUX_CONN_MEM_MAX / RESP_LEN) * RESP_LEN);
+    /* (once the queue is full, even the 1-byte requests are refused) */
+    assert_int_equal(n->refused_resp + n->refused_rx, 100 - AP_MUX_CONN_MEM_MAX / RESP_LEN);
     /* nothing is ever read: once stalled, the queued responses are reset and
      * their memory released */
     fk.len = 0;
@@ -101,7 +135,7 @@ static void test_zero_window_responses(void **state)
     ap_host_run_until(h, NULL, NULL, 100000); /* the RESETs go out with the next flush */
     assert_int_equal(c->resp_queued, 0);
     assert_int_equal(n->resp_queued, 0);
-    assert_true(n->stalled_reset >= AP_MUX_CONN_RESP_MAX / RESP_LEN);
+    assert_true(n->stalled_reset >= AP_MUX_CONN_MEM_MAX / RESP_LEN);
     assert_true(resets(&fk, AP_ETIMEDOUT) > 0);
     ap__buf_free(&b);
     ap_node_free(rt);
@@ -132,22 +166,153 @@ static void test_partial_requests(void **state)
             assert_ok(ap__frame_put_data(&b, sid, true, RESP_LEN, part, 16));
             ap__mux_feed(c[p], b.data, b.len);
             ap__buf_reset(&b);
-            assert_true(c[p]->rx_buffered <= AP_MUX_PEER_BUF_MAX);
-            assert_true(n->rx_buffered <= AP_MUX_NODE_BUF_MAX);
+            assert_true(c[p]->rx_buffered <= AP_MUX_CONN_MEM_MAX);
+            assert_true(n->rx_buffered <= AP_MUX_NODE_MEM_MAX);
         }
     }
     assert_true(n->refused_rx > 0);
     /* each connection got at most half of what was free: room is left for
      * other peers' requests */
-    assert_true(n->rx_buffered < AP_MUX_NODE_BUF_MAX);
-    assert_true(n->rx_buffered >= AP_MUX_NODE_BUF_MAX / 2);
+    assert_true(n->rx_buffered < AP_MUX_NODE_MEM_MAX);
+    assert_true(n->rx_buffered >= AP_MUX_NODE_MEM_MAX / 2);
     assert_true(c[0]->rx_buffered > c[5]->rx_buffered);
+    /* another peer's small request on the same protocol still gets in (on
+     * the protocol too, a reservation takes at most half of what is free) */
+    uint64_t served = n->stats.rpc_served;
+    ap_test_fake_conn_t fk7;
+    ap_mconn_t *c7 = accept_fake(rt, &fk7, 30);
+    assert_ok(ap__frame_put_open(&b, 1, true, 1024, "/big"));
+    assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
+    ap__mux_feed(c7, b.data, b.len);
+    ap__buf_reset(&b);
+    assert_int_equal(n->stats.rpc_served, served + 1);
     /* they stall: reset, memory back */
     n->stall_us = 1;
     assert_true(ap_host_run_until(h, rx_released, n, 10000000));
     assert_int_equal(n->rx_buffered, 0);
     for (int p = 0; p < 6; p++) assert_int_equal(c[p]->rx_buffered, 0);
-    assert_true(n->stalled_reset >= AP_MUX_NODE_BUF_MAX / 2 / RESP_LEN);
+    assert_true(n->stalled_reset >= AP_MUX_NODE_MEM_MAX / 2 / RESP_LEN);
+    ap__buf_free(&b);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
+/* One peer over 3 connections: its memory is bounded across all of them
+ * (without the peer scope each connection would hold its own 64 MiB), one
+ * WARN names it, and another peer's request is still served. */
+static void test_peer_memory_across_connections(void **state)
+{
+    (void)state;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    ap_node_t *n = (ap_node_t *)rt;
+    assert_ok(ap_rt_rpc_register(rt, "/big", 0, big_handler, NULL));
+    assert_ok(ap_rt_rpc_register(rt, "/small", 0, small_handler, NULL));
+    n->stall_us = 3600000000ull;
+    g_log[0] = 0;
+    ap_log_set_sink(sink, NULL);
+    ap_test_fake_conn_t fk[4];
+    ap_mconn_t *c[4];
+    ap_buf_t b;
+    ap__buf_init(&b);
+    static uint8_t part[16];
+    for (int p = 0; p < 3; p++) {
+        c[p] = accept_fake(rt, &fk[p], 42); /* the same identity */
+        for (uint32_t i = 0; i < 40; i++) {
+            uint32_t sid = 1 + 2 * i;
+            assert_ok(ap__frame_put_open(&b, sid, true, 0, "/big"));
+            assert_ok(ap__frame_put_data(&b, sid, true, RESP_LEN, part, sizeof part));
+            ap__mux_feed(c[p], b.data, b.len);
+            ap__buf_reset(&b);
+        }
+    }
+    size_t held = c[0]->rx_buffered + c[1]->rx_buffered + c[2]->rx_buffered;
+    assert_int_equal(held, (AP_MUX_PEER_MEM_MAX / RESP_LEN) * RESP_LEN);
+    assert_int_equal(c[0]->rx_buffered, 40u * RESP_LEN);
+    assert_int_equal(n->refused_rx, 3 * 40 - AP_MUX_PEER_MEM_MAX / RESP_LEN);
+    assert_true(resets(&fk[1], AP_ELIMIT) + resets(&fk[2], AP_ELIMIT) == 0); /* not yet flushed */
+    ap_host_run_until(h, NULL, NULL, 50000);
+    assert_true(resets(&fk[2], AP_ELIMIT) > 0);
+    /* one WARN per connection (2 refused), naming the peer and its scope */
+    char who[AP_PEER_SHORT_LEN];
+    ap_peer_id_short(&fk[0].conn.remote, who);
+    assert_non_null(strstr(g_log, who));
+    assert_non_null(strstr(g_log, "(peer "));
+    int lines = 0;
+    for (const char *q = g_log; (q = strstr(q, "refusing")); q++) lines++;
+    assert_int_equal(lines, 2);
+    /* another peer is served */
+    c[3] = accept_fake(rt, &fk[3], 43);
+    assert_ok(ap__frame_put_open(&b, 1, true, 1024, "/small"));
+    assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
+    fk[3].len = 0;
+    ap__mux_feed(c[3], b.data, b.len);
+    ap__buf_reset(&b);
+    ap_host_run_until(h, NULL, NULL, 50000);
+    assert_int_equal(datas(&fk[3]), 1);
+    /* the report names the peer at its limit */
+    char rep[2048];
+    assert_true(ap_node_resources(rt, 4, rep, sizeof rep) > 0);
+    char id[AP_PEER_ID_STR_MAX], want[AP_PEER_ID_STR_MAX + 40];
+    snprintf(want, sizeof want, "peer %s: memory %u/%u", ap_peer_id_str(&fk[0].conn.remote, id),
+             AP_MUX_PEER_MEM_MAX, AP_MUX_PEER_MEM_MAX);
+    assert_non_null(strstr(rep, want));
+    ap_log_set_sink(NULL, NULL);
+    ap__buf_free(&b);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
+/* Streams a peer opens are counted per peer and per node: past the limit
+ * they are reset with AP_ELIMIT, and another peer still opens its own. */
+static void test_stream_limits(void **state)
+{
+    (void)state;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    ap_node_t *n = (ap_node_t *)rt;
+    ap_node_limits_t lim;
+    ap_node_limits_default(&lim);
+    lim.peer_streams = 8;
+    lim.node_streams = 12;
+    assert_ok(ap_node_set_limits(rt, &lim));
+    assert_ok(ap_rt_rpc_register(rt, "/small", 0, small_handler, NULL));
+    ap_test_fake_conn_t fk[3];
+    ap_mconn_t *c[3];
+    ap_buf_t b;
+    ap__buf_init(&b);
+    /* peer A: 20 OPENs that never send their request (2 connections) */
+    c[0] = accept_fake(rt, &fk[0], 50);
+    c[1] = accept_fake(rt, &fk[1], 50);
+    for (uint32_t i = 0; i < 10; i++)
+        for (int p = 0; p < 2; p++) {
+            assert_ok(ap__frame_put_open(&b, 1 + 2 * i, true, 0, "/small"));
+            ap__mux_feed(c[p], b.data, b.len);
+            ap__buf_reset(&b);
+        }
+    assert_int_equal(c[0]->nstreams + c[1]->nstreams, 8);
+    assert_int_equal(n->refused_streams, 12);
+    /* peer B: 8 more; the node takes 12 in all */
+    c[2] = accept_fake(rt, &fk[2], 51);
+    for (uint32_t i = 0; i < 8; i++) {
+        assert_ok(ap__frame_put_open(&b, 1 + 2 * i, true, 1024, "/small"));
+        ap__mux_feed(c[2], b.data, b.len);
+        ap__buf_reset(&b);
+    }
+    assert_int_equal(c[2]->nstreams, 4);
+    ap_host_run_until(h, NULL, NULL, 50000);
+    assert_true(resets(&fk[0], AP_ELIMIT) + resets(&fk[1], AP_ELIMIT) == 12);
+    assert_int_equal(resets(&fk[2], AP_ELIMIT), 4);
+    /* B's requests complete: its streams end and the count goes down */
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_ok(ap__frame_put_data(&b, 1 + 2 * i, true, 1, (const uint8_t *)"q", 1));
+        ap__mux_feed(c[2], b.data, b.len);
+        ap__buf_reset(&b);
+    }
+    ap_host_run_until(h, NULL, NULL, 50000);
+    assert_int_equal(ap_rc_scope_use(ap_rcmgr_node(n->rc))->streams, 8);
     ap__buf_free(&b);
     ap_node_free(rt);
     assert_int_equal(ap_host_free(h), 0);
@@ -156,6 +321,8 @@ static void test_partial_requests(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peer_memory_across_connections),
+        cmocka_unit_test(test_stream_limits),
         cmocka_unit_test(test_zero_window_responses),
         cmocka_unit_test(test_partial_requests),
     };

@@ -42,6 +42,12 @@ static void usage(FILE *f)
            "  --client                  ask, never answer (default for get/store)\n"
            "  --stats-interval S        node: log routing-table size and stored keys every S\n"
            "                            seconds (default 30)\n"
+           "  --stats                   node: also print the resource scopes (use and limits of\n"
+           "                            the node, each protocol and the busiest peers) every\n"
+           "                            --stats-interval and at exit\n"
+           "  --max-memory MIB          node: what all peers together may make it hold\n"
+           "                            (default 256)\n"
+           "  --peer-memory MIB         node: what one peer may make it hold (default 64)\n"
            "  --latest                  get: ask the k nearest nodes and return the newest value\n"
            "  --ttl S                   store: the record lives S seconds (required)\n"
            "  --subkey SK               store: write one entry of KEY's dictionary\n"
@@ -64,6 +70,8 @@ typedef struct opts {
     const char *subkey;
     const char *value_file;
     int stats_interval;
+    bool stats;
+    long long max_memory_mib, peer_memory_mib; /* 0 = default */
     const char *http, *run_id;
 } opts_t;
 
@@ -143,6 +151,20 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
                          .nannounce = o->nannounce};
     if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
     if (have_id) ap_identity_wipe(&id);
+    if (!rc && (o->max_memory_mib || o->peer_memory_mib)) {
+        ap_node_limits_t lim;
+        ap_node_limits_default(&lim);
+        if (o->max_memory_mib) lim.node_memory = (uint64_t)o->max_memory_mib << 20;
+        if (o->peer_memory_mib) lim.peer_memory = (uint64_t)o->peer_memory_mib << 20;
+        if (lim.conn_memory > lim.peer_memory) lim.conn_memory = lim.peer_memory;
+        if (lim.proto_memory > lim.node_memory) lim.proto_memory = lim.node_memory;
+        rc = ap_node_set_limits_sync(n->rt, &lim);
+        if (rc) {
+            fprintf(stderr, "apiary dht: cannot set the resource limits: %s\n", ap_strerror(rc));
+            node_close(n);
+            return rc;
+        }
+    }
     if (rc) {
         fprintf(stderr, "apiary dht: cannot listen on %s: %s\n",
                 no.listen ? no.listen : "(no listen address)", ap_strerror(rc));
@@ -305,6 +327,27 @@ static int run_store(const opts_t *o, const char *key, const char *value)
     return rc ? 1 : 0;
 }
 
+/* The resource scopes: the node's line in the log; with --stats the whole
+ * report on stdout. */
+static void print_resources(ap_rt_t *rt, bool full)
+{
+    char rep[8192];
+    int len = ap_node_resources_sync(rt, 8, rep, sizeof rep);
+    if (len <= 0) return;
+    char *nl = strchr(rep, '\n');
+    int first = nl ? (int)(nl - rep) : len;
+    ap_log(AP_LOG_INFO, "rcmgr", "%.*s", first, rep);
+    if (!full) return;
+    printf("resources:\n");
+    for (char *line = rep; *line;) {
+        char *e = strchr(line, '\n');
+        printf("  %.*s\n", e ? (int)(e - line) : (int)strlen(line), line);
+        if (!e) break;
+        line = e + 1;
+    }
+    fflush(stdout);
+}
+
 static int run_node(const opts_t *o)
 {
     ap_cli_catch_stop(); /* a signal during the bootstrap also ends here, cleanly */
@@ -336,6 +379,7 @@ static int run_node(const opts_t *o)
     while (!ap_cli_stop_signal()) {
         nanosleep(&tick, NULL);
         if (++ticks % (interval * 5) == 0) {
+            print_resources(n.rt, o->stats);
             ap_dht_stats_t st;
             if (ap_dht_get_stats_sync(n.dht, &st) == 0)
                 ap_log(AP_LOG_INFO, "dht",
@@ -346,6 +390,7 @@ static int run_node(const opts_t *o)
                        (unsigned long long)st.rpcs_served);
         }
     }
+    if (o->stats) print_resources(n.rt, true);
     fprintf(stderr, "apiary dht: %s, shutting down\n", ap_cli_stop_name());
     mon_server_stop(mon);
     node_close(&n);
@@ -365,6 +410,9 @@ static int dht_main(int argc, char **argv)
                                           {"subkey", required_argument, NULL, 's'},
                                           {"value-file", required_argument, NULL, 'V'},
                                           {"stats-interval", required_argument, NULL, 'S'},
+                                          {"stats", no_argument, NULL, 'T'},
+                                          {"max-memory", required_argument, NULL, 'M'},
+                                          {"peer-memory", required_argument, NULL, 'm'},
                                           {"http", required_argument, NULL, 'H'},
                                           {"run-id", required_argument, NULL, 'R'},
                                           {"log-level", required_argument, NULL, 'l'},
@@ -423,6 +471,15 @@ static int dht_main(int argc, char **argv)
                 fprintf(stderr, "apiary dht: --stats-interval takes seconds > 0\n");
                 goto out;
             }
+            break;
+        case 'T':
+            o.stats = true;
+            break;
+        case 'M':
+            if (!ap_cli_int("--max-memory", optarg, 8, 1 << 20, &o.max_memory_mib)) goto out;
+            break;
+        case 'm':
+            if (!ap_cli_int("--peer-memory", optarg, 1, 1 << 20, &o.peer_memory_mib)) goto out;
             break;
         case 'l':
             if (!ap_cli_set_log_level(optarg)) goto out;

@@ -54,6 +54,13 @@ static bool conn_up_to(ap_node_t *n, const ap_peer_id_t *peer, const ap_mconn_t 
     return false;
 }
 
+bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer)
+{
+    for (size_t i = 0; i < n->nbook; i++)
+        if (ap_peer_id_eq(&n->book[i].peer, peer)) return true;
+    return false;
+}
+
 static ap_mconn_t *find_conn(ap_node_t *n, const ap_peer_id_t *peer)
 {
     ap_mconn_t *dialing = NULL;
@@ -135,6 +142,11 @@ static void conn_resolve_dup(ap_mconn_t *c)
 static void conn_became_up(ap_mconn_t *c)
 {
     ap_node_t *n = c->node;
+    if (ap__mc_rc_up(c) < 0) {
+        c->book_next = -1; /* no other address: it is the peer that is over its limit */
+        ap__mconn_fail(c, AP_ELIMIT, NULL); /* the WARN is written */
+        return;
+    }
     c->state = MC_UP;
     bool first = !conn_up_to(n, &c->peer, c);
     ap_debug("mux", "connection to %s up", c->short_id);
@@ -161,6 +173,7 @@ ap_mconn_t *ap__mconn_new(ap_node_t *n, ap_conn_t *t, bool up)
     c->next_sid = t->dialer ? 1 : 2;
     c->credit = AP_MUX_CONN_WINDOW;
     c->rx_credit = AP_MUX_CONN_WINDOW;
+    c->rc_conn = ap_rcmgr_conn(n->rc); /* NULL on out of memory: counted in the others only */
     t->user = c;
     t->cbs = (ap_conn_cbs_t){
         .on_up = on_up, .on_read = ap__mconn_on_read, .on_drain = on_drain, .on_close = on_close};
@@ -278,6 +291,7 @@ void ap__mconn_fail(ap_mconn_t *c, int status, const char *why)
     }
     ap__idmap_free(&c->streams);
     c->nstreams = 0;
+    ap__mc_rc_down(c);
     while (c->dials) {
         ap_dial_t *d = c->dials;
         c->dials = d->next;

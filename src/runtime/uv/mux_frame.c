@@ -203,6 +203,13 @@ static int on_open(ap_mconn_t *c, const ap_frame_t *f)
     s->credit = window;
     s->peer_window = window;
     strcpy(s->proto, proto);
+    char why[64];
+    if (ap__ms_rc_open(s, why, sizeof why) < 0) {
+        /* over the connection's, the peer's or the node's stream limit */
+        ap__mconn_send_reset(c, f->sid, AP_ELIMIT, why);
+        ap__ms_finish(s, AP_ELIMIT);
+        return c->state == MC_DEAD;
+    }
     return 0;
 }
 
@@ -241,27 +248,19 @@ static int on_data(ap_mconn_t *c, const ap_frame_t *f)
             ap__ms_finish(s, AP_EMSGSIZE);
             return c->state == MC_DEAD;
         }
-        /* per connection, and a fair share of the node's budget: at most half
-         * of what is free, so many connections cannot take it all */
-        if (c->rx_buffered + total > AP_MUX_PEER_BUF_MAX ||
-            total > (AP_MUX_NODE_BUF_MAX - c->node->rx_buffered) / 2) {
-            bool node_full = c->rx_buffered + total <= AP_MUX_PEER_BUF_MAX;
-            static ap_log_limit_t lim;
-            ap_log_limited(&lim, AP_LOG_WARN, "mux",
-                           "peer %s: a %u-byte message over the %s receive buffer cap (%zu of "
-                           "%u MiB held); resetting stream",
-                           c->short_id, total, node_full ? "node's" : "connection's",
-                           node_full ? c->node->rx_buffered : c->rx_buffered,
-                           (node_full ? AP_MUX_NODE_BUF_MAX : AP_MUX_PEER_BUF_MAX) >> 20);
+        /* counted in the stream's, connection's, peer's, protocol's and
+         * node's memory (on the node: at most half of what is free, so many
+         * peers together cannot take it all) */
+        char why[64];
+        if (ap__ms_rc_reserve(s, total, "a message", why, sizeof why) < 0) {
             c->node->refused_rx++;
-            ap__mconn_send_reset(c, f->sid, AP_ELIMIT,
-                                 node_full ? "node receive buffers full"
-                                           : "connection receive buffer full");
+            ap__mconn_send_reset(c, f->sid, AP_ELIMIT, why);
             ap__ms_finish(s, AP_ELIMIT);
             return c->state == MC_DEAD;
         }
         ap_msg_t *m = ap__mux_msg_alloc(c->node, total);
         if (!m) {
+            ap__ms_rc_release(s, total);
             ap__mconn_send_reset(c, f->sid, AP_ENOMEM, "out of memory");
             ap__ms_finish(s, AP_ENOMEM);
             return c->state == MC_DEAD;

@@ -69,4 +69,21 @@ void ap__ms_resp_release(ap_mstream_t *s, size_t k);
  * memory released. */
 void ap__mux_sweep_start(ap_node_t *n);
 
+/* ---- mux_rc.c ----------------------------------------------------------- */
+
+/* c is up with its peer known: counted in the peer's scope (AP_ELIMIT, with
+ * a WARN, if the peer has too many connections). */
+int ap__mc_rc_up(ap_mconn_t *c);
+/* c is gone: its count and scope references released. */
+void ap__mc_rc_down(ap_mconn_t *c);
+/* bytes more held for s (what: "a message", "a response"): 0, or AP_ELIMIT
+ * with a WARN naming the peer and the full scope, and a short reason for
+ * the RESET in why. */
+int ap__ms_rc_reserve(ap_mstream_t *s, size_t bytes, const char *what, char *why, size_t nwhy);
+void ap__ms_rc_release(ap_mstream_t *s, size_t bytes);
+/* A stream the peer opened: counted (AP_ELIMIT as above). */
+int ap__ms_rc_open(ap_mstream_t *s, char *why, size_t nwhy);
+/* s finished: everything it holds released. */
+void ap__ms_rc_end(ap_mstream_t *s);
+
 #endif

@@ -180,6 +180,7 @@ void ap__ms_finish(ap_mstream_t *s, int status)
         ap__ms_resp_release(s, s->resp_charged);
         s->conn = NULL;
     }
+    ap__ms_rc_end(s); /* everything it still holds, and its stream count */
     if (s->kind == MS_CALL) ap__idmap_del(&n->calls, s->call_id);
     if (s->open_timer) ap_rt_timer_stop(&n->rt, s->open_timer);
     s->open_timer = 0;
@@ -312,6 +313,7 @@ void ap__ms_deliver(ap_mstream_t *s, ap_msg_t *m)
         s->rx_charged -= m->len;
         s->conn->rx_buffered -= m->len;
         n->rx_buffered -= m->len;
+        ap__ms_rc_release(s, m->len);
     }
     ap__mux_msg_free(n, m);
 }
@@ -349,6 +351,7 @@ void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     s->rx_charged -= hello->len;
     c->rx_buffered -= hello->len;
     c->node->rx_buffered -= hello->len;
+    ap__ms_rc_release(s, hello->len);
     s->accepting = true;
     int rc = fn(&n->rt, larg, &s->pub, &s->pub.peer, hello->data, hello->len);
     s->accepting = false;
@@ -394,6 +397,7 @@ void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
     s->rx_charged -= req->len;
     s->conn->rx_buffered -= req->len;
     n->rx_buffered -= req->len;
+    ap__ms_rc_release(s, req->len);
     r->pub.rt = &n->rt;
     r->pub.peer = s->pub.peer;
     r->pub.data = req->data;
@@ -415,15 +419,31 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     ap_mstream_t *s = r->s;
     ap_node_t *n = NODE(req->rt);
     req_unlink(n, r);
+    bool live = s && !s->finished && s->conn;
+    /* A response waits for the caller's credit: what a peer that reads
+     * nothing can make us hold is counted in the stream's, connection's,
+     * peer's, protocol's and node's memory -- reserved before it is copied. */
+    char why[64];
+    bool refused = false;
+    if (live && !err && len <= UINT32_MAX) {
+        if (ap__ms_rc_reserve(s, len, "a response", why, sizeof why) < 0) {
+            n->refused_resp++;
+            refused = true;
+        }
+    }
     /* data may point into the request itself: copy before freeing it */
     ap_msg_t *m = NULL;
-    bool live = s && !s->finished && s->conn;
-    if (live && !err && len <= UINT32_MAX) m = ap__mux_msg_new(n, data, len);
+    if (live && !err && !refused && len <= UINT32_MAX) m = ap__mux_msg_new(n, data, len);
     ap__mux_msg_free(n, r->msg);
     free(r);
     if (!live) return;
     s->req = NULL;
     ap_mconn_t *c = s->conn;
+    if (refused) {
+        ap__mconn_send_reset(c, s->sid, AP_ELIMIT, why);
+        ap__ms_finish(s, AP_ELIMIT);
+        return;
+    }
     if (err) {
         ap__mconn_send_reset(c, s->sid, err, errmsg);
         ap__ms_finish(s, err);
@@ -432,23 +452,6 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     if (!m) {
         ap__mconn_send_reset(c, s->sid, AP_ENOMEM, "response not queued");
         ap__ms_finish(s, AP_ENOMEM);
-        return;
-    }
-    /* A response waits for the caller's credit: what a peer that reads
-     * nothing can make us hold is bounded per connection and per node. */
-    if (c->resp_queued + len > AP_MUX_CONN_RESP_MAX ||
-        len > (AP_MUX_NODE_RESP_MAX - n->resp_queued) / 2) {
-        bool node_full = c->resp_queued + len <= AP_MUX_CONN_RESP_MAX;
-        static ap_log_limit_t lim;
-        ap_log_limited(&lim, AP_LOG_WARN, "mux",
-                       "peer %s: %s response queue full (%zu bytes waiting for the peer to "
-                       "read); refusing a %zu-byte response on %s",
-                       c->short_id, node_full ? "the node's" : "its connection's",
-                       node_full ? n->resp_queued : c->resp_queued, len, s->proto);
-        n->refused_resp++;
-        ap__mux_msg_free(n, m);
-        ap__mconn_send_reset(c, s->sid, AP_ELIMIT, "response queue full");
-        ap__ms_finish(s, AP_ELIMIT);
         return;
     }
     s->accepted = true;
@@ -474,6 +477,7 @@ void ap__ms_resp_release(ap_mstream_t *s, size_t k)
     s->resp_charged -= k;
     if (s->conn) s->conn->resp_queued -= k;
     s->node->resp_queued -= k;
+    ap__ms_rc_release(s, k);
     s->progress_us = ap__host_now_us(s->node->host);
 }
 

@@ -291,6 +291,11 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     n->host = h;
     n->next_id = 1;
+    if (ap__mux_rc_init(n) < 0) {
+        ap__rt_fini(&n->rt);
+        free(n);
+        return AP_ENOMEM;
+    }
     const ap_uv_transport_t *tp = listen_transport(&o);
     if (!tp)
         rc = o.dial_only ? AP_EINVAL : AP_EADDR;
@@ -301,6 +306,7 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
         if (rc < 0) tp->stop(n);
     }
     if (rc < 0) {
+        ap__mux_rc_free(n);
         ap__rt_fini(&n->rt);
         free(n);
         return rc;
@@ -359,6 +365,7 @@ static void node_free(ap_rt_t *rt)
     }
     ap__idmap_free(&n->calls);
     free(n->book);
+    ap__mux_rc_free(n);
     ap_debug("uv", "node %s down", n->rt.short_id);
     ap__rt_fini(&n->rt);
     free(n);

@@ -150,6 +150,12 @@ static void dial_cb(void *arg, int status, ap_tcp_conn_t *c)
 
 /* ---- node hooks -------------------------------------------------------------------- */
 
+static bool is_known(void *arg, const ap_peer_id_t *peer)
+{
+    tcpc_t *tc = arg;
+    return tc->node && ap__node_knows(tc->node, peer);
+}
+
 static int tcpc_start(ap_node_t *n, const char *listen)
 {
     tcpc_t *tc = calloc(1, sizeof *tc);
@@ -158,7 +164,7 @@ static int tcpc_start(ap_node_t *n, const char *listen)
     memcpy(id.sk, n->rt.sk, AP_ED25519_SK_LEN);
     crypto_sign_ed25519_sk_to_pk(id.pk, id.sk);
     id.id = n->rt.self;
-    ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close};
+    ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close, is_known};
     /* duplicates after a simultaneous dial stay open: the mux retires the
      * loser with GOAWAY once its streams are done (mux_conn.c, conn_resolve_dup) */
     ap_tcp_cfg_t cfg = {.keep_duplicates = true};

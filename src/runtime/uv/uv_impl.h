@@ -5,6 +5,7 @@
 #include "apiary/host.h"
 #include "apiary/node.h"
 #include "base/buf.h"
+#include "base/rcmgr.h"
 #include "base/u64map.h"
 #include "runtime/rt_impl.h"
 #include "runtime/uv/conn.h"
@@ -14,15 +15,23 @@
 #include <uv.h>
 
 /* ---- limits (docs/protocol.md) ------------------------------------------- */
-#define AP_MUX_FRAG         32768u      /* DATA bytes per frame (scheduling quantum) */
-#define AP_MUX_CONN_WINDOW  (16u << 20) /* connection-level credit */
-#define AP_MUX_MAX_STREAMS  1024        /* live streams + calls per connection */
-#define AP_MUX_PEER_BUF_MAX (64u << 20) /* received bytes buffered per connection */
-/* Node-wide: one message (response) may take at most half of what is free,
- * so many connections together cannot take it all. */
-#define AP_MUX_NODE_BUF_MAX    (256u << 20) /* received bytes buffered, all connections */
-#define AP_MUX_CONN_RESP_MAX   (32u << 20)  /* RPC response bytes queued per connection */
-#define AP_MUX_NODE_RESP_MAX   (256u << 20) /* RPC response bytes queued, all connections */
+#define AP_MUX_FRAG        32768u      /* DATA bytes per frame (scheduling quantum) */
+#define AP_MUX_CONN_WINDOW (16u << 20) /* connection-level credit */
+#define AP_MUX_MAX_STREAMS 1024        /* live streams + calls per connection */
+/* What peers can make a node hold: received messages (reassembly and paused
+ * queues) and queued RPC responses, counted in the node's resource manager
+ * (base/rcmgr.h) per stream, connection, peer, protocol and node; the
+ * defaults of ap_node_limits_t. On the node and on a protocol, one
+ * reservation may take at most half of what is free, so many peers together
+ * cannot take it all (another peer's small request always fits). */
+#define AP_MUX_STREAM_MEM_MAX  (32u << 20)  /* per stream */
+#define AP_MUX_CONN_MEM_MAX    (64u << 20)  /* per connection */
+#define AP_MUX_PEER_MEM_MAX    (64u << 20)  /* per peer, all its connections */
+#define AP_MUX_PROTO_MEM_MAX   (192u << 20) /* per protocol, all peers */
+#define AP_MUX_NODE_MEM_MAX    (256u << 20) /* the whole node */
+#define AP_MUX_PEER_STREAMS    1024         /* streams a peer opened to us, all connections */
+#define AP_MUX_NODE_STREAMS    16384        /* streams peers opened to us, all peers */
+#define AP_MUX_PEER_CONNS      16           /* connections per peer */
 #define AP_MUX_STALL_US        (20000000u)  /* stalled partial message / queued response: reset */
 #define AP_MUX_SWEEP_US        (2000000u)   /* how often stalls are looked for */
 #define AP_MUX_FLUSH_BYTES     (256u << 10) /* write to the transport in batches of this */
@@ -184,7 +193,12 @@ struct ap_mstream {
     uint32_t rx_window; /* credit we grant */
     int64_t rx_credit;  /* credit the peer still holds */
     uint32_t unacked;
-    size_t rx_charged;    /* this stream's share of conn->rx_buffered */
+    size_t rx_charged; /* this stream's share of conn->rx_buffered */
+    /* resource manager (mux_rc.c): the scopes this stream's memory and
+     * count are reserved in (set at the first reservation), and how much */
+    ap_rc_span_t rc;
+    bool rc_set, rc_stream; /* span set; an inbound stream is counted */
+    uint64_t rc_mem;
     size_t resp_charged;  /* SERVE: response bytes not yet framed (conn/node->resp_queued) */
     uint64_t progress_us; /* last DATA in or out of a partial message / queued response */
     /* close */
@@ -232,8 +246,11 @@ struct ap_mconn {
     int64_t credit;    /* connection send credit */
     int64_t rx_credit; /* connection credit the peer holds */
     uint32_t unacked;
-    size_t rx_buffered; /* bytes in reassembly + paused queues */
-    size_t resp_queued; /* RPC response bytes queued, not yet framed */
+    size_t rx_buffered;               /* bytes in reassembly + paused queues */
+    size_t resp_queued;               /* RPC response bytes queued, not yet framed */
+    ap_rc_scope_t *rc_conn, *rc_peer; /* resource scopes (peer: once up) */
+    bool rc_counted;                  /* the connection is counted in them */
+    uint64_t rc_warned_us;            /* last refusal WARN (one per 10 s per connection) */
     uint64_t dial_timer;
     /* implicit dial: the next older address in the peer's book to try if this
      * one fails before the connection is up (-1: none left) */
@@ -296,9 +313,10 @@ struct ap_node {
     bool processing;
     /* what peers make this node hold (mux_stream.c): bounded node-wide */
     size_t rx_buffered, resp_queued;
+    ap_rcmgr_t *rc;       /* limits per stream, connection, peer, protocol, node */
     uint64_t sweep_timer; /* stalled partial messages and responses */
     uint64_t stall_us;    /* 0 = AP_MUX_STALL_US (tests shorten it) */
-    uint64_t refused_rx, refused_resp, stalled_reset;
+    uint64_t refused_rx, refused_resp, refused_streams, refused_conns, stalled_reset;
 };
 
 /* addrs.c */
@@ -320,6 +338,12 @@ void ap__mconn_flush(ap_mconn_t *c);
 void ap__mux_close_all(ap_node_t *n);
 void ap__mux_free_reqs(ap_node_t *n);
 void ap__mux_free_cache(ap_node_t *n);
+/* Whether peer is in the node's address book (mux_conn.c): a peer it knows
+ * (routing-table contacts, peers it dialled), for admission. */
+bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer);
+/* The node's resource manager (mux_rc.c), with the default limits. */
+int ap__mux_rc_init(ap_node_t *n);
+void ap__mux_rc_free(ap_node_t *n);
 /* Test and fuzz hook: bytes as if read from c's transport. */
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
