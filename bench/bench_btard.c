@@ -3,7 +3,8 @@
  * aggregation (mean, centered_clip = ButterflyClip alone, btard = with the
  * checks and bans): final accuracy, the gap to the clean run of the same
  * aggregation, attackers and honest peers banned, steps until every attacker
- * was banned. Options: --byzantine B (default 7), --peers N (16), --steps S
+ * was banned; then the round overhead of ButterflyClip against the plain
+ * all-reduce (bench_btard_round.c). Options: --byzantine B (default 7), --peers N (16), --steps S
  * (300; 100 with --quick), --seed S. */
 #include "bench.h"
 
@@ -12,6 +13,8 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+int ap__bench_btard_round(ap_bench_ctx_t *ctx); /* bench_btard_round.c */
 
 static int run(ap_bench_ctx_t *ctx, int argc, char **argv)
 {
@@ -76,7 +79,8 @@ static int run(ap_bench_ctx_t *ctx, int argc, char **argv)
             ap_bench_report(ctx, "steps_to_ban_all", r.steps_to_ban_all, "steps", f);
         }
     }
-    return 0;
+    /* one round, plain mean against ButterflyClip, on simulated links */
+    return ap__bench_btard_round(ctx);
 }
 
 AP_BENCH(bench_btard, "btard", run,

@@ -2,7 +2,8 @@
  * simulator. Three nodes form a group (0 and 1 honest, 2 driven by the
  * input); node 2 opens streams to the reducers with hellos and chunk frames
  * taken from the input. Whatever it sends, the honest round must end, its
- * values must stay finite, and nothing may leak (ASan).
+ * values must stay finite, and nothing may leak (ASan). Each input runs twice:
+ * with the mean and with ButterflyClip as the part reducer.
  *
  * Input: a sequence of records [u8 op][u16 len][len bytes]:
  *   op % 4 == 0: open a stream to reducer (byte0 % 2) with hello = bytes 1..
@@ -11,6 +12,7 @@
  *   op % 4 == 3: close the last stream */
 #include "apiary/allreduce.h"
 #include "apiary/avg.h"
+#include "apiary/btard.h"
 #include "apiary/log.h"
 #include "apiary/sim.h"
 #include "averaging/allreduce.h"
@@ -58,13 +60,10 @@ static bool both_done(void *arg)
     return nodes[0].done && nodes[1].done;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* One round against the input's sender; clip: every reducer aggregates with
+ * ButterflyClip (all copies kept, results at the part's end). */
+static void run_one(const uint8_t *data, size_t size, bool clip)
 {
-    static bool init;
-    if (!init) {
-        ap_log_set_level(AP_LOG_OFF);
-        init = true;
-    }
     ap_sim_t *sim = ap_sim_new(1);
     for (int i = 0; i < 3; i++) ap_sim_add_node(sim, NULL);
     ap_avg_member_t mem[3];
@@ -73,9 +72,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                    1e6, 1e6};
     ap_avg_group_t g = {.members = mem, .n = 3};
     memset(g.id, 0x77, sizeof g.id);
-    ap_allreduce_opts_t o = {.chunk_elems = 8, .stall_min_us = 100000};
     memset(nodes, 0, sizeof nodes);
+    ap_btard_bclip_t bc[2];
     for (int i = 0; i < 2; i++) {
+        bc[i] = (ap_btard_bclip_t){.cfg = ap_btard_clip_cfg_default()};
+        ap_allreduce_opts_t o = {.chunk_elems = 8, .stall_min_us = 100000};
+        if (clip) {
+            o.reduce = ap_btard_butterfly_clip;
+            o.reduce_arg = &bc[i];
+        }
         ap_avg_service_new(ap_sim_node(sim, i), &nodes[i].svc);
         for (int k = 0; k < ELEMS; k++) nodes[i].data[k] = (float)(k + i);
         ap_allreduce_start(nodes[i].svc, &g, nodes[i].data, ELEMS, 1.0 + i, &o, on_done, &nodes[i],
@@ -124,5 +129,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < 2; i++)
         if (ap_avg_service_free(nodes[i].svc)) abort();
     ap_sim_free(sim);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static bool init;
+    if (!init) {
+        ap_log_set_level(AP_LOG_OFF);
+        init = true;
+    }
+    run_one(data, size, false);
+    run_one(data, size, true);
     return 0;
 }
