@@ -20,6 +20,7 @@ struct ap_swarm_watch {
     ap_swarm_watch_fn fn;
     void *arg;
     bool getting, again, dying;
+    bool in_fn; /* inside fn: a free from it is finished here */
     uint64_t reads, failures;
 };
 
@@ -46,11 +47,14 @@ static void on_got(ap_dht_t *dht, void *arg, int status, const ap_dht_result_t *
         w->failures++;
         ap_info(MOD, "reading the stage records failed: %s",
                 ap_err_name(status ? status : AP_EPROTO));
+        w->in_fn = true;
         if (w->fn) w->fn(w->rt, w->arg, status ? status : AP_EPROTO, NULL, w->S);
     } else {
         w->reads++;
+        w->in_fn = true;
         if (w->fn) w->fn(w->rt, w->arg, 0, res, w->S);
     }
+    w->in_fn = false;
     if (w->dying) { /* freed from its callback */
         watch_destroy(w);
         return;
@@ -132,7 +136,7 @@ void ap_swarm_watch_free(ap_swarm_watch_t *w)
     ap_rt_timer_stop(w->rt, w->timer_id);
     w->dying = true;
     w->fn = NULL;
-    if (!w->getting) watch_destroy(w);
+    if (!w->getting && !w->in_fn) watch_destroy(w);
 }
 
 uint64_t ap_swarm_watch_reads(const ap_swarm_watch_t *w)

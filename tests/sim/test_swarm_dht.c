@@ -273,8 +273,49 @@ static void test_dht_routing(void **state)
     world_free(&w);
 }
 
+/* A one-shot read, as `apiary swarm server --stage auto` makes it: the
+ * callback frees its watch (which used to free it twice). */
+typedef struct once {
+    ap_swarm_watch_t *w;
+    int calls, members;
+} once_t;
+
+static void on_once(ap_rt_t *rt, void *arg, int status, const ap_dht_result_t *res, uint32_t n)
+{
+    once_t *o = arg;
+    o->calls++;
+    if (!status) {
+        ap_swarm_member_t m[16];
+        int64_t exp[16];
+        o->members = ap_swarm_members_from(res, n, ap_rt_wall_ms(rt), m, exp, 16);
+    }
+    ap_swarm_watch_free(o->w);
+}
+
+static bool once_done(void *arg)
+{
+    return ((once_t *)arg)->calls > 0;
+}
+
+static void test_watch_free_in_callback(void **state)
+{
+    (void)state;
+    world_t w;
+    world_new(&w);
+    ap_sim_run_for(w.sim, 2 * PERIOD); /* every server has announced */
+    once_t o = {0};
+    assert_ok(ap_swarm_watch_new(ap_sim_node(w.sim, TRAINER), w.dht[TRAINER], RUN, NS, WATCH_US,
+                                 on_once, &o, &o.w));
+    assert_true(ap_sim_run_until(w.sim, once_done, &o, ap_sim_now_us(w.sim) + 10000000));
+    ap_sim_run_for(w.sim, 4 * WATCH_US); /* no second call after the free */
+    assert_int_equal(o.calls, 1);
+    assert_int_equal(o.members, NSRV);
+    world_free(&w);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_dht_routing)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_dht_routing),
+                                       cmocka_unit_test(test_watch_free_in_callback)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

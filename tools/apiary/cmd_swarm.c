@@ -305,11 +305,13 @@ typedef struct auto_read {
     srv_t *v;
     ap_sync_t *done;
     ap_swarm_watch_t *w;
+    int failures;
 } auto_read_t;
 
 static void on_auto(ap_rt_t *rt, void *arg, int status, const ap_dht_result_t *res, uint32_t n)
 {
     auto_read_t *a = arg;
+    if (status && ++a->failures < 5) return; /* the watch reads again in a second */
     if (!status) {
         static ap_swarm_member_t m[1024];
         static int64_t exp[1024];
@@ -326,8 +328,9 @@ static void auto_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     auto_read_t *a = arg;
     a->done = done;
-    int rc = ap_swarm_watch_new(rt, a->v->dht, a->v->o->run_id, (uint32_t)a->v->o->stages,
-                                3600000000ull, on_auto, a, &a->w);
+    int rc =
+        ap_swarm_watch_new(rt, a->v->dht, a->v->o->run_id, (uint32_t)a->v->o->stages, 1000000ull,
+                           on_auto, a, &a->w); /* a failed read is retried each second */
     if (rc) ap_sync_complete(done, rc);
 }
 
