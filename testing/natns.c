@@ -2,6 +2,7 @@
 #include "natns.h"
 
 #include "apiary/error.h"
+#include "nsguard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,7 +25,6 @@ extern char **environ;
 #define NETNS_DIR "/var/run/netns"
 #define NAME_MAX_ 64
 #define PATH_MAX_ (sizeof NETNS_DIR + NAME_MAX_ + 2)
-#define MAX_LIVE  8
 #define NET_IP    "198.18.0.254"
 
 typedef struct ns_entry {
@@ -48,13 +48,7 @@ static size_t n_entries(const ap_natns_t *ns)
     return 1 + ns->np + 2 * ns->nh;
 }
 
-/* ---- clean-up on exit and on signals ---------------------------------------- */
-
-static ap_natns_t *volatile g_live[MAX_LIVE];
-static bool g_atexit;
-static const int g_sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-static struct sigaction g_old[3];
-static bool g_hooked[3];
+/* ---- clean-up on exit and on signals (nsguard.h) ------------------------- */
 
 /* Async-signal-safe: what `ip netns del` does. */
 static void unmount_all(ap_natns_t *ns)
@@ -68,52 +62,9 @@ static void unmount_all(ap_natns_t *ns)
         }
 }
 
-static void unmount_live(void)
+static void unmount_cb(void *arg)
 {
-    for (int k = 0; k < MAX_LIVE; k++) {
-        ap_natns_t *ns = g_live[k];
-        if (ns && ns->owner == getpid()) unmount_all(ns);
-    }
-}
-
-static void on_signal(int sig)
-{
-    unmount_live();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void hook(ap_natns_t *ns)
-{
-    for (int k = 0; k < MAX_LIVE; k++)
-        if (!g_live[k]) {
-            g_live[k] = ns;
-            break;
-        }
-    if (!g_atexit) g_atexit = atexit(unmount_live) == 0;
-    for (int s = 0; s < 3; s++) {
-        if (g_hooked[s]) continue;
-        struct sigaction cur;
-        if (sigaction(g_sigs[s], NULL, &cur) || cur.sa_handler != SIG_DFL) continue;
-        struct sigaction sa = {.sa_handler = on_signal};
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(g_sigs[s], &sa, &g_old[s]) == 0) g_hooked[s] = true;
-    }
-}
-
-static void unhook(ap_natns_t *ns)
-{
-    bool any = false;
-    for (int k = 0; k < MAX_LIVE; k++) {
-        if (g_live[k] == ns) g_live[k] = NULL;
-        if (g_live[k]) any = true;
-    }
-    if (any) return;
-    for (int s = 0; s < 3; s++)
-        if (g_hooked[s]) {
-            sigaction(g_sigs[s], &g_old[s], NULL);
-            g_hooked[s] = false;
-        }
+    unmount_all(arg);
 }
 
 /* ---- running commands ------------------------------------------------------------ */
@@ -424,7 +375,7 @@ int ap_natns_new(size_t npublic, size_t nhomes, const ap_nat_kind_t *kinds, ap_n
         snprintf(ip, sizeof ip, "10.%u.0.2", (unsigned)(90 + k));
         set_entry(home(ns, k), name, ip);
     }
-    hook(ns);
+    ap_nsguard_add(unmount_cb, ns); /* when full: not removed on a signal */
     int rc = build(ns, why, wn);
     if (rc) {
         ap_natns_free(ns);
@@ -441,7 +392,7 @@ void ap_natns_free(ap_natns_t *ns)
         size_t n = n_entries(ns);
         for (size_t i = n; i-- > 0;) ns_del(&ns->e[i]);
     }
-    unhook(ns);
+    ap_nsguard_remove(ns);
     free(ns->e);
     free(ns->kinds);
     free(ns);

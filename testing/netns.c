@@ -2,6 +2,7 @@
 #include "netns.h"
 
 #include "apiary/error.h"
+#include "nsguard.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -30,7 +31,6 @@ extern char **environ;
 #define NETNS_DIR "/var/run/netns"
 #define NAME_MAX_ 48
 #define PATH_MAX_ (sizeof NETNS_DIR + NAME_MAX_ + 2)
-#define MAX_LIVE  8
 #define BRIDGE    "br0"
 #define HOST_DEV  "eth0"
 #define MTU_FRAME 1514.0
@@ -49,13 +49,7 @@ struct ap_netns {
     ap_netns_link_t *links;
 };
 
-/* ---- clean-up on exit and on signals ---------------------------------------- */
-
-static ap_netns_t *volatile g_live[MAX_LIVE];
-static bool g_atexit;
-static const int g_sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-static struct sigaction g_old[3];
-static bool g_hooked[3];
+/* ---- clean-up on exit and on signals (nsguard.h) ------------------------- */
 
 /* Async-signal-safe: what `ip netns del` does (lazy unmount of the bind
  * mount that keeps the namespace, then the file). */
@@ -69,55 +63,9 @@ static void unmount_all(ap_netns_t *ns)
         }
 }
 
-static void on_signal(int sig)
+static void unmount_cb(void *arg)
 {
-    for (int k = 0; k < MAX_LIVE; k++) {
-        ap_netns_t *ns = g_live[k];
-        if (ns && ns->owner == getpid()) unmount_all(ns);
-    }
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void on_exit_hook(void)
-{
-    for (int k = 0; k < MAX_LIVE; k++) {
-        ap_netns_t *ns = g_live[k];
-        if (ns && ns->owner == getpid()) unmount_all(ns);
-    }
-}
-
-static void hook(ap_netns_t *ns)
-{
-    for (int k = 0; k < MAX_LIVE; k++)
-        if (!g_live[k]) {
-            g_live[k] = ns;
-            break;
-        }
-    if (!g_atexit) g_atexit = atexit(on_exit_hook) == 0;
-    for (int s = 0; s < 3; s++) {
-        if (g_hooked[s]) continue;
-        struct sigaction cur;
-        if (sigaction(g_sigs[s], NULL, &cur) || cur.sa_handler != SIG_DFL) continue;
-        struct sigaction sa = {.sa_handler = on_signal};
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(g_sigs[s], &sa, &g_old[s]) == 0) g_hooked[s] = true;
-    }
-}
-
-static void unhook(ap_netns_t *ns)
-{
-    bool any = false;
-    for (int k = 0; k < MAX_LIVE; k++) {
-        if (g_live[k] == ns) g_live[k] = NULL;
-        if (g_live[k]) any = true;
-    }
-    if (any) return;
-    for (int s = 0; s < 3; s++)
-        if (g_hooked[s]) {
-            sigaction(g_sigs[s], &g_old[s], NULL);
-            g_hooked[s] = false;
-        }
+    unmount_all(arg);
 }
 
 /* ---- running ip and tc -------------------------------------------------------- */
@@ -321,7 +269,7 @@ int ap_netns_new(size_t n, const ap_netns_link_t *links, ap_netns_t **out, char 
     }
     snprintf(name, sizeof name, "apiary-%d-%u-hub", (int)getpid(), s);
     set_entry(&ns->e[n], name, AP_NETNS_HUB_IP);
-    hook(ns);
+    ap_nsguard_add(unmount_cb, ns); /* when full: not removed on a signal */
 
     const char *hub = ns->e[n].name;
     int rc = ns_add(&ns->e[n], why, wn);
@@ -362,7 +310,7 @@ void ap_netns_free(ap_netns_t *ns)
         for (size_t i = 0; i < ns->n; i++) ns_del(&ns->e[i]);
         ns_del(&ns->e[ns->n]);
     }
-    unhook(ns);
+    ap_nsguard_remove(ns);
     free(ns->e);
     free(ns->links);
     free(ns);
