@@ -7,6 +7,7 @@
 #include "apiary/node.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool ap_cli_announce(const char *text, const char **list, int *n)
@@ -26,6 +27,29 @@ bool ap_cli_announce(const char *text, const char **list, int *n)
     }
     list[(*n)++] = text;
     return true;
+}
+
+bool ap_cli_peer_list(const char *cmd, const char *text, char **list, int *n, int max)
+{
+    char *copy = strdup(text);
+    if (!copy) {
+        fprintf(stderr, "apiary %s: out of memory\n", cmd);
+        return false;
+    }
+    bool ok = true;
+    for (char *sv = NULL, *t = strtok_r(copy, ",", &sv); t && ok; t = strtok_r(NULL, ",", &sv)) {
+        if (*n == max) {
+            fprintf(stderr, "apiary %s: at most %d initial peers\n", cmd, max);
+            ok = false;
+        } else if (!(list[*n] = strdup(t))) {
+            fprintf(stderr, "apiary %s: out of memory\n", cmd);
+            ok = false;
+        } else {
+            (*n)++;
+        }
+    }
+    free(copy);
+    return ok;
 }
 
 static bool is_loopback(const char *addr)

@@ -43,6 +43,10 @@ int ap_cli_count(const char *text, uint64_t *out);
  * and a port > 0) and appends it to list (*n < AP_NODE_MAX_ANNOUNCE entries);
  * otherwise prints the expected form and returns false. */
 bool ap_cli_announce(const char *text, const char **list, int *n);
+/* --initial-peers A,B,...: appends a copy of each address to list (the
+ * caller frees them), at most max in all; otherwise prints why, naming cmd,
+ * and returns false. */
+bool ap_cli_peer_list(const char *cmd, const char *text, char **list, int *n, int max);
 /* Whether a node whose advertised addresses are addrs can be reached by its
  * initial peers: false (and a message naming the fix) when every address is
  * loopback but a peer is on another host. */

@@ -152,20 +152,9 @@ static int token_main(int argc, char **argv)
         case O_LOG:
             if (!ap_cli_set_log_level(optarg)) goto out;
             break;
-        case O_PEERS: {
-            char *copy = strdup(optarg);
-            for (char *sv = NULL, *t = copy ? strtok_r(copy, ",", &sv) : NULL; t;
-                 t = strtok_r(NULL, ",", &sv)) {
-                if (npeers == MAX_PEERS) {
-                    fprintf(stderr, "apiary run-token: at most %d initial peers\n", MAX_PEERS);
-                    free(copy);
-                    goto out;
-                }
-                peers[npeers++] = strdup(t);
-            }
-            free(copy);
+        case O_PEERS:
+            if (!ap_cli_peer_list("run-token", optarg, peers, &npeers, MAX_PEERS)) goto out;
             break;
-        }
         case 'h':
             usage(stdout);
             rc = 0;
