@@ -341,7 +341,10 @@ static void b_close(ap_p2p_stream_t *s, int status)
     if (!bs) return;
     bconn_t *bc = bs->bc;
     bs->ps = NULL;
-    if (!bs->done && !(status == 0 && bs->lclose && bs->rclose) && bc->pc)
+    /* the mux learns that its stream is gone (one the peer opened only if
+     * the mux saw its OPEN) */
+    if (!bs->done && !(status == 0 && bs->lclose && bs->rclose) && bc->pc &&
+        (bs->opener || bs->got_open))
         queue_reset(bc, bs->sid, status ? status : AP_ERESET,
                     status == AP_ENOPROTO ? "protocol not served" : "yamux stream ended");
     ap__u64map_del(&bc->streams, bs->sid, NULL);
