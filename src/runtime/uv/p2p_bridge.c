@@ -34,6 +34,7 @@
 #include "base/u64map.h"
 #include "runtime/rt_impl.h"
 #include "runtime/uv/frame.h"
+#include "runtime/uv/inband.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -63,11 +64,9 @@ typedef struct bconn {
 struct bstream {
     bconn_t *bc;
     ap_p2p_stream_t *ps; /* NULL once the yamux stream is gone */
-    uint32_t sid;        /* the mux's id */
-    uint32_t yid;        /* the yamux id: the id in-band */
-    bool opener, ready, got_open, lclose, rclose, done, busy, dead;
+    ap_inband_t ib;      /* ids, checks, how it ends (inband.h) */
+    bool ready, busy, dead;
     ap_buf_t pend;     /* frames written before the negotiation finished */
-    ap_buf_t rx;       /* an in-band frame arriving in parts */
     ap_p2p_proto_t pr; /* opener: the protocol proposed */
     char name[AP_RT_PROTO_MAX];
 };
@@ -129,7 +128,7 @@ static bstream_t *bs_get(bconn_t *bc, uint32_t sid)
 static void bs_free(bstream_t *bs)
 {
     ap__buf_free(&bs->pend);
-    ap__buf_free(&bs->rx);
+    ap__inband_free(&bs->ib);
     free(bs);
 }
 
@@ -138,9 +137,9 @@ static void bs_send(bstream_t *bs, const uint8_t *f, size_t n)
 {
     bconn_t *bc = bs->bc;
     if (!bs->ps) return;
-    if (bs->sid != bs->yid) { /* our id -> the yamux id */
+    if (bs->ib.sid != bs->ib.yid) { /* our id -> the yamux id */
         memcpy(bc->scratch, f, n);
-        ap__put_be32(bc->scratch + 2, bs->yid);
+        ap__put_be32(bc->scratch + 2, bs->ib.yid);
         f = bc->scratch;
     }
     if (!bs->ready) {
@@ -166,8 +165,8 @@ static void out_open(bconn_t *bc, const ap_frame_t *f, const uint8_t *frame, siz
         return;
     }
     bs->bc = bc;
-    bs->sid = f->sid;
-    bs->opener = true;
+    bs->ib.sid = f->sid;
+    bs->ib.opener = true;
     if (ap__frame_parse_open(f, &window, bs->name, sizeof bs->name) != 0 ||
         ap__u64map_put(&bc->streams, f->sid, (uint64_t)(uintptr_t)bs) != 0) {
         free(bs);
@@ -182,7 +181,7 @@ static void out_open(bconn_t *bc, const ap_frame_t *f, const uint8_t *frame, siz
         queue_reset(bc, f->sid, rc, "cannot open a yamux stream");
         return;
     }
-    bs->yid = ap__p2p_stream_id(bs->ps);
+    bs->ib.yid = ap__p2p_stream_id(bs->ps);
     bc->b->stats.streams_out++;
     bs_send(bs, frame, n);
 }
@@ -205,14 +204,8 @@ static void out_frame(bconn_t *bc, const uint8_t *frame, size_t n)
     if (!bs || bs->dead) return; /* the stream is gone: the mux learns it from a RESET */
     if (f.type == AP_FRAME_DATA) bc->owed += f.len - ((f.flags & AP_FRAME_F_START) ? 4u : 0u);
     bs_send(bs, frame, n);
-    if (f.type == AP_FRAME_CLOSE) {
-        bs->lclose = true;
-        if (bs->rclose) bs->done = true;
-        bs_end_out(bs);
-    } else if (f.type == AP_FRAME_RESET) {
-        bs->done = bs->lclose = true;
-        bs_end_out(bs);
-    }
+    ap__inband_sent(&bs->ib, f.type);
+    if (f.type == AP_FRAME_CLOSE || f.type == AP_FRAME_RESET) bs_end_out(bs);
 }
 
 /* A yamux stream is negotiated: ours (opener) or one the peer opened. */
@@ -229,7 +222,7 @@ static void b_open(ap_p2p_stream_t *s)
             return;
         }
         ap__buf_free(&q);
-        if (bs->lclose) ap__p2p_stream_close(s);
+        if (bs->ib.lclose) ap__p2p_stream_close(s);
         return;
     }
     bconn_t *bc = ap__p2p_conn_user(ap__p2p_stream_conn(s));
@@ -241,9 +234,10 @@ static void b_open(ap_p2p_stream_t *s)
     }
     bs->bc = bc;
     bs->ps = s;
-    bs->sid = bs->yid = id;
+    bs->ib.sid = bs->ib.yid = id;
     bs->ready = true;
     snprintf(bs->name, sizeof bs->name, "%s", ap__p2p_stream_name(s));
+    bs->ib.name = bs->name;
     if (ap__u64map_put(&bc->streams, id, (uint64_t)(uintptr_t)bs) != 0) {
         free(bs);
         ap__p2p_stream_reset(s);
@@ -253,75 +247,22 @@ static void b_open(ap_p2p_stream_t *s)
     bc->b->stats.streams_in++;
 }
 
-/* Checks one in-band frame from the peer; 0 to hand it to the mux. */
-static int in_check(bstream_t *bs, uint8_t *frame)
+static int emit(void *arg, const uint8_t *frame, size_t len)
 {
-    ap_frame_t f;
-    if (ap__frame_parse_hdr(frame, &f) != 0) return AP_EPROTO;
-    if (f.sid != bs->yid) return AP_EPROTO;
-    f.payload = frame + AP_FRAME_HDR;
-    if (f.type == AP_FRAME_OPEN) {
-        char name[AP_RT_PROTO_MAX];
-        uint32_t window;
-        if (bs->opener || bs->got_open ||
-            ap__frame_parse_open(&f, &window, name, sizeof name) != 0 ||
-            strcmp(name, bs->name) != 0)
-            return AP_EPROTO;
-        bs->got_open = true;
-    } else if (!bs->opener && !bs->got_open) {
-        return AP_EPROTO;
-    }
-    if (f.type == AP_FRAME_GOAWAY) return AP_EPROTO;
-    if (f.type == AP_FRAME_CLOSE) {
-        bs->rclose = true;
-        if (bs->lclose) bs->done = true;
-    } else if (f.type == AP_FRAME_RESET) {
-        bs->done = bs->rclose = true;
-    }
-    if (bs->sid != bs->yid) ap__put_be32(frame + 2, bs->sid); /* the mux's id */
-    return 0;
+    bstream_t *bs = arg;
+    to_mux(bs->bc, frame, len);
+    return bs->dead || !bs->ps; /* the stream ended while the mux handled it */
 }
 
-/* Hands whole frames from p (n bytes) to the mux; a partial one waits in rx. */
+/* Hands whole checked frames from p (n bytes) to the mux. */
 static void in_bytes(bstream_t *bs, const uint8_t *p, size_t n)
 {
     bconn_t *bc = bs->bc;
-    while (n && !bs->dead && bs->ps) {
-        const uint8_t *f;
-        size_t flen;
-        if (bs->rx.len || n < HDR) {
-            size_t have = bs->rx.len;
-            size_t need = have < HDR ? HDR - have : frame_len(bs->rx.data) - have;
-            size_t k = n < need ? n : need;
-            if (ap__buf_append(&bs->rx, p, k) != 0) goto bad;
-            p += k;
-            n -= k;
-            if (bs->rx.len < HDR) return;
-            flen = frame_len(bs->rx.data);
-            if (bs->rx.len < flen) continue;
-            f = bs->rx.data;
-        } else {
-            flen = frame_len(p);
-            if (n < flen) {
-                if (ap__buf_append(&bs->rx, p, n) != 0) goto bad;
-                return;
-            }
-            f = p;
-            p += flen;
-            n -= flen;
-        }
-        memcpy(bc->scratch, f, flen);
-        bs->rx.len = 0;
-        if (in_check(bs, bc->scratch) != 0) {
-            ap_warn(MOD, "peer %s: bad mux frame on %s stream %u: reset", bc->who, bs->name,
-                    (unsigned)bs->yid);
-            bc->b->stats.bad_frames++;
-            goto bad;
-        }
-        to_mux(bc, bc->scratch, flen);
-    }
-    return;
-bad:
+    int rc = ap__inband_feed(&bs->ib, p, n, bc->scratch, emit, bs);
+    if (rc >= 0) return;
+    ap_warn(MOD, "peer %s: %s on %s stream %u: reset", bc->who,
+            rc == AP_EPROTO ? "bad mux frame" : ap_err_name(rc), bs->name, (unsigned)bs->ib.yid);
+    if (rc == AP_EPROTO) bc->b->stats.bad_frames++;
     if (bs->ps) ap__p2p_stream_reset(bs->ps);
 }
 
@@ -341,13 +282,11 @@ static void b_close(ap_p2p_stream_t *s, int status)
     if (!bs) return;
     bconn_t *bc = bs->bc;
     bs->ps = NULL;
-    /* the mux learns that its stream is gone (one the peer opened only if
-     * the mux saw its OPEN) */
-    if (!bs->done && !(status == 0 && bs->lclose && bs->rclose) && bc->pc &&
-        (bs->opener || bs->got_open))
-        queue_reset(bc, bs->sid, status ? status : AP_ERESET,
+    /* the mux learns that its stream is gone (inband.h) */
+    if (bc->pc && ap__inband_orphaned(&bs->ib, status))
+        queue_reset(bc, bs->ib.sid, status ? status : AP_ERESET,
                     status == AP_ENOPROTO ? "protocol not served" : "yamux stream ended");
-    ap__u64map_del(&bc->streams, bs->sid, NULL);
+    ap__u64map_del(&bc->streams, bs->ib.sid, NULL);
     bs->dead = true;
     if (!bs->busy) bs_free(bs);
 }
