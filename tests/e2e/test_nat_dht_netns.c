@@ -129,6 +129,23 @@ static void test_dht_reachability(void **state)
     assert_false(ap_proc_grep_file(logs[NSEED + 0], "reachability private", NULL, 0));
     assert_int_equal(ap_natns_upnp_mappings(g_ns, 1), 1);
 
+    /* `apiary identify` from the internet reaches it through the mapping */
+    char idline[256], target[400], ilog[300];
+    assert_true(ap_proc_grep_file(logs[NSEED + 2], "DHT node ", idline, sizeof idline));
+    idline[strcspn(idline, "\n")] = 0;
+    snprintf(target, sizeof target, "%s/p2p/%s", a, strstr(idline, "DHT node ") + 9);
+    snprintf(ilog, sizeof ilog, "%s/identify.log", dir);
+    char *iargv[] = {(char *)ap_test_cli(), "identify", target, NULL};
+    pid_t ip = spawn_in(false, NSEED, iargv, ilog);
+    assert_int_equal(ap_proc_wait_exit(ip, 30), 0);
+    char want_at[128];
+    snprintf(want_at, sizeof want_at, "reached at        %s (direct TCP)", a);
+    assert_true(ap_proc_grep_file(ilog, want_at, NULL, 0));
+    assert_true(ap_proc_grep_file(ilog, "reachability      public", NULL, 0));
+    assert_true(ap_proc_grep_file(ilog, "/libp2p/autonat/1.0.0", NULL, 0));
+    print_message("identify through the mapping: %s, reachability public\n", want_at);
+    unlink(ilog);
+
     /* the node behind the UPnP router stops: its mapping goes */
     kill(g_pids[NSEED + 2], SIGTERM);
     int st = ap_proc_wait_exit(g_pids[NSEED + 2], 30);
