@@ -2,18 +2,21 @@
  * is 0x13 (the length of "/multistream/1.0.0\n") is a libp2p dialer. A native
  * handshake starts with a 2-byte frame length far below 0x1300, so the two
  * cannot be confused. The socket moves to a libp2p host sharing the
- * transport's identity, which serves identify and ping, and, with a bridge
- * (ap__tcp_set_bridge), the node's own protocols. The node's libp2p dials
- * go through the same host. */
+ * transport's identity, which serves identify, ping and AutoNAT v1 (it
+ * dials a requester back only at its own IP: src/p2p/autonat.h), and, with
+ * a bridge (ap__tcp_set_bridge), the node's own protocols. The node's
+ * libp2p dials go through the same host. */
 #include "apiary/error.h"
 #include "apiary/log.h"
 #include "net/tcp_impl.h"
+#include "p2p/autonat_uv.h"
 #include "p2p/p2p_conn.h"
 
 #include <string.h>
 #include <unistd.h>
 
-#define MSS_FIRST_BYTE 0x13
+#define MSS_FIRST_BYTE  0x13
+#define AUTONAT_DIAL_MS 5000 /* a dial-back must prove the requester's PeerID within this */
 
 void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg)
 {
@@ -53,12 +56,15 @@ static ap_p2p_host_t *host(ap_tcp_t *t)
     ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
     if (!h) return NULL;
     ap__p2p_host_set_addrs(h, listen_addrs, t);
+    ap_autonat_service_t *an = NULL;
     if (ap__p2p_host_serve_basics(h) != 0 ||
-        (t->bridge && ap__p2p_host_set_bridge(h, t->bridge, t->bridge_arg) != 0)) {
+        (t->bridge && ap__p2p_host_set_bridge(h, t->bridge, t->bridge_arg) != 0) ||
+        !(an = ap__autonat_serve(h, AUTONAT_DIAL_MS))) {
         ap__p2p_host_free(h);
         return NULL;
     }
     t->p2p = h;
+    t->autonat = an;
     return h;
 }
 
@@ -92,6 +98,8 @@ bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
 static void p2p_freed(void *arg)
 {
     ap_tcp_t *t = arg;
+    ap__autonat_service_free(t->autonat);
+    t->autonat = NULL;
     t->handles--;
     ap__tcp_maybe_finish(t);
 }

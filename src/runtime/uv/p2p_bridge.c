@@ -72,6 +72,7 @@ struct bstream {
 };
 
 static void b_open(ap_p2p_stream_t *s);
+static bconn_t *adopt(ap_p2pb_t *b, ap_p2p_conn_t *pc);
 static void b_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
 static void b_close(ap_p2p_stream_t *s, int status);
 
@@ -225,7 +226,9 @@ static void b_open(ap_p2p_stream_t *s)
         if (bs->ib.lclose) ap__p2p_stream_close(s);
         return;
     }
-    bconn_t *bc = ap__p2p_conn_user(ap__p2p_stream_conn(s));
+    ap_p2p_conn_t *pc = ap__p2p_stream_conn(s);
+    bconn_t *bc = ap__p2p_conn_user(pc);
+    if (!bc) bc = adopt(ap__p2p_host_bridge_arg(ap__p2p_conn_host(pc)), pc);
     uint32_t id = ap__p2p_stream_id(s);
     if (!bc || !bc->up || bc->released || bc->native || bs_get(bc, id) ||
         !(bs = calloc(1, sizeof *bs))) {
@@ -454,12 +457,17 @@ static bool serves(void *arg, const char *proto)
            (ap__rt_find_handler(&b->node->rt, proto) || ap__rt_find_listener(&b->node->rt, proto));
 }
 
-static void on_conn(void *arg, ap_p2p_conn_t *pc)
+/* An inbound connection becomes one of the node's when the node's protocols
+ * first travel on it: its first mux bytes (native) or the first stream
+ * named for one of them (yamux). Until then it serves identify, ping and
+ * AutoNAT only, so a connection that is not the peer's mux (an AutoNAT
+ * dial-back, a peer's one-shot identify) never competes with the peer's
+ * real connection in the node. */
+static bconn_t *adopt(ap_p2pb_t *b, ap_p2p_conn_t *pc)
 {
-    ap_p2pb_t *b = arg;
-    if (!b->node || atomic_load(&b->node->closing)) return; /* identify and ping only */
+    if (!b->node || atomic_load(&b->node->closing) || ap__p2p_conn_initiator(pc)) return NULL;
     bconn_t *bc = bc_new(b, false);
-    if (!bc) return;
+    if (!bc) return NULL;
     bc->pc = pc;
     bc->up = true;
     bc->native = ap__p2p_conn_native(pc);
@@ -472,6 +480,24 @@ static void on_conn(void *arg, ap_p2p_conn_t *pc)
     ap__p2p_conn_set_cbs(pc, &pc_cbs, &pc_xcbs, bc);
     ap__p2p_conn_set_user(pc, bc);
     ap__node_accept_conn(b->node, &bc->conn);
+    return bc;
+}
+
+static void pending_data(ap_p2p_conn_t *pc, void *arg, const uint8_t *p, size_t n)
+{
+    bconn_t *bc = adopt(arg, pc);
+    if (bc)
+        to_mux(bc, p, n);
+    else
+        ap__p2p_conn_close(pc);
+}
+
+static const ap_p2p_conn_cbs_t pending_cbs = {NULL, NULL};
+static const ap_p2p_conn_xcbs_t pending_xcbs = {pending_data, NULL, NULL};
+
+static void on_conn(void *arg, ap_p2p_conn_t *pc)
+{
+    if (ap__p2p_conn_native(pc)) ap__p2p_conn_set_cbs(pc, &pending_cbs, &pending_xcbs, arg);
 }
 
 int ap__p2pb_init(ap_p2pb_t *b, ap_node_t *n, uv_loop_t *loop, bool native)
