@@ -8,7 +8,9 @@
  *                    bandwidth" of float32 data, whatever the codec), with
  *                    PyTorch gloo's all_reduce of the same P and elems as the
  *                    baseline when python3-torch is importable
- *   cpu_s_per_round  median CPU seconds of a round, summed over the workers
+ *   cpu_s_per_round  median CPU seconds of a round, summed over the workers;
+ *                    every row also carries it per wire byte (summed over
+ *                    the workers too) and per element, gloo's per element
  *   gloo_busbw_MBps  the gloo baseline itself (bench/allreduce_gloo.py)
  * Every round's result is checked by the workers against the weighted mean
  * computed from the data seeds (exact to one float rounding for none; the
@@ -258,11 +260,13 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                 double gs = run_gloo(py, script, P, E, rounds, warmup, &gcpu);
                 if (gs > 0) {
                     gloo_bus = bus_bytes / gs / 1e6;
-                    char f[200];
+                    char f[256];
                     snprintf(f, sizeof f,
                              "\"peers\":%d,\"elems\":%llu,\"codec\":\"none\",\"round_s\":%.4f,"
-                             "\"cpu_s\":%.3f,\"encrypted\":false,\"load1\":%.2f",
-                             P, (unsigned long long)E, gs, gcpu, ap_bench_load1());
+                             "\"cpu_s\":%.3f,\"cpu_ns_per_elem\":%.3f,\"encrypted\":false,"
+                             "\"load1\":%.2f",
+                             P, (unsigned long long)E, gs, gcpu, E ? gcpu * 1e9 / (double)E : 0,
+                             ap_bench_load1());
                     ap_bench_report(c, "gloo_busbw_MBps", gloo_bus, "MB/s", f);
                 } else {
                     fprintf(stderr, "bench allreduce: the gloo run (P=%d) failed\n", P);
@@ -313,12 +317,15 @@ static int bench_allreduce(ap_bench_ctx_t *c, int argc, char **argv)
                 snprintf(f, sizeof f,
                          "\"peers\":%d,\"elems\":%llu,\"codec\":\"%s\",\"encrypted\":true,"
                          "\"verified\":%s,\"cpu_s\":%.3f,\"worker_round_s\":%.4f,"
-                         "\"wire_bytes\":%llu,\"max_err\":%.3g,\"lead\":\"%s\",\"rounds_s\":[%s],"
-                         "\"load1\":%.2f",
+                         "\"wire_bytes\":%llu,\"cpu_ns_per_wire_byte\":%.3f,"
+                         "\"cpu_ns_per_elem\":%.3f,\"max_err\":%.3g,\"lead\":\"%s\","
+                         "\"rounds_s\":[%s],\"load1\":%.2f",
                          P, (unsigned long long)E, ap_arp_codec_name(codecs[ic]),
                          res.verified ? "true" : "false", res.median_cpu_s, res.median_worker_s,
-                         (unsigned long long)bytes, res.nrounds ? res.r[0].max_err : 0, lead_s,
-                         each, l1);
+                         (unsigned long long)bytes,
+                         bytes ? res.median_cpu_s * 1e9 / (double)bytes : 0,
+                         E ? res.median_cpu_s * 1e9 / (double)E : 0,
+                         res.nrounds ? res.r[0].max_err : 0, lead_s, each, l1);
                 double rs = res.median_wall_s;
                 ap_bench_report(c, "round_s", rs, "s", f);
                 double bus = rs > 0 ? bus_bytes / rs / 1e6 : 0;

@@ -11,6 +11,8 @@
  *   encrypted_stream_bound_MBps   the best wall rate two cores allow: 1 / the
  *                                 larger of (seal + the sender's raw-TCP CPU
  *                                 per byte) and (open + the receiver's)
+ *   encrypted_stream_wall_s       with each process's CPU seconds and their
+ *                                 sum per byte moved (cpu_ns_per_byte)
  *   *_cpu_MBps                    the same transfers per CPU-second of the
  *                                 busier process (robust on a shared machine)
  *   raw_tcp_MBps              (b) one plain TCP stream parent -> child
@@ -410,6 +412,15 @@ static void idle_fields(char *out, size_t cap, cpu_mark_t a, cpu_mark_t b)
     double pi = (wall - (b.peer_run - a.peer_run) - (b.peer_wait - a.peer_wait)) / wall;
     snprintf(out, cap, ",\"sender_idle_per_wall\":%.2f,\"receiver_idle_per_wall\":%.2f",
              si < 0 ? 0 : si, pi < 0 ? 0 : pi);
+}
+
+/* CPU seconds of each process between a and b, and their sum per byte
+ * moved: the cost of the transfer, whatever the load on the machine. */
+static void cpu_fields(char *out, size_t cap, uint64_t bytes, cpu_mark_t a, cpu_mark_t b)
+{
+    double s = b.self - a.self, q = b.peer - a.peer;
+    snprintf(out, cap, ",\"sender_cpu_s\":%.3f,\"receiver_cpu_s\":%.3f,\"cpu_ns_per_byte\":%.3f", s,
+             q, bytes ? (s + q) * 1e9 / (double)bytes : 0);
 }
 
 /* bytes per CPU-second of the busier of the two processes, in MB/s */
@@ -867,12 +878,13 @@ static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw, double b
         double mbps = (double)m.total / wall / 1e6;
         cpu_mark_t c1 = cpu_mark(pid);
         double mcpu = cpu_mbps(m.total, c0, c1);
-        char f[256], idle[128];
+        char f[384], idle[128], cpuf[128];
         idle_fields(idle, sizeof idle, c0, c1);
+        cpu_fields(cpuf, sizeof cpuf, m.total, c0, c1);
         snprintf(f, sizeof f,
                  "\"layer\":\"mux\",\"sender_cpu_per_wall\":%.2f,"
-                 "\"receiver_cpu_per_wall\":%.2f%s",
-                 (c1.self - c0.self) / wall, (c1.peer - c0.peer) / wall, idle);
+                 "\"receiver_cpu_per_wall\":%.2f%s%s",
+                 (c1.self - c0.self) / wall, (c1.peer - c0.peer) / wall, idle, cpuf);
         ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
         ap_bench_report_vs(ctx, "encrypted_stream_cpu_MBps", mcpu, "MB/s", aead,
                            "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\","
@@ -1045,13 +1057,14 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
          * for both means the two cores were ours; less means other jobs (or
          * waiting for the other side) held the stream back */
         double wall = enc > 0 ? (double)bulk / (enc * 1e6) : 0;
-        char f[256], idle[128];
+        char f[384], idle[128], cpuf[128];
         idle_fields(idle, sizeof idle, c0, c1);
+        cpu_fields(cpuf, sizeof cpuf, bulk, c0, c1);
         snprintf(f, sizeof f,
                  "\"layer\":\"transport\",\"sender_cpu_per_wall\":%.2f,"
-                 "\"receiver_cpu_per_wall\":%.2f%s",
+                 "\"receiver_cpu_per_wall\":%.2f%s%s",
                  wall > 0 ? (c1.self - c0.self) / wall : 0,
-                 wall > 0 ? (c1.peer - c0.peer) / wall : 0, idle);
+                 wall > 0 ? (c1.peer - c0.peer) / wall : 0, idle, cpuf);
         ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
     }
     ap_bench_report_vs(ctx, "encrypted_stream_MBps", enc, "MB/s", aead,
