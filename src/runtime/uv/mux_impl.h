@@ -85,5 +85,10 @@ void ap__ms_rc_release(ap_mstream_t *s, size_t bytes);
 int ap__ms_rc_open(ap_mstream_t *s, char *why, size_t nwhy);
 /* s finished: everything it holds released. */
 void ap__ms_rc_end(ap_mstream_t *s);
+/* bytes of what s holds (a request handed to its handler) move to *to /
+ * *to_mem, with references to s's scopes: counted there until
+ * ap__rc_hold_drop, whatever becomes of s. */
+void ap__ms_rc_move(ap_mstream_t *s, size_t bytes, ap_rc_span_t *to, uint64_t *to_mem);
+void ap__rc_hold_drop(ap_node_t *n, ap_rc_span_t *sp, uint64_t *mem);
 
 #endif

@@ -352,6 +352,8 @@ uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
 bool ap__mux_rpc_cancel(ap_rt_t *rt, uint64_t call_id);
 void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
                          size_t len);
+uint8_t *ap__mux_rpc_respond_begin(ap_rpc_req_t *req, size_t len);
+void ap__mux_rpc_respond_commit(ap_rpc_req_t *req);
 int ap__mux_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
                         const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
                         const ap_stream_cbs_t *cbs, void *arg, ap_stream_t **out);
