@@ -185,6 +185,7 @@ static void test_partial_requests(void **state)
     assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
     ap__mux_feed(c7, b.data, b.len);
     ap__buf_reset(&b);
+    ap_host_run_once(h, 0); /* its serve turn */
     assert_int_equal(n->stats.rpc_served, served + 1);
     /* they stall: reset, memory back */
     n->stall_us = 1;
@@ -454,6 +455,63 @@ static void test_built_response_refused_first(void **state)
     assert_int_equal(ap_host_free(h), 0);
 }
 
+/* ---- a burst from one peer does not hold up another's request ------------- */
+
+static ap_peer_id_t g_b;
+static int g_order_n, g_b_pos;
+
+static void order_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    if (ap_peer_id_eq(ap_rpc_req_peer(req), &g_b)) g_b_pos = g_order_n;
+    g_order_n++;
+    ap_rpc_respond(req, (const uint8_t *)"ok", 2);
+}
+
+static bool all_served(void *arg)
+{
+    return g_order_n == *(int *)arg;
+}
+
+static void test_requests_served_in_turn(void **state)
+{
+    (void)state;
+    enum { BURST = 200 };
+    g_order_n = 0;
+    g_b_pos = -1;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    assert_ok(ap_rt_rpc_register(rt, "/order", 0, order_handler, NULL));
+    ap_test_fake_conn_t fa, fb;
+    ap_mconn_t *a = accept_fake(rt, &fa, 80);
+    ap_mconn_t *b = accept_fake(rt, &fb, 81);
+    g_b = fb.conn.remote;
+    ap_buf_t buf;
+    ap__buf_init(&buf);
+    /* A's burst arrives in one read, B's single request right after it */
+    for (uint32_t i = 0; i < BURST; i++) {
+        assert_ok(ap__frame_put_open(&buf, 1 + 2 * i, true, 1024, "/order"));
+        assert_ok(ap__frame_put_data(&buf, 1 + 2 * i, true, 1, (const uint8_t *)"q", 1));
+    }
+    ap__mux_feed(a, buf.data, buf.len);
+    ap__buf_reset(&buf);
+    assert_ok(ap__frame_put_open(&buf, 1, true, 1024, "/order"));
+    assert_ok(ap__frame_put_data(&buf, 1, true, 1, (const uint8_t *)"q", 1));
+    ap__mux_feed(b, buf.data, buf.len);
+    int want = BURST + 1;
+    assert_true(ap_host_run_until(h, all_served, &want, 5000000));
+    /* B was served in the first turn, not after A's whole burst */
+    assert_true(g_b_pos >= 0 && g_b_pos <= 1);
+    ap_host_run_until(h, NULL, NULL, 20000);
+    assert_int_equal(datas(&fa), BURST);
+    assert_int_equal(datas(&fb), 1);
+    ap__buf_free(&buf);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -463,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_partial_requests),
         cmocka_unit_test(test_held_requests_counted),
         cmocka_unit_test(test_built_response_refused_first),
+        cmocka_unit_test(test_requests_served_in_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

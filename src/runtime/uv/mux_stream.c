@@ -177,6 +177,7 @@ void ap__ms_finish(ap_mstream_t *s, int status)
     s->finished = true;
     s->status = status;
     ap_mconn_t *c = s->conn;
+    if (s->in_serveq) ap__ms_serve_unqueue(s);
     if (c) {
         ms_unsched(s);
         ap__idmap_del(&c->streams, s->sid);
@@ -389,7 +390,7 @@ void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     }
 }
 
-void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
+void ap__ms_serve_now(ap_mstream_t *s, ap_msg_t *req)
 {
     ap_node_t *n = s->node;
     const ap_rt_handler_t *h = ap__rt_find_handler(&n->rt, s->proto);

@@ -212,6 +212,10 @@ struct ap_mstream {
     uint64_t call_id;
     size_t max_resp;
     struct ap_uv_req *req; /* SERVE: the request handed to the handler */
+    /* SERVE: a complete request waiting for its turn (mux_serve.c) */
+    ap_msg_t *serve_msg;
+    ap_mstream_t *serve_next;
+    bool in_serveq;
     char proto[AP_RT_PROTO_MAX];
     ap_mstream_t *dnext; /* node's list of streams waiting for on_close */
 };
@@ -262,6 +266,11 @@ struct ap_mconn {
     uint64_t drain_timer;
     /* explicit dials waiting for this connection */
     struct ap_dial *dials;
+    /* requests waiting for their handler (mux_serve.c), and the node's ring
+     * of connections that have some */
+    ap_mstream_t *serveq_head, *serveq_tail;
+    ap_mconn_t *serve_next;
+    bool in_serve_ring;
 };
 
 /* ---- node ----------------------------------------------------------------- */
@@ -318,6 +327,9 @@ struct ap_node {
     uint64_t sweep_timer; /* stalled partial messages and responses */
     uint64_t stall_us;    /* 0 = AP_MUX_STALL_US (tests shorten it) */
     uint64_t refused_rx, refused_resp, refused_streams, refused_conns, stalled_reset;
+    /* connections with requests waiting, served in turn (mux_serve.c) */
+    ap_mconn_t *serve_ring, *serve_ring_tail;
+    bool serve_pass_queued;
 };
 
 /* addrs.c */
