@@ -26,6 +26,9 @@ struct ap_p2p_host {
     const ap_p2p_proto_t *protos[PROTOS_MAX];
     const char *names[PROTOS_MAX];
     size_t nprotos;
+    const char *ctl_names[PROTOS_MAX]; /* what a relayed connection may open */
+    size_t nctl;
+    bool relay_bulk; /* bulk protocols also over relayed connections */
     uv_tcp_t listener;
     bool listening, freeing;
     ap_multiaddr_t bound;
@@ -57,6 +60,8 @@ struct ap_p2p_conn {
     char peer_short[AP_PEER_SHORT_LEN];
     ap_multiaddr_t remote; /* the address the peer is seen at */
     bool wq_blocked;       /* a stream waits for the socket's queue to drain */
+    bool relayed;          /* over a circuit: car carries the bytes */
+    ap_p2p_stream_t *car;
     ap_p2p_conn_cbs_t cbs;
     void *arg;
     struct ap_p2p_conn *next, *prev;
@@ -79,6 +84,7 @@ struct ap_p2p_stream {
     bool echo;          /* the echo server: credit goes back as bytes leave q */
     bool manual;        /* ap__p2p_stream_set_flow: the protocol consumes */
     void (*on_writable)(ap_p2p_stream_t *s);
+    ap_p2p_conn_t *inner; /* a connection carried by this stream */
 };
 
 static const char *who(ap_p2p_conn_t *c)
@@ -96,10 +102,32 @@ typedef struct wreq {
 
 static void conn_fail(ap_p2p_conn_t *c, int err);
 static void conn_drained(ap_p2p_conn_t *c);
+static void process(ap_p2p_conn_t *c);
+
+static size_t queued(const ap_p2p_stream_t *s);
+static int stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
+static void written(uv_write_t *req, int status);
 
 static bool wq_full(const ap_p2p_conn_t *c)
 {
+    if (c->car) return queued(c->car) > AP_P2P_CONN_WQ_MAX || wq_full(c->car->c);
     return c->tcp.write_queue_size > AP_P2P_CONN_WQ_MAX;
+}
+
+/* Hands w to the socket, or to the carrier stream (which copies it). */
+static void send_wreq(ap_p2p_conn_t *c, wreq_t *w)
+{
+    if (c->relayed) {
+        int rc = c->car ? stream_queue(c->car, w->data, w->len) : AP_ECLOSED;
+        free(w);
+        if (rc) conn_fail(c, rc);
+        return;
+    }
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, written) != 0) {
+        free(w);
+        conn_fail(c, AP_ECLOSED);
+    }
 }
 
 static void written(uv_write_t *req, int status)
@@ -121,11 +149,7 @@ static void raw_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
     }
     memcpy(w->data, p, n);
     w->len = n;
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, written) != 0) {
-        free(w);
-        conn_fail(c, AP_ECLOSED);
-    }
+    send_wreq(c, w);
 }
 
 /* Encrypts p into Noise transport messages (2-byte length, ciphertext). */
@@ -158,11 +182,7 @@ static void secure_write2(ap_p2p_conn_t *c, const uint8_t *a, size_t an, const u
         done += n;
     }
     w->len = o;
-    uv_buf_t ub = uv_buf_init((char *)w->data, (unsigned)o);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, written) != 0) {
-        free(w);
-        conn_fail(c, AP_ECLOSED);
-    }
+    send_wreq(c, w);
 }
 
 static void flush_mss(ap_p2p_conn_t *c, bool secure)
@@ -207,6 +227,10 @@ static ap_p2p_stream_t *stream_add(ap_p2p_conn_t *c, uint32_t id)
 
 static void stream_free(ap_p2p_stream_t *s)
 {
+    if (s->inner) { /* the carried connection ends with its carrier */
+        s->inner->car = NULL;
+        conn_fail(s->inner, AP_ECLOSED);
+    }
     ap__buf_free(&s->q);
     free(s);
 }
@@ -250,6 +274,8 @@ static bool stream_flush(ap_p2p_stream_t *s)
         ap__yamux_close(&c->y, id); /* may finish s */
         if (stream_of(c, id) != s) return false;
     }
+    if (s->inner && s->inner->wq_blocked && !wq_full(s->inner)) conn_drained(s->inner);
+    if (stream_of(c, id) != s) return false;
     if (s->want_writable && queued(s) <= AP_P2P_STREAM_QUEUE_MAX / 2) {
         s->want_writable = false;
         if (s->on_writable) s->on_writable(s);
@@ -311,7 +337,9 @@ static int y_open(void *arg, uint32_t id)
     ap_p2p_conn_t *c = arg;
     ap_p2p_stream_t *s = stream_add(c, id);
     if (!s) return AP_ENOMEM;
-    ap__mss_init(&s->mss, false, c->h->names, c->h->nprotos);
+    bool all = !c->relayed || c->h->relay_bulk;
+    ap__mss_init(&s->mss, false, all ? c->h->names : c->h->ctl_names,
+                 all ? c->h->nprotos : c->h->nctl);
     stream_flush_mss(s);
     return 0;
 }
@@ -353,12 +381,20 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
         n -= used;
     }
     if (n && !s->manual && !s->echo) ap__yamux_consume(&c->y, id, n);
-    if (n && s->proto->on_data) s->proto->on_data(s, p, n);
+    if (n && s->inner) {
+        ap_p2p_conn_t *in = s->inner;
+        if (ap__buf_append(&in->raw, p, n) != 0)
+            conn_fail(in, AP_ENOMEM);
+        else
+            process(in);
+    } else if (n && s->proto->on_data)
+        s->proto->on_data(s, p, n);
 }
 
 static void y_fin(void *arg, uint32_t id)
 {
     ap_p2p_stream_t *s = stream_of(arg, id);
+    if (s && s->inner) conn_fail(s->inner, AP_ECLOSED);
     if (s && s->ready && s->proto->on_fin) s->proto->on_fin(s);
 }
 
@@ -375,10 +411,22 @@ static void y_close(void *arg, uint32_t id, int st)
 static const ap_yamux_cbs_t ycbs = {y_write,    y_open,  y_data, y_fin,
                                     y_writable, y_close, NULL,   NULL};
 
+static bool host_bulk(const ap_p2p_host_t *h, const char *name)
+{
+    for (size_t i = 0; i < h->nprotos; i++)
+        if (strcmp(h->names[i], name) == 0) {
+            for (size_t j = 0; j < h->nctl; j++)
+                if (h->ctl_names[j] == h->names[i]) return false;
+            return true;
+        }
+    return false;
+}
+
 int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *udata,
                         ap_p2p_stream_t **out)
 {
     if (!c->ready || c->closing) return AP_ESTATE;
+    if (c->relayed && !c->h->relay_bulk && host_bulk(c->h, proto->name)) return AP_EPERM;
     uint32_t id;
     int rc = ap__yamux_open(&c->y, &id);
     if (rc) return rc;
@@ -506,6 +554,12 @@ static void conn_fail(ap_p2p_conn_t *c, int err)
     c->closing = true;
     c->status = err;
     c->phase = P_DEAD;
+    if (c->car) { /* the carrier ends once what we sent has left */
+        ap_p2p_stream_t *car = c->car;
+        c->car = NULL;
+        car->inner = NULL;
+        ap__p2p_stream_close(car);
+    }
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, conn_closed);
 }
@@ -699,12 +753,12 @@ static void start(ap_p2p_conn_t *c)
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
+    if (!c->relayed && uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
         ap_multiaddr_from_sockaddr(&c->remote, &ss);
     c->phase = P_MSS;
     ap__mss_init(&c->mss, c->initiator, noise_list, 1);
     flush_mss(c, false);
-    uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (!c->relayed) uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
 }
 
 static ap_p2p_conn_t *conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_id_t *expected)
@@ -744,6 +798,7 @@ int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_c
     struct sockaddr_storage ss;
     int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
     if (rc) return rc;
+    if (h->freeing) return AP_ESHUTDOWN;
     ap_p2p_conn_t *c = conn_new(h, true, ma->has_peer ? &ma->peer : NULL);
     if (!c) return AP_ENOMEM;
     c->cbs = *cbs;
@@ -786,21 +841,28 @@ static void id_open(ap_p2p_stream_t *s)
     memset(&info, 0, sizeof info);
     snprintf(info.protocol_version, sizeof info.protocol_version, "ipfs/0.1.0");
     snprintf(info.agent_version, sizeof info.agent_version, "%s", h->agent);
-    if (h->addrs_fn) {
-        int k = h->addrs_fn(h->addrs_arg, info.listen, AP_IDENTIFY_ADDRS_MAX);
-        info.nlisten = k < 0 ? 0 : k > AP_IDENTIFY_ADDRS_MAX ? AP_IDENTIFY_ADDRS_MAX : (size_t)k;
-        for (size_t i = 0; i < info.nlisten; i++) info.listen[i].has_peer = false;
-    } else if (h->listening) {
-        info.listen[0] = h->bound;
-        info.nlisten = 1;
-    }
-    info.has_observed = c->remote.host != AP_MA_HOST_NONE;
+    info.nlisten = (size_t)ap__p2p_host_addrs(h, info.listen, AP_IDENTIFY_ADDRS_MAX);
+    info.has_observed = c->remote.host != AP_MA_HOST_NONE && !c->relayed;
     info.observed = c->remote;
     for (size_t i = 0; i < h->nprotos; i++) info.protocols[i] = h->names[i];
     info.nprotocols = h->nprotos;
     int n = ap__identify_encode(&info, h->creds.id.pk, buf, sizeof buf);
     if (n > 0) ap__yamux_send(&c->y, s->id, buf, (size_t)n);
     ap__p2p_stream_close(s);
+}
+
+int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max)
+{
+    int k = 0;
+    if (h->addrs_fn) {
+        k = h->addrs_fn(h->addrs_arg, out, max);
+        k = k < 0 ? 0 : k > max ? max : k;
+    } else if (h->listening && max > 0) {
+        out[k++] = h->bound;
+    }
+    for (int i = 0; i < k; i++) /* a circuit keeps its relay's id */
+        if (!out[i].circuit) out[i].has_peer = false;
+    return k;
 }
 
 static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, echo_open, ping_data, ping_fin, NULL};
@@ -838,7 +900,15 @@ int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
     if (h->nprotos == PROTOS_MAX) return AP_ELIMIT;
     h->protos[h->nprotos] = proto;
     h->names[h->nprotos++] = proto->name;
+    h->ctl_names[h->nctl++] = proto->name;
     return 0;
+}
+
+int ap__p2p_host_serve_bulk(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
+{
+    int rc = ap__p2p_host_serve(h, proto);
+    if (rc == 0) h->nctl--;
+    return rc;
 }
 
 int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
@@ -849,7 +919,7 @@ int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
 
 int ap__p2p_host_serve_echo(ap_p2p_host_t *h)
 {
-    return ap__p2p_host_serve(h, &echo_srv);
+    return ap__p2p_host_serve_bulk(h, &echo_srv);
 }
 
 static void on_conn(uv_stream_t *srv, int status)
@@ -928,4 +998,52 @@ int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, 
     start(c);
     if (n > 0 && !c->closing) process(c);
     return 0;
+}
+
+/* ---- connections over a stream (relayed), lookup ------------------------------ */
+
+int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id_t *expected,
+                      const ap_multiaddr_t *remote, const uint8_t *pre, size_t n,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out)
+{
+    ap_p2p_host_t *h = carrier->c->h;
+    if (h->freeing || carrier->inner || !carrier->ready) return AP_ESTATE;
+    ap_p2p_conn_t *c = conn_new(h, initiator, expected);
+    if (!c) return AP_ENOMEM;
+    c->relayed = true;
+    c->car = carrier;
+    carrier->inner = c;
+    c->remote = *remote;
+    if (cbs) c->cbs = *cbs;
+    c->arg = arg;
+    if (out) *out = c;
+    start(c);
+    if (n > 0 && !c->closing) {
+        if (ap__buf_append(&c->raw, pre, n) != 0)
+            conn_fail(c, AP_ENOMEM);
+        else
+            process(c);
+    }
+    return 0;
+}
+
+bool ap__p2p_conn_relayed(const ap_p2p_conn_t *c)
+{
+    return c->relayed;
+}
+
+void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow)
+{
+    h->relay_bulk = allow;
+}
+
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, bool direct_only)
+{
+    ap_p2p_conn_t *relayed = NULL;
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) {
+        if (!c->ready || c->closing || memcmp(&c->peer, peer, sizeof *peer) != 0) continue;
+        if (!c->relayed) return c;
+        if (!relayed) relayed = c;
+    }
+    return direct_only ? NULL : relayed;
 }

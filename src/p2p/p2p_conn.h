@@ -53,9 +53,14 @@ typedef struct ap_p2p_conn_cbs {
 ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const char *agent);
 /* protos must outlive the host (at most 32). */
 int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto);
+/* Serves a bulk protocol (tensors, state download): refused over a relayed
+ * connection, as is opening one there (AP_EPERM), unless
+ * ap__p2p_host_relay_bulk allowed it (a relay carries control traffic). */
+int ap__p2p_host_serve_bulk(ap_p2p_host_t *h, const ap_p2p_proto_t *proto);
 /* Serves "/ipfs/id/1.0.0" and "/ipfs/ping/1.0.0". */
 int ap__p2p_host_serve_basics(ap_p2p_host_t *h);
-/* Serves AP_P2P_ECHO_PROTO (tests and benchmarks): every byte is sent back,
+/* Serves AP_P2P_ECHO_PROTO (tests and benchmarks; a bulk protocol): every
+ * byte is sent back,
  * the stream closed after the peer's FIN once all is sent; the peer's
  * window reopens only as the echoed bytes leave, so a peer that does not
  * read the echo is stopped. */
@@ -80,6 +85,8 @@ const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);
  * bound, if any (an adopted connection's host has none). */
 typedef int (*ap_p2p_addrs_fn)(void *arg, ap_multiaddr_t *out, int max);
 void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg);
+/* The addresses identify announces now (at most max, into out). */
+int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max);
 
 /* Dials ma (ip4/ip6 + tcp; a /p2p/ part is the PeerID the remote must
  * prove, else AP_EAUTH). */
@@ -128,5 +135,24 @@ void ap__p2p_stream_set_udata(ap_p2p_stream_t *s, void *udata);
 ap_p2p_conn_t *ap__p2p_stream_conn(const ap_p2p_stream_t *s);
 /* The protocol the stream speaks (the one passed to open or served). */
 const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s);
+
+/* A libp2p connection carried by the open stream carrier (a relayed
+ * circuit: the stream is a byte pipe to the far peer): the whole upgrade
+ * (multistream-select, Noise, muxer) runs inside it, end to end. pre holds
+ * the n bytes already read from carrier past the relay's messages. From
+ * here on the carrier's bytes go to the connection (not to its protocol's
+ * on_data); closing the connection half-closes the carrier, and the
+ * carrier's end (FIN, reset, close) closes the connection. remote is the
+ * circuit address the peer is reached at. On such a connection identify
+ * reports no observed address, and bulk protocols are refused (opening one
+ * is AP_EPERM, and the listening side answers "na"). */
+int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id_t *expected,
+                      const ap_multiaddr_t *remote, const uint8_t *pre, size_t n,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out);
+bool ap__p2p_conn_relayed(const ap_p2p_conn_t *c);
+void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow);
+/* A ready connection to peer: a direct one if any, else (unless
+ * direct_only) a relayed one; NULL when there is none. */
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, bool direct_only);
 
 #endif
