@@ -458,7 +458,7 @@ int ap__circuit_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_co
     uv_timer_init(ap__p2p_host_loop(h), &d->timer);
     d->timer.data = d;
     uv_timer_start(&d->timer, d_timeout, DIAL_TIMEOUT_MS, 0);
-    ap_p2p_conn_t *c = ap__p2p_host_find(h, &ma->peer, true);
+    ap_p2p_conn_t *c = ap__p2p_host_find(h, &ma->peer, AP_P2P_FIND_DIRECT);
     if (c) {
         d_open_hop(d, c);
         return 0;

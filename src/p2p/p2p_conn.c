@@ -9,8 +9,11 @@
 #include "p2p/multistream.h"
 #include "p2p/yamux.h"
 
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define PROTOS_MAX  32
@@ -792,18 +795,57 @@ static void connected(uv_connect_t *req, int status)
     start(c);
 }
 
+/* A TCP socket with SO_REUSEADDR and SO_REUSEPORT bound to port (the
+ * listen port, so that a dial leaves from it: hole punching). */
+static int reuse_socket(int family, uint16_t port, uv_os_sock_t *out)
+{
+    int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return AP_ESYS;
+    struct sockaddr_storage a = {.ss_family = (sa_family_t)family};
+    if (family == AF_INET)
+        ((struct sockaddr_in *)&a)->sin_port = htons(port);
+    else
+        ((struct sockaddr_in6 *)&a)->sin6_port = htons(port);
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&a,
+             family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0) {
+        int e = errno;
+        close(fd);
+        return e == EADDRINUSE ? AP_EBUSY : AP_ESYS;
+    }
+    *out = fd;
+    return 0;
+}
+
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out)
+{
+    return ap__p2p_dial_from(h, ma, 0, true, cbs, arg, out);
+}
+
+int ap__p2p_dial_from(ap_p2p_host_t *h, const ap_multiaddr_t *ma, uint16_t port, bool initiator,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out)
 {
     struct sockaddr_storage ss;
     int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
     if (rc) return rc;
     if (h->freeing) return AP_ESHUTDOWN;
-    ap_p2p_conn_t *c = conn_new(h, true, ma->has_peer ? &ma->peer : NULL);
-    if (!c) return AP_ENOMEM;
+    uv_os_sock_t fd = -1;
+    if (port && (rc = reuse_socket(ss.ss_family, port, &fd)) != 0) return rc;
+    ap_p2p_conn_t *c = conn_new(h, initiator, ma->has_peer ? &ma->peer : NULL);
+    if (!c) {
+        if (fd >= 0) close(fd);
+        return AP_ENOMEM;
+    }
     c->cbs = *cbs;
     c->arg = arg;
     c->creq.data = c;
+    if (fd >= 0 && uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
+        conn_fail(c, AP_ESYS);
+        return 0;
+    }
     rc = uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&ss, connected);
     if (rc) {
         conn_fail(c, ap_err_from_errno(rc));
@@ -943,6 +985,15 @@ int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr
     if ((rc = uv_tcp_init(h->loop, &h->listener)) != 0) return ap_err_from_errno(rc);
     h->listener.data = h;
     h->listening = true;
+    int one = 1, fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return AP_ESYS;
+    /* SO_REUSEPORT: dials may leave from this port (hole punching) */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    if ((rc = uv_tcp_open(&h->listener, fd)) != 0) {
+        close(fd);
+        return ap_err_from_errno(rc);
+    }
     if ((rc = uv_tcp_bind(&h->listener, (struct sockaddr *)&ss, 0)) != 0 ||
         (rc = uv_listen((uv_stream_t *)&h->listener, 128, on_conn)) != 0)
         return ap_err_from_errno(rc);
@@ -1037,13 +1088,13 @@ void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow)
     h->relay_bulk = allow;
 }
 
-ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, bool direct_only)
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, int which)
 {
     ap_p2p_conn_t *relayed = NULL;
     for (ap_p2p_conn_t *c = h->conns; c; c = c->next) {
         if (!c->ready || c->closing || memcmp(&c->peer, peer, sizeof *peer) != 0) continue;
-        if (!c->relayed) return c;
-        if (!relayed) relayed = c;
+        if (!c->relayed && which != AP_P2P_FIND_RELAYED) return c;
+        if (c->relayed && !relayed) relayed = c;
     }
-    return direct_only ? NULL : relayed;
+    return which == AP_P2P_FIND_DIRECT ? NULL : relayed;
 }

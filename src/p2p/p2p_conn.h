@@ -66,7 +66,8 @@ int ap__p2p_host_serve_basics(ap_p2p_host_t *h);
  * read the echo is stopped. */
 #define AP_P2P_ECHO_PROTO "/echo/1.0.0"
 int ap__p2p_host_serve_echo(ap_p2p_host_t *h);
-/* Listens on ma (ip4/ip6 + tcp; port 0 picks one); *bound gets the address. */
+/* Listens on ma (ip4/ip6 + tcp; port 0 picks one; SO_REUSEPORT set, so
+ * ap__p2p_dial_from may dial from the port); *bound gets the address. */
 int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr_t *bound);
 /* Closes the listener and every connection; frees h once they are gone
  * (run the loop). */
@@ -92,6 +93,13 @@ int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max);
  * prove, else AP_EAUTH). */
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out);
+/* As ap__p2p_dial, from a socket bound to port with SO_REUSEADDR and
+ * SO_REUSEPORT (the listen port: the host's listener sets both), and with
+ * the role given: initiator false runs multistream-select and Noise as the
+ * listening side although we dial (DCUtR's TCP simultaneous open fixes the
+ * roles). port 0: an ephemeral port. AP_EBUSY when port cannot be bound. */
+int ap__p2p_dial_from(ap_p2p_host_t *h, const ap_multiaddr_t *ma, uint16_t port, bool initiator,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out);
 void ap__p2p_conn_close(ap_p2p_conn_t *c);
 /* The address c's TCP connection comes from (ip4/ip6 + tcp), its host, and
  * the host's loop. */
@@ -151,8 +159,10 @@ int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id
                       const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out);
 bool ap__p2p_conn_relayed(const ap_p2p_conn_t *c);
 void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow);
-/* A ready connection to peer: a direct one if any, else (unless
- * direct_only) a relayed one; NULL when there is none. */
-ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, bool direct_only);
+/* A ready connection to peer: AP_P2P_FIND_ANY a direct one if any, else a
+ * relayed one; AP_P2P_FIND_DIRECT / _RELAYED only that kind. NULL when
+ * there is none. */
+enum { AP_P2P_FIND_ANY = 0, AP_P2P_FIND_DIRECT = 1, AP_P2P_FIND_RELAYED = 2 };
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, int which);
 
 #endif

@@ -390,3 +390,16 @@ int ap__relay_rd_feed(ap_relay_rd_t *r, bool stop, const uint8_t *p, size_t n, a
     rc = ap__relay_decode(stop, r->buf + hl, bl, m);
     return rc < 0 ? rc : 1;
 }
+
+size_t ap__relay_drop_if(ap_relay_t *r, bool (*gone)(void *arg, const ap_peer_id_t *peer),
+                         void *arg)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nresv;)
+        if (gone(arg, &r->resv[i].peer)) {
+            r->resv[i] = r->resv[--r->nresv];
+            n++;
+        } else
+            i++;
+    return n;
+}

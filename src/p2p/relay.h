@@ -160,6 +160,10 @@ int ap__relay_connect(ap_relay_t *r, const ap_peer_id_t *src, const ap_peer_id_t
  * over its bytes or duration (the caller resets it), AP_ENOTFOUND. */
 int ap__relay_account(ap_relay_t *r, uint64_t id, uint64_t n, uint64_t now_us);
 void ap__relay_circuit_end(ap_relay_t *r, uint64_t id);
+/* Drops the reservations of the peers for which gone(arg, peer) is true (a
+ * reservation ends with its holder's connection); returns how many. */
+size_t ap__relay_drop_if(ap_relay_t *r, bool (*gone)(void *arg, const ap_peer_id_t *peer),
+                         void *arg);
 size_t ap__relay_circuits(const ap_relay_t *r);
 
 #endif

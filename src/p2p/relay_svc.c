@@ -210,11 +210,17 @@ static void hop_open(ap_p2p_stream_t *s)
     ap__p2p_stream_set_udata(s, c);
 }
 
+static bool disconnected(void *arg, const ap_peer_id_t *peer)
+{
+    return ap__p2p_host_find(arg, peer, AP_P2P_FIND_DIRECT) == NULL;
+}
+
 static void do_reserve(circ_t *c, ap_p2p_stream_t *s, ap_p2p_conn_t *conn)
 {
     ap_relay_service_t *svc = c->svc;
     char b[AP_PEER_SHORT_LEN], why[96] = "";
     uint64_t exp_us = 0;
+    ap__relay_drop_if(&svc->r, disconnected, svc->h); /* a reservation ends with its connection */
     int st = ap__relay_reserve(&svc->r, ap__p2p_conn_peer(conn), ap__p2p_conn_remote(conn),
                                now_us(svc), &exp_us, why, sizeof why);
     if (st != AP_RELAY_OK) {
@@ -252,7 +258,8 @@ static void do_connect(circ_t *c, ap_p2p_stream_t *s, ap_p2p_conn_t *conn)
     c->src_peer = *ap__p2p_conn_peer(conn);
     uint64_t id = 0;
     int st = ap__relay_connect(&svc->r, &c->src_peer, &dst, now_us(svc), &id, why, sizeof why);
-    ap_p2p_conn_t *to = st == AP_RELAY_OK ? ap__p2p_host_find(svc->h, &dst, true) : NULL;
+    ap_p2p_conn_t *to =
+        st == AP_RELAY_OK ? ap__p2p_host_find(svc->h, &dst, AP_P2P_FIND_DIRECT) : NULL;
     if (st == AP_RELAY_OK && !to) {
         ap__relay_circuit_end(&svc->r, id);
         st = AP_RELAY_CONNECTION_FAILED;
