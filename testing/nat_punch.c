@@ -424,7 +424,8 @@ static int start_relay(ap_natns_t *ns, size_t relay, pid_t *pid, char *why, size
     if (!ok) {
         int st = 0;
         if (*pid > 0 && waitpid(*pid, &st, 0) == *pid) *pid = 0;
-        snprintf(why, wn, "the relay did not start (exit %d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        snprintf(why, wn, "the relay did not start (exit %d)",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         return AP_ETIMEDOUT;
     }
     return 0;
