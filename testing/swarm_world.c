@@ -76,7 +76,7 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     (void)s;
     (void)samples;
     ap_nn_params_t *p = ap_nn_model_params(arg);
-    for (size_t k = 0; k < p->count; k++) p->data[k] -= 0.01f * p->grad[k];
+    for (size_t k = 0; k < p->count; k++) p->data[k] -= 0.002f * p->grad[k];
     ap_nn_model_zero_grad(arg);
 }
 

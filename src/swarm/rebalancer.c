@@ -7,6 +7,7 @@
 #include "apiary/swarm.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,18 @@ static bool decide(ap_swarm_rebalancer_t *rb, const ap_dht_result_t *res, uint32
         per[rb->m[i].stage]++;
     }
     const double before = ap_swarm_pipeline_throughput(rb->m, NULL, cnt, rb->S);
+    if (AP_LOG_ENABLED(AP_LOG_DEBUG)) {
+        char line[256];
+        int len =
+            snprintf(line, sizeof line, "rebalancing: view of %zu servers, stage totals", cnt);
+        for (uint32_t t = 0; t < rb->S && len > 0 && (size_t)len < sizeof line; t++) {
+            double tot = 0;
+            for (size_t i = 0; i < cnt; i++)
+                if (rb->m[i].stage == t) tot += rb->m[i].throughput;
+            len += snprintf(line + len, sizeof line - (size_t)len, " %.0f/%u", tot, per[t]);
+        }
+        ap_debug(MOD, "%s", line);
+    }
     int movers = ap_swarm_rebalance_plan(rb->m, cnt, rb->S, rb->o.margin, rb->to);
     if (movers < 0) {
         rb->st.skipped++;
