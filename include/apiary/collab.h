@@ -234,6 +234,9 @@ typedef struct ap_collab_stats {
      * requests and group joins refused for that reason */
     uint64_t unauthorized_records, unauthorized_requests;
     bool shut_out; /* closed run: this peer has no valid token or was revoked */
+    /* epochs stepped at once because no other peer of the run had a fresh
+     * record (no group to wait for: the matchmaking window was skipped) */
+    uint64_t lone_epochs;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */

@@ -204,7 +204,7 @@ class CollabStats(ctypes.Structure):
                                      "download_us", "state_donor_failures", "peers_refused")] + \
                [("refused", c_bool)] + \
                [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
-               [("shut_out", c_bool)]
+               [("shut_out", c_bool), ("lone_epochs", c_u64)]
 
 
 def collab_protos(L):
