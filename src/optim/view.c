@@ -120,6 +120,15 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     if (c->has_token) p->token = c->token;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
+    /* Readers refuse more samples than 2·speed·(epoch time + 1 s) + 1
+     * (ap_progress_decode). The speed is a moving average over submits, so
+     * after a burst (a large batch, then small or slow ones) it can fall
+     * below half the epoch's mean rate though every sample is real: report
+     * at least that bound, the epoch's mean halved. */
+    double el = (double)(p->time_ms - p->epoch_start_ms) / 1000.0 + 1.0;
+    double floor_sps = (double)p->samples / (2.0 * el);
+    if (p->samples_per_s < floor_sps) p->samples_per_s = floor_sps;
+    if (p->samples_per_s > AP_PROGRESS_MAX_SPS) p->samples_per_s = AP_PROGRESS_MAX_SPS;
 }
 
 /* Keeps our own entry of the view current (the DHT read may lag our store). */
