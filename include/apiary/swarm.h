@@ -253,7 +253,10 @@ typedef struct ap_swarm_server_stats {
  * ap_rt_work (a worker thread in the real driver, virtual compute time in the
  * simulator: cost 2 x tokens x parameters for a forward, 3 times that for a
  * backward). The server measures its throughput from its own compute, in
- * tokens of backward work per second (a forward counts a third).
+ * tokens of micro-batches per second: a micro-batch costs a stage one
+ * forward and one backward (a forward counts a quarter of a micro-batch, a
+ * backward three quarters), the last stage only the backward (trainers skip
+ * its forward), so stage totals compare as pipeline capacity.
  * AP_EEXIST if rt serves a stage already. */
 AP_EXPORT int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage,
                                   const ap_codec_cfg_t *codec, ap_swarm_server_t **out);
@@ -282,8 +285,9 @@ AP_EXPORT void ap_swarm_server_on_backward(ap_swarm_server_t *s, ap_swarm_backwa
 AP_EXPORT void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version);
 /* Serves another stage with another model (a rebalancing move; the caller
  * loaded m's state first). Queued calls get AP_EINVAL "wrong stage"; the
- * measured throughput starts again; the record is stored under the new
- * stage at once. AP_EBUSY while a compute runs. */
+ * measured throughput starts again (the last measurement is announced as
+ * the estimate until then); the record is stored under the new stage at
+ * once. AP_EBUSY while a compute runs. */
 AP_EXPORT int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage);
 /* Announces the server in dht: stores its record (ap_swarm_stage_key(run,
  * its stage), subkey "[owner:<its PeerID>]", value: throughput, queue length,
@@ -325,12 +329,66 @@ AP_EXPORT uint64_t ap_swarm_trainer_bytes(const ap_swarm_trainer_t *t); /* sent 
 AP_EXPORT int ap_swarm_trainer_watch(ap_swarm_trainer_t *t, ap_dht_t *dht, const char *run,
                                      uint64_t period_us);
 typedef struct ap_swarm_trainer_stats {
-    uint64_t batches, failed; /* micro-batches done / failed */
-    uint64_t samples;         /* rows of the batches done */
-    uint64_t calls, call_failures, call_timeouts, garbage;
-    uint64_t reads; /* DHT reads of the stage records */
+    uint64_t batches, failed;                              /* micro-batches done / failed */
+    uint64_t samples;                                      /* rows of the batches done */
+    uint64_t calls, call_failures, call_timeouts, garbage; /* timeouts include "queue full" */
+    uint64_t reads;                                        /* DHT reads of the stage records */
 } ap_swarm_trainer_stats_t;
 AP_EXPORT void ap_swarm_trainer_stats(const ap_swarm_trainer_t *t, ap_swarm_trainer_stats_t *out);
+
+/* ---- the live rebalancing loop -------------------------------------------------
+ * A rebalancer runs beside a stage server that announces itself: after a
+ * delay drawn by ap_swarm_rebalance_delay(period_us) it reads every stage's
+ * records (one ap_swarm_watch read), puts the server itself into that view
+ * with its actual stage and measured throughput (its record may lag), and
+ * computes ap_swarm_rebalance_plan with the margin. When the plan moves this
+ * server it calls fn(rb, arg, from, to) and stops checking; the owner then
+ * downloads stage `to`'s parameters and optimizer state from that stage's
+ * peers, switches the server (ap_swarm_server_set_stage, which re-announces
+ * under the new stage at once) and reports with ap_swarm_rebalancer_moved.
+ * Trainers then route the server to its new stage only (its newest record).
+ * Hysteresis: the plan's margin; no decision while any server in the view is
+ * unmeasured (announces throughput 0); a server that has moved sits out
+ * `cooldown` checks; a server never leaves a stage it serves alone (the half
+ * of a swap whose partner has not moved yet waits). Every server computes
+ * the same plan from the same view, and the randomised delays spread the
+ * checks, so servers do not herd. */
+
+typedef struct ap_swarm_rebalancer ap_swarm_rebalancer_t;
+
+typedef struct ap_swarm_rebalance_opts {
+    uint64_t period_us; /* T, >= 100 ms: checks are T/2..3T/2 apart */
+    double margin;      /* relative gain a move must bring; 0 = 0.05 */
+    uint32_t cooldown;  /* checks a server sits out after it moved; 0 = 2 */
+} ap_swarm_rebalance_opts_t;
+
+typedef struct ap_swarm_rebalance_stats {
+    uint64_t checks;       /* views read */
+    uint64_t moves;        /* moves handed to the owner */
+    uint64_t failed_moves; /* reported failed by the owner */
+    uint64_t skipped;      /* checks without a decision (failed read, unmeasured servers,
+                              last of its stage, cooling down) */
+    double last_min;       /* pipeline throughput in the last view (least stage total) */
+    double last_planned;   /* and after that view's plan */
+} ap_swarm_rebalance_stats_t;
+
+/* fn runs on the loop thread; it may call ap_swarm_rebalancer_moved at once
+ * or later, or ap_swarm_rebalancer_free. */
+typedef void (*ap_swarm_move_fn)(ap_swarm_rebalancer_t *rb, void *arg, uint32_t from, uint32_t to);
+/* s and dht are borrowed and must outlive the rebalancer; run is the run id
+ * the server announces under. AP_EINVAL (bad options, the server's stage not
+ * below nstages), AP_ENOMEM. */
+AP_EXPORT int ap_swarm_rebalancer_new(ap_rt_t *rt, ap_swarm_server_t *s, ap_dht_t *dht,
+                                      const char *run, uint32_t nstages,
+                                      const ap_swarm_rebalance_opts_t *opts, ap_swarm_move_fn fn,
+                                      void *arg, ap_swarm_rebalancer_t **out);
+/* The move handed to fn is over: status 0 = the server now serves its new
+ * stage; otherwise it stayed. Checking resumes (after the cooldown). */
+AP_EXPORT void ap_swarm_rebalancer_moved(ap_swarm_rebalancer_t *rb, int status);
+/* Stops; fn is not called again. Safe from inside fn. */
+AP_EXPORT void ap_swarm_rebalancer_free(ap_swarm_rebalancer_t *rb);
+AP_EXPORT void ap_swarm_rebalancer_stats(const ap_swarm_rebalancer_t *rb,
+                                         ap_swarm_rebalance_stats_t *out);
 
 /* ---- reading the stage records ---------------------------------------------
  * A watch gets every stage's key (ap_swarm_stage_key(run, 0..nstages-1)) from

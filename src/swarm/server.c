@@ -31,6 +31,7 @@ struct ap_swarm_server {
     ap_rt_t *rt;
     ap_nn_model_t *m;
     uint32_t stage;
+    bool last; /* the model has the head: trainers send it backwards only */
     size_t nparams;
     ap_codec_cfg_t codec;
     ap_swarm_server_stats_t st;
@@ -94,8 +95,12 @@ static void after(ap_rt_t *rt, void *arg, int status)
     if (status == 0 && j->rc == 0) {
         const double tokens = (double)j->q.B * j->q.T;
         const uint64_t el = now > s->started_us ? now - s->started_us : 1;
-        /* a backward costs about three forwards; count forward-equivalents */
-        const double units = j->q.op == AP_SWARM_BACKWARD ? tokens : tokens / 3.0;
+        /* Throughput in tokens of micro-batches per second: a micro-batch
+         * costs a stage a forward and a backward (about three forwards), the
+         * last stage only the backward (trainers skip its forward). */
+        const double units = s->last                        ? tokens
+                             : j->q.op == AP_SWARM_BACKWARD ? tokens * 0.75
+                                                            : tokens * 0.25;
         const double v = units * 1e6 / (double)el;
         s->thr = s->thr > 0 ? (1 - THR_EMA) * s->thr + THR_EMA * v : v;
         if (j->q.op == AP_SWARM_FORWARD) {
@@ -189,6 +194,7 @@ int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage, const ap_
     s->rt = rt;
     s->m = m;
     s->stage = stage;
+    s->last = c.head;
     s->nparams = ap_nn_model_params(m)->count;
     if (codec)
         s->codec = *codec;
@@ -289,8 +295,10 @@ int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t s
     s->queued = 0;
     s->m = m;
     s->stage = stage;
+    s->last = c.head;
     s->nparams = ap_nn_model_params(m)->count;
-    s->thr = 0; /* another stage: measure again */
+    if (s->thr > 0) s->initial_thr = s->thr; /* the estimate until measured again */
+    s->thr = 0;                              /* another stage: measure again */
     if (s->dht) announce_now(s);
     return 0;
 }

@@ -37,7 +37,7 @@ struct mb {
     bool backward;
     uint32_t s;
     int attempt, last_err;
-    uint64_t call_id, timer_id, sent_us;
+    uint64_t call_id, timer_id, sent_us, deadline_us;
     ap_peer_id_t peer;
     float loss;
     ap_swarm_batch_fn done;
@@ -127,6 +127,18 @@ static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, siz
         return;
     }
     if (status == AP_ETIMEDOUT) t->st.call_timeouts++;
+    if (status == AP_EBUSY) {
+        /* A full queue is a busy server, not a broken one: no ban; it counts
+         * like a timeout (a call of at least the deadline), so its share
+         * shrinks, and the step goes elsewhere (after a pause if the last
+         * attempt was refused too). */
+        t->st.call_timeouts++;
+        ap_swarm_balancer_report(bal, &b->peer, AP_ETIMEDOUT, size,
+                                 elapsed > b->deadline_us ? elapsed : b->deadline_us, now);
+        const bool again = b->last_err == AP_EBUSY && b->attempt > 0;
+        retry(b, AP_EBUSY, again);
+        return;
+    }
     if (status) {
         if (status != AP_ETIMEDOUT) t->st.call_failures++;
         ap_peer_id_short(&b->peer, who);
@@ -195,6 +207,7 @@ static void step(mb_t *b)
     t->st.calls++;
     ap_rpc_opts_t o = {.timeout_us = deadline, .max_resp = AP_SWARM_MSG_MAX};
     b->sent_us = now;
+    b->deadline_us = deadline;
     b->call_id = ap_rt_rpc_call(t->rt, &b->peer, AP_SWARM_PROTO_STAGE, buf, len, &o, on_done, b);
     free(buf);
     if (!b->call_id) finish(b, AP_ENOMEM);

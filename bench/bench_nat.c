@@ -1,0 +1,119 @@
+/* `apiary bench nat [--json]`: NAT traversal in network namespaces
+ * (testing/natns.h), one part per group of metrics. Each part builds the
+ * topology it needs and reports its metrics with a field "nat" naming the
+ * router kind where one applies.
+ *
+ *   autonat   autonat_correct: the fraction of nodes whose AutoNAT verdict
+ *             was right -- a node on the internet bridge must end public,
+ *             one behind each kind of NAT private (testing/nat_autonat.h);
+ *             also one line per kind with that kind's fraction.
+ *
+ * Needs root and nftables; otherwise it prints why and reports nothing
+ * ({"skipped":true} with --json). `--part NAME` runs one part only. */
+#include "bench.h"
+
+#include "apiary/log.h"
+#include "nat_autonat.h"
+#include "natns.h"
+#include "p2p/reach.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct nat_part {
+    const char *name;
+    int (*run)(ap_bench_ctx_t *c);
+} nat_part_t;
+
+static void json_safe(char *out, size_t n, const char *s)
+{
+    size_t k = 0;
+    for (; *s && k + 1 < n; s++) out[k++] = (*s == '"' || *s == '\\' || *s < 0x20) ? '\'' : *s;
+    out[k] = 0;
+}
+
+/* ---- autonat --------------------------------------------------------------------------- */
+
+static int part_autonat(ap_bench_ctx_t *c)
+{
+    const ap_nat_kind_t kinds[] = {AP_NAT_DROP, AP_NAT_RST, AP_NAT_SYMMETRIC};
+    const size_t nk = sizeof kinds / sizeof kinds[0];
+    char why[400];
+    ap_natns_t *ns = NULL;
+    if (ap_natns_new(AP_NAT_AUTONAT_SERVERS + 1, nk, kinds, &ns, why, sizeof why)) {
+        fprintf(stderr, "nat: topology: %s\n", why);
+        return 1;
+    }
+    /* one client on the bridge, one behind each router */
+    ap_nat_where_t where[1 + sizeof kinds / sizeof kinds[0]];
+    where[0] = (ap_nat_where_t){.home = false, .index = AP_NAT_AUTONAT_SERVERS};
+    for (size_t k = 0; k < nk; k++) where[1 + k] = (ap_nat_where_t){.home = true, .index = k};
+    ap_nat_autonat_result_t res[1 + sizeof kinds / sizeof kinds[0]];
+    int rc = ap_nat_autonat_run(ns, where, 1 + nk, c->quick ? 60000 : 90000, res, why, sizeof why);
+    ap_natns_free(ns);
+    if (rc) {
+        fprintf(stderr, "nat: autonat: %s\n", why);
+        return 1;
+    }
+    size_t right = 0;
+    for (size_t k = 0; k < 1 + nk; k++) {
+        int want = k == 0 ? AP_REACH_PUBLIC : AP_REACH_PRIVATE;
+        bool ok = res[k].state == want;
+        right += ok;
+        char f[96];
+        snprintf(f, sizeof f, "\"nat\":\"%s\",\"verdict\":\"%s\"",
+                 k == 0 ? "none" : ap_nat_kind_name(kinds[k - 1]),
+                 ap__reach_name((ap_reach_state_t)res[k].state));
+        ap_bench_report(c, "autonat_correct", ok ? 1.0 : 0.0, "fraction", f);
+    }
+    char f[64];
+    snprintf(f, sizeof f, "\"nat\":\"all\",\"nodes\":%zu", 1 + nk);
+    ap_bench_report(c, "autonat_correct", (double)right / (double)(1 + nk), "fraction", f);
+    return 0;
+}
+
+/* ---- the parts --------------------------------------------------------------------------- */
+
+static const nat_part_t parts[] = {
+    {"autonat", part_autonat},
+};
+
+static int bench_nat(ap_bench_ctx_t *c, int argc, char **argv)
+{
+    const char *only = NULL;
+    for (int k = 1; k < argc; k++) {
+        if (!strcmp(argv[k], "--part") && k + 1 < argc)
+            only = argv[++k];
+        else {
+            fprintf(stderr, "usage: apiary bench nat [--json] [--quick] [--part NAME]\n");
+            return 2;
+        }
+    }
+    char why[400];
+    if (ap_natns_probe(why, sizeof why)) {
+        char safe[400];
+        json_safe(safe, sizeof safe, why);
+        fprintf(stderr, "nat: skipped: %s\n", safe);
+        if (c->json)
+            printf("{\"bench\":\"%s\",\"skipped\":true,\"reason\":\"%s\"}\n", c->name, safe);
+        return 0;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    ap_log_set_level(AP_LOG_ERROR);
+    int rc = 0;
+    bool found = false;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (only && strcmp(only, parts[i].name)) continue;
+        found = true;
+        if (parts[i].run(c)) rc = 1;
+    }
+    if (!found) {
+        fprintf(stderr, "nat: no part '%s'\n", only);
+        return 2;
+    }
+    return rc;
+}
+
+AP_BENCH(bench_nat_def, "nat", bench_nat,
+         "NAT traversal in namespaces: AutoNAT verdicts behind each NAT kind")
