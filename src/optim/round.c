@@ -353,17 +353,18 @@ static void mm_tick(ap_rt_t *rt, void *arg)
     ap__collab_fetch(c, mm_decide);
 }
 
-/* No other peer of the run has a fresh record (any role, any epoch): no
- * group can form, so there is no window to wait. A peer that joins reads
- * our record at its start and downloads; once we read its record, epochs
- * wait for groups again. */
+/* No other peer of the run has had a fresh record (any role, any epoch)
+ * since this peer started, or since the last one was seen, for as long as a
+ * silent peer takes to count as gone (a peer starting with us has reported
+ * by then): no group can form, so there is no window to wait. A peer that
+ * joins later reads our record at its start and downloads; once we read its
+ * record, epochs wait for groups again. */
 static bool alone_in_run(ap_collab_t *c)
 {
-    if (c->cfg.role == AP_AVG_AUX) return false;
-    int64_t now = ap_rt_wall_ms(c->rt);
-    for (size_t i = 0; i < c->nview; i++)
-        if (!ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, i, now)) return false;
-    return true;
+    if (c->cfg.role == AP_AVG_AUX || c->others_seen_us) return false;
+    uint64_t since = c->alone_since_us > c->started_us ? c->alone_since_us : c->started_us;
+    uint64_t grace = (uint64_t)(AP__REPORT_MISSED * c->report_ms + AP__REPORT_SLACK_MS) * 1000;
+    return ap_rt_now_us(c->rt) - since >= grace;
 }
 
 /* The epoch is due (or others are ap__collab_gathering): mark READY and wait the

@@ -291,6 +291,15 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
     }
     c->nview = m;
     c->view_at_us = ap_rt_now_us(c->rt);
+    bool others = false;
+    for (size_t i = 0; i < m && !others; i++)
+        others = !ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, i, now);
+    if (others) {
+        c->others_seen_us = c->view_at_us;
+    } else if (c->others_seen_us) {
+        c->alone_since_us = c->others_seen_us; /* the last view that had one */
+        c->others_seen_us = 0;
+    }
     view_put_self(c);
     ap__collab_update_stats(c);
 }
