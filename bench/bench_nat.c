@@ -5,8 +5,9 @@
  *
  *   autonat   autonat_correct: the fraction of nodes whose AutoNAT verdict
  *             was right -- a node on the internet bridge must end public,
- *             one behind each kind of NAT private (testing/nat_autonat.h);
- *             also one line per kind with that kind's fraction.
+ *             one behind each kind of NAT private (testing/nat_autonat.h),
+ *             one behind a UPnP router (miniupnpd) that maps its port
+ *             public; also one line per kind with that kind's fraction.
  *
  * Needs root and nftables; otherwise it prints why and reports nothing
  * ({"skipped":true} with --json). `--part NAME` runs one part only. */
@@ -15,6 +16,7 @@
 #include "apiary/log.h"
 #include "nat_autonat.h"
 #include "natns.h"
+#include "p2p/portmap.h"
 #include "p2p/reach.h"
 
 #include <signal.h>
@@ -37,7 +39,7 @@ static void json_safe(char *out, size_t n, const char *s)
 
 static int part_autonat(ap_bench_ctx_t *c)
 {
-    const ap_nat_kind_t kinds[] = {AP_NAT_DROP, AP_NAT_RST, AP_NAT_SYMMETRIC};
+    const ap_nat_kind_t kinds[] = {AP_NAT_DROP, AP_NAT_RST, AP_NAT_SYMMETRIC, AP_NAT_UPNP};
     const size_t nk = sizeof kinds / sizeof kinds[0];
     char why[400];
     ap_natns_t *ns = NULL;
@@ -48,7 +50,9 @@ static int part_autonat(ap_bench_ctx_t *c)
     /* one client on the bridge, one behind each router */
     ap_nat_where_t where[1 + sizeof kinds / sizeof kinds[0]];
     where[0] = (ap_nat_where_t){.home = false, .index = AP_NAT_AUTONAT_SERVERS};
-    for (size_t k = 0; k < nk; k++) where[1 + k] = (ap_nat_where_t){.home = true, .index = k};
+    for (size_t k = 0; k < nk; k++)
+        where[1 + k] = (ap_nat_where_t){
+            .home = true, .index = k, .portmap = kinds[k] == AP_NAT_UPNP ? AP_PORTMAP_ANY : 0};
     ap_nat_autonat_result_t res[1 + sizeof kinds / sizeof kinds[0]];
     int rc = ap_nat_autonat_run(ns, where, 1 + nk, c->quick ? 60000 : 90000, res, why, sizeof why);
     ap_natns_free(ns);
@@ -58,7 +62,8 @@ static int part_autonat(ap_bench_ctx_t *c)
     }
     size_t right = 0;
     for (size_t k = 0; k < 1 + nk; k++) {
-        int want = k == 0 ? AP_REACH_PUBLIC : AP_REACH_PRIVATE;
+        bool mapped = k > 0 && kinds[k - 1] == AP_NAT_UPNP;
+        int want = k == 0 || mapped ? AP_REACH_PUBLIC : AP_REACH_PRIVATE;
         bool ok = res[k].state == want;
         right += ok;
         char f[96];

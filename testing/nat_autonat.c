@@ -4,6 +4,7 @@
 #include "apiary/error.h"
 #include "apiary/identity.h"
 #include "p2p/autonat_uv.h"
+#include "p2p/portmap.h"
 #include "p2p/reach.h"
 
 #include <arpa/inet.h>
@@ -80,6 +81,13 @@ typedef struct client {
     ap_reach_t reach;
     int pending;
     bool ask_third;
+    unsigned portmap;
+    ap_portmap_t *pm;
+    uv_async_t mapped;
+    uv_mutex_t mu; /* the portmap's answer: */
+    bool answered;
+    int map_status;
+    ap_portmap_lease_t lease;
     ap_nat_autonat_result_t res;
     ap_peer_id_t srv[NSRV];
 } client_t;
@@ -130,12 +138,23 @@ static void on_answer(void *arg, int status, const ap_multiaddr_t *addr, const c
 
 static void start_probes(client_t *c)
 {
-    ap_multiaddr_t ips[2], cand[2];
+    ap_multiaddr_t ips[2], cand[3];
     size_t n = ap__obs_believed_ips(&c->obs, now_us(c), ips, 2);
     for (size_t k = 0; k < n; k++) {
         cand[k] = ips[k];
         cand[k].has_tcp = true;
         cand[k].port = PORT;
+    }
+    if (c->res.mapped == 0 && c->portmap) { /* the mapped address, if not the same */
+        char t[96];
+        snprintf(t, sizeof t, "/ip4/%s/tcp/%u", c->lease.external_ip,
+                 (unsigned)c->lease.external_port);
+        ap_multiaddr_t m;
+        bool dup = false;
+        if (ap_multiaddr_parse(&m, t) == 0) {
+            for (size_t k = 0; k < n; k++) dup |= ap_multiaddr_eq(&m, &cand[k]);
+            if (!dup) cand[n++] = m;
+        }
     }
     if (n) inet_ntop(AF_INET, ips[0].ip, c->res.seen, sizeof c->res.seen);
     c->pending = NSRV;
@@ -156,7 +175,48 @@ static void on_identify(void *arg, int status, const ap_identify_t *id)
     if (--c->pending == 0) start_probes(c);
 }
 
-static void run_client(ap_natns_t *ns, uint8_t seed, bool ask_third, int fd)
+static void start_identify(client_t *c)
+{
+    c->pending = NSRV;
+    for (size_t i = 0; i < NSRV; i++) {
+        c->srv[i] = ident((uint8_t)(1 + i)).id;
+        g_calls[i] = (call_t){c, i};
+        ap_multiaddr_t s = srv_addr(c->ns, i);
+        int rc = ap__p2p_identify_peer(c->h, &s, 20000, on_identify, &g_calls[i]);
+        if (rc) on_identify(&g_calls[i], rc, NULL);
+    }
+}
+
+/* the portmap's thread: the first answer only, handed to the loop */
+static void on_mapped(void *arg, int status, const ap_portmap_lease_t *l)
+{
+    client_t *c = arg;
+    uv_mutex_lock(&c->mu);
+    if (!c->answered) {
+        c->answered = true;
+        c->map_status = status;
+        if (status == 0) c->lease = *l;
+        uv_async_send(&c->mapped);
+    }
+    uv_mutex_unlock(&c->mu);
+}
+
+static void on_mapped_loop(uv_async_t *a)
+{
+    client_t *c = a->data;
+    uv_close((uv_handle_t *)a, NULL);
+    uv_mutex_lock(&c->mu);
+    c->res.mapped = c->map_status;
+    if (c->map_status == 0) {
+        c->res.via = (int)c->lease.via;
+        snprintf(c->res.mapped_to, sizeof c->res.mapped_to, "%s:%u", c->lease.external_ip,
+                 (unsigned)c->lease.external_port);
+    }
+    uv_mutex_unlock(&c->mu);
+    start_identify(c);
+}
+
+static void run_client(ap_natns_t *ns, uint8_t seed, bool ask_third, unsigned portmap, int fd)
 {
     static client_t c;
     memset(&c, 0, sizeof c);
@@ -168,15 +228,19 @@ static void run_client(ap_natns_t *ns, uint8_t seed, bool ask_third, int fd)
     ap__obs_init(&c.obs);
     ap__reach_init(&c.reach, now_us(&c), 5000000, 900000000);
     c.res.third = 1;
-    c.pending = NSRV;
-    for (size_t i = 0; i < NSRV; i++) {
-        c.srv[i] = ident((uint8_t)(1 + i)).id;
-        g_calls[i] = (call_t){&c, i};
-        ap_multiaddr_t s = srv_addr(ns, i);
-        int rc = ap__p2p_identify_peer(c.h, &s, 20000, on_identify, &g_calls[i]);
-        if (rc) on_identify(&g_calls[i], rc, NULL);
+    c.res.mapped = 1; /* not yet */
+    c.portmap = portmap;
+    if (portmap) {
+        uv_mutex_init(&c.mu);
+        uv_async_init(&c.loop, &c.mapped, on_mapped_loop);
+        c.mapped.data = &c;
+        c.pm = ap__portmap_start(PORT, portmap, on_mapped, &c);
+        if (!c.pm) _exit(10);
+    } else {
+        start_identify(&c);
     }
     uv_run(&c.loop, UV_RUN_DEFAULT);
+    c.res.unmapped = ap__portmap_stop(c.pm); /* blocking: the loop is done */
     ssize_t w = write(fd, &c.res, sizeof c.res);
     _exit(w == (ssize_t)sizeof c.res ? 0 : 9);
 }
@@ -254,7 +318,7 @@ int ap_nat_autonat_run(ap_natns_t *ns, const ap_nat_where_t *where, size_t n, in
             int e = where[k].home ? ap_natns_enter_home(ns, where[k].index)
                                   : ap_natns_enter_public(ns, where[k].index);
             if (e) _exit(3);
-            run_client(ns, (uint8_t)(50 + k), where[k].ask_third, p[1]);
+            run_client(ns, (uint8_t)(50 + k), where[k].ask_third, where[k].portmap, p[1]);
         }
         close(p[1]);
         pids[NSRV + k] = pid;

@@ -33,6 +33,9 @@ typedef struct ns_entry {
     char ip[32];  /* the address peers reach it at (public node, home host, router wan0) */
     char lan[32]; /* router only: lan0 */
     bool made;
+    pid_t upnpd;        /* AP_NAT_UPNP router: its miniupnpd, else 0 */
+    char upnp_log[80];  /* its log file */
+    char upnp_conf[80]; /* its config file */
 } ns_entry_t;
 
 struct ap_natns {
@@ -55,6 +58,8 @@ static void unmount_all(ap_natns_t *ns)
 {
     size_t n = n_entries(ns);
     for (size_t i = 0; i < n; i++)
+        if (ns->e[i].upnpd > 0) kill(ns->e[i].upnpd, SIGKILL);
+    for (size_t i = 0; i < n; i++)
         if (ns->e[i].made) {
             umount2(ns->e[i].path, MNT_DETACH);
             unlink(ns->e[i].path);
@@ -72,7 +77,17 @@ static void unmount_cb(void *arg)
 /* Runs argv (argv[0] looked up in PATH) with stdin from in_path (NULL:
  * /dev/null), stdout+stderr captured. 0 if it exited 0; else AP_ESYS with
  * the command and its output in why. */
+static int run_out(char *const argv[], const char *in_path, char *why, size_t wn, char *res,
+                   size_t rn);
+
 static int run(char *const argv[], const char *in_path, char *why, size_t wn)
+{
+    return run_out(argv, in_path, why, wn, NULL, 0);
+}
+
+/* As run; the command's output (truncated) also goes to res when it is not NULL. */
+static int run_out(char *const argv[], const char *in_path, char *why, size_t wn, char *res,
+                   size_t rn)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC)) {
@@ -88,7 +103,7 @@ static int run(char *const argv[], const char *in_path, char *why, size_t wn)
     int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(p[1]);
-    char out[512];
+    char out[2048];
     size_t got = 0;
     if (rc == 0) {
         for (;;) {
@@ -103,6 +118,7 @@ static int run(char *const argv[], const char *in_path, char *why, size_t wn)
     }
     close(p[0]);
     out[got] = 0;
+    if (res) snprintf(res, rn, "%s", out);
     while (got && (out[got - 1] == '\n' || out[got - 1] == ' ')) out[--got] = 0;
     char cmd[200] = "";
     size_t at = 0;
@@ -173,6 +189,17 @@ static void sweep_stale(void)
     closedir(d);
 }
 
+static bool log_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[512];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
 /* ---- the NAT rules ------------------------------------------------------------- */
 
 const char *ap_nat_kind_name(ap_nat_kind_t k)
@@ -184,6 +211,8 @@ const char *ap_nat_kind_name(ap_nat_kind_t k)
         return "rst";
     case AP_NAT_SYMMETRIC:
         return "symmetric";
+    case AP_NAT_UPNP:
+        return "upnp";
     }
     return "?";
 }
@@ -202,8 +231,38 @@ static int write_rules(ap_nat_kind_t kind, char *path, size_t pn, char *why, siz
         kind == AP_NAT_RST
             ? "    iifname \"wan0\" tcp flags & (syn | ack) == syn reject with tcp reset\n"
             : "";
-    char buf[1536];
-    int n = snprintf(buf, sizeof buf,
+    char buf[2048];
+    int n;
+    if (kind == AP_NAT_UPNP) /* miniupnpd fills the three empty chains */
+        n = snprintf(buf, sizeof buf,
+                     "table inet apnat {\n"
+                     "  chain prerouting_miniupnpd {\n  }\n"
+                     "  chain postrouting_miniupnpd {\n  }\n"
+                     "  chain miniupnpd {\n  }\n"
+                     "  chain nat_in {\n"
+                     "    type nat hook prerouting priority dstnat; policy accept;\n"
+                     "    jump prerouting_miniupnpd\n"
+                     "  }\n"
+                     "  chain nat_out {\n"
+                     "    type nat hook postrouting priority srcnat; policy accept;\n"
+                     "    jump postrouting_miniupnpd\n"
+                     "    oifname \"wan0\" masquerade\n"
+                     "  }\n"
+                     "  chain through {\n"
+                     "    type filter hook forward priority filter; policy drop;\n"
+                     "    ct state established,related accept\n"
+                     "    iifname \"lan0\" oifname \"wan0\" accept\n"
+                     "    jump miniupnpd\n"
+                     "  }\n"
+                     "  chain to_router {\n"
+                     "    type filter hook input priority filter; policy drop;\n"
+                     "    ct state established,related accept\n"
+                     "    iifname \"lo\" accept\n"
+                     "    iifname \"lan0\" accept\n"
+                     "  }\n"
+                     "}\n");
+    else
+        n = snprintf(buf, sizeof buf,
                      "table ip apnat {\n"
                      "  chain nat_out {\n"
                      "    type nat hook postrouting priority srcnat; policy accept;\n"
@@ -234,7 +293,80 @@ static int write_rules(ap_nat_kind_t kind, char *path, size_t pn, char *why, siz
     return 0;
 }
 
-static int setup_router(const ns_entry_t *r, ap_nat_kind_t kind, char *why, size_t wn)
+/* miniupnpd on an AP_NAT_UPNP router: UPnP IGD and NAT-PMP for lan0, its
+ * forwards in the chains of write_rules' inet table; secure mode (a host
+ * maps ports to itself only), unprivileged ports only. */
+static int start_upnpd(ns_entry_t *r, size_t k, char *why, size_t wn)
+{
+    snprintf(r->upnp_conf, sizeof r->upnp_conf, "/tmp/%s-upnpd.conf", r->name);
+    snprintf(r->upnp_log, sizeof r->upnp_log, "/tmp/%s-upnpd.log", r->name);
+    char pidf[96];
+    snprintf(pidf, sizeof pidf, "/tmp/%s-upnpd.pid", r->name);
+    FILE *f = fopen(r->upnp_conf, "w");
+    if (!f) {
+        snprintf(why, wn, "cannot write %s: %s", r->upnp_conf, strerror(errno));
+        return AP_ESYS;
+    }
+    fprintf(f,
+            "ext_ifname=wan0\nlistening_ip=lan0\nport=0\n"
+            "enable_upnp=yes\nenable_natpmp=yes\nsecure_mode=yes\nsystem_uptime=no\n"
+            "upnp_table_name=apnat\nupnp_nat_table_name=apnat\n"
+            "upnp_forward_chain=miniupnpd\nupnp_nat_chain=prerouting_miniupnpd\n"
+            "upnp_nat_postrouting_chain=postrouting_miniupnpd\n"
+            "uuid=3b3b7b0a-0000-4000-8000-%012zx\n"
+            "allow 1024-65535 10.0.0.0/8 1024-65535\ndeny 0-65535 0.0.0.0/0 0-65535\n",
+            k + 1);
+    if (fclose(f)) {
+        snprintf(why, wn, "cannot write %s", r->upnp_conf);
+        return AP_ESYS;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, r->upnp_log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    char *argv[] = {"ip", "netns",      "exec", r->name, "miniupnpd", "-d",
+                    "-f", r->upnp_conf, "-P",   pidf,    NULL};
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "ip", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc) {
+        snprintf(why, wn, "cannot start miniupnpd: %s", strerror(rc));
+        return AP_ESYS;
+    }
+    r->upnpd = pid; /* `ip netns exec` execs miniupnpd in this process */
+    for (int i = 0; i < 100; i++) {
+        if (log_has(r->upnp_log, "Listening for NAT-PMP")) return 0;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            r->upnpd = 0;
+            snprintf(why, wn, "miniupnpd exited (status %d), see %s", st, r->upnp_log);
+            return AP_ESYS;
+        }
+        usleep(50000);
+    }
+    snprintf(why, wn, "miniupnpd did not start within 5 s, see %s", r->upnp_log);
+    return AP_ETIMEDOUT;
+}
+
+static void stop_upnpd(ns_entry_t *r)
+{
+    if (r->upnpd > 0) {
+        kill(r->upnpd, SIGTERM); /* it removes its forwards on the way out */
+        int st;
+        for (int i = 0; i < 40 && waitpid(r->upnpd, &st, WNOHANG) == 0; i++) usleep(50000);
+        if (kill(r->upnpd, SIGKILL) == 0) waitpid(r->upnpd, &st, 0);
+        r->upnpd = 0;
+    }
+    if (r->upnp_conf[0]) unlink(r->upnp_conf);
+    if (r->upnp_log[0]) unlink(r->upnp_log);
+    char pidf[96];
+    snprintf(pidf, sizeof pidf, "/tmp/%s-upnpd.pid", r->name);
+    unlink(pidf);
+    r->upnp_conf[0] = r->upnp_log[0] = 0;
+}
+
+static int setup_router(ns_entry_t *r, size_t k, ap_nat_kind_t kind, char *why, size_t wn)
 {
     int rc = runv(why, wn, "ip", "netns", "exec", r->name, "sysctl", "-qw", "net.ipv4.ip_forward=1",
                   (char *)NULL);
@@ -244,6 +376,7 @@ static int setup_router(const ns_entry_t *r, ap_nat_kind_t kind, char *why, size
     char *argv[] = {"ip", "netns", "exec", (char *)r->name, "nft", "-f", path, NULL};
     rc = run(argv, NULL, why, wn);
     unlink(path);
+    if (!rc && kind == AP_NAT_UPNP) rc = start_upnpd(r, k, why, wn);
     return rc;
 }
 
@@ -286,6 +419,14 @@ static int addr_up(const ns_entry_t *e, const char *dev, const char *ip, char *w
     return rc;
 }
 
+#define UPNP_CIDR AP_NATNS_UPNP_NET ".0/24"
+
+/* A route to another /24 on the same bridge (the UPnP routers' wan0). */
+static int onlink(const ns_entry_t *e, const char *dev, const char *cidr, char *why, size_t wn)
+{
+    return runv(why, wn, "ip", "-n", e->name, "route", "add", cidr, "dev", dev, (char *)NULL);
+}
+
 static int build(ap_natns_t *ns, char *why, size_t wn)
 {
     const ns_entry_t *net = &ns->e[0];
@@ -301,6 +442,7 @@ static int build(ap_natns_t *ns, char *why, size_t wn)
         rc = ns_add(p, why, wn);
         if (!rc) rc = link_to_net(net, p, port, "eth0", why, wn);
         if (!rc) rc = addr_up(p, "eth0", p->ip, why, wn);
+        if (!rc) rc = onlink(p, "eth0", UPNP_CIDR, why, wn);
     }
     for (size_t k = 0; k < ns->nh && !rc; k++) {
         ns_entry_t *r = rtr(ns, k), *h = home(ns, k);
@@ -310,6 +452,9 @@ static int build(ap_natns_t *ns, char *why, size_t wn)
         if (!rc) rc = link_to_net(net, r, port, "wan0", why, wn);
         if (!rc) rc = addr_up(r, "wan0", r->ip, why, wn);
         if (!rc)
+            rc = onlink(r, "wan0", ns->kinds[k] == AP_NAT_UPNP ? "198.18.0.0/24" : UPNP_CIDR, why,
+                        wn);
+        if (!rc)
             rc = runv(why, wn, "ip", "-n", r->name, "link", "add", "lan0", "type", "veth", "peer",
                       "name", "eth0", "netns", h->name, (char *)NULL);
         if (!rc) rc = addr_up(r, "lan0", r->lan, why, wn);
@@ -317,7 +462,7 @@ static int build(ap_natns_t *ns, char *why, size_t wn)
         if (!rc)
             rc = runv(why, wn, "ip", "-n", h->name, "route", "add", "default", "via", r->lan,
                       (char *)NULL);
-        if (!rc) rc = setup_router(r, ns->kinds[k], why, wn);
+        if (!rc) rc = setup_router(r, k, ns->kinds[k], why, wn);
     }
     return rc;
 }
@@ -332,7 +477,7 @@ int ap_natns_new(size_t npublic, size_t nhomes, const ap_nat_kind_t *kinds, ap_n
         return AP_EINVAL;
     }
     for (size_t k = 0; k < nhomes; k++)
-        if ((unsigned)kinds[k] > AP_NAT_SYMMETRIC) {
+        if ((unsigned)kinds[k] > AP_NAT_UPNP) {
             snprintf(why, wn, "home %zu: unknown NAT kind %d", k, (int)kinds[k]);
             return AP_EINVAL;
         }
@@ -368,7 +513,8 @@ int ap_natns_new(size_t npublic, size_t nhomes, const ap_nat_kind_t *kinds, ap_n
     }
     for (size_t k = 0; k < nhomes; k++) {
         snprintf(name, sizeof name, "apnat-%d-%u-r%zu", pid, s, k);
-        snprintf(ip, sizeof ip, "198.18.0.%u", (unsigned)(101 + k));
+        snprintf(ip, sizeof ip, "%s.%u", kinds[k] == AP_NAT_UPNP ? AP_NATNS_UPNP_NET : "198.18.0",
+                 (unsigned)(101 + k));
         set_entry(rtr(ns, k), name, ip);
         snprintf(rtr(ns, k)->lan, sizeof rtr(ns, k)->lan, "10.%u.0.1", (unsigned)(90 + k));
         snprintf(name, sizeof name, "apnat-%d-%u-h%zu", pid, s, k);
@@ -389,6 +535,7 @@ void ap_natns_free(ap_natns_t *ns)
 {
     if (!ns) return;
     if (ns->owner == getpid()) {
+        for (size_t k = 0; k < ns->nh; k++) stop_upnpd(rtr(ns, k));
         size_t n = n_entries(ns);
         for (size_t i = n; i-- > 0;) ns_del(&ns->e[i]);
     }
@@ -475,4 +622,22 @@ int ap_natns_enter_home(const ap_natns_t *ns, size_t k)
 int ap_natns_enter_router(const ap_natns_t *ns, size_t k)
 {
     return ns && k < ns->nh ? enter(rtr(ns, k)) : AP_EINVAL;
+}
+
+int ap_natns_upnp_mappings(const ap_natns_t *ns, size_t k)
+{
+    if (!ns || k >= ns->nh || ns->kinds[k] != AP_NAT_UPNP) return AP_EINVAL;
+    char out[2048];
+    char *argv[] = {"ip",    "netns", "exec",  (char *)rtr(ns, k)->name, "nft", "list",
+                    "chain", "inet",  "apnat", "prerouting_miniupnpd",   NULL};
+    if (run_out(argv, NULL, NULL, 0, out, sizeof out)) return AP_ESYS;
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, " dnat ")); p++) n++;
+    return n;
+}
+
+bool ap_natns_upnp_log_has(const ap_natns_t *ns, size_t k, const char *needle)
+{
+    if (!ns || k >= ns->nh || !rtr(ns, k)->upnp_log[0]) return false;
+    return log_has(rtr(ns, k)->upnp_log, needle);
 }

@@ -20,6 +20,15 @@
  *   AP_NAT_SYMMETRIC  `masquerade fully-random`: every new connection gets a
  *                     random source port, so the mapping a peer observes is
  *                     useless to anyone else; unsolicited inbound dropped.
+ *   AP_NAT_UPNP       as AP_NAT_DROP, and the router runs miniupnpd (UPnP IGD
+ *                     and NAT-PMP on lan0, nftables backend): a home host
+ *                     may ask it to forward a port. miniupnpd refuses to
+ *                     forward from an external address in a reserved range,
+ *                     198.18.0.0/15 included, so this router's wan0 has
+ *                     AP_NATNS_UPNP_NET.<101+k>/24 instead, on the same
+ *                     bridge (every node has an on-link route to that /24).
+ *                     Nothing leaves the namespaces, so no real host at that
+ *                     address is ever reached.
  *
  * Nothing is created in the root namespace; deleting the namespaces removes
  * the bridge, the veths and the rules. Commands run as argv arrays (`ip`,
@@ -42,11 +51,14 @@ typedef enum ap_nat_kind {
     AP_NAT_DROP = 0,
     AP_NAT_RST = 1,
     AP_NAT_SYMMETRIC = 2,
+    AP_NAT_UPNP = 3,
 } ap_nat_kind_t;
+
+#define AP_NATNS_UPNP_NET "11.18.0" /* the wan0 /24 of AP_NAT_UPNP routers */
 
 typedef struct ap_natns ap_natns_t;
 
-/* "drop", "rst", "symmetric". */
+/* "drop", "rst", "symmetric", "upnp". */
 const char *ap_nat_kind_name(ap_nat_kind_t k);
 
 /* 0 if the topology can be built here: root, `ip` and `nft` found, and a
@@ -75,6 +87,13 @@ ap_nat_kind_t ap_natns_kind(const ap_natns_t *ns, size_t home);
 const char *ap_natns_public_ip(const ap_natns_t *ns, size_t i);
 const char *ap_natns_home_ip(const ap_natns_t *ns, size_t k);
 const char *ap_natns_router_ip(const ap_natns_t *ns, size_t k);
+
+/* AP_NAT_UPNP router k: the number of TCP port forwards miniupnpd holds
+ * now (its DNAT rules), or a negative AP_E* code (not a UPnP router, nft
+ * failed). */
+int ap_natns_upnp_mappings(const ap_natns_t *ns, size_t k);
+/* Whether the file miniupnpd of router k logs into contains needle. */
+bool ap_natns_upnp_log_has(const ap_natns_t *ns, size_t k, const char *needle);
 
 /* Namespace names (for `ip netns exec` and the like). */
 const char *ap_natns_public_name(const ap_natns_t *ns, size_t i);

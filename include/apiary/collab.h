@@ -253,6 +253,11 @@ AP_EXPORT int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
 /* Cancels everything pending (callbacks run with AP_ECANCELED first), frees.
  * NULL is a no-op. Not from inside one of its callbacks. */
 AP_EXPORT void ap_collab_free(ap_collab_t *c);
+/* Switches a normal peer to client-only (it cannot accept connections: it
+ * neither reduces a part nor serves the state) or back, from the next
+ * round on, e.g. when the node learns it is behind a NAT (apiary/node.h,
+ * ap_node_nat_start). AP_ESTATE for an auxiliary peer. Loop thread. */
+AP_EXPORT int ap_collab_set_client(ap_collab_t *c, bool client);
 
 /* Joins the run: reads the progress records; if donors exist and
  * load_state_on_start, downloads the state (epoch, parameters, optimizer

@@ -136,6 +136,13 @@ AP_EXPORT int ap_dht_new(ap_rt_t *rt, const ap_dht_config_t *cfg, ap_dht_t **out
  * DHT callback; post it to the loop instead. NULL is a no-op. */
 AP_EXPORT void ap_dht_free(ap_dht_t *dht);
 
+/* Switches client mode (see ap_dht_config_t.client_mode) on a running node,
+ * e.g. when the node learns it is behind a NAT (apiary/node.h,
+ * ap_node_nat_start): a client stops answering and tells the peers it asks
+ * not to add it to their routing tables; a node leaving client mode starts
+ * answering and republishing. Loop thread. */
+AP_EXPORT int ap_dht_set_client_mode(ap_dht_t *dht, bool client);
+
 /* Adds a validator (appended; all must accept). At most 8. */
 AP_EXPORT int ap_dht_add_validator(ap_dht_t *dht, ap_dht_validator_fn fn, void *arg);
 

@@ -113,6 +113,52 @@ AP_EXPORT size_t ap_node_resources(ap_rt_t *rt, int max_peers, char *out, size_t
 AP_EXPORT int ap_node_set_limits_sync(ap_rt_t *rt, const ap_node_limits_t *l);
 AP_EXPORT int ap_node_resources_sync(ap_rt_t *rt, int max_peers, char *out, size_t n);
 
+/* ---- reachability: AutoNAT and port mapping (docs/nat.md) ---------------- */
+
+/* What the node believes about being reachable from the Internet. */
+typedef enum ap_node_reach {
+    AP_NODE_REACH_UNKNOWN = 0,
+    AP_NODE_REACH_PUBLIC = 1,  /* peers dialled it back */
+    AP_NODE_REACH_PRIVATE = 2, /* behind a NAT or a firewall: peers could not */
+} ap_node_reach_t;
+
+/* "unknown", "public", "private". */
+AP_EXPORT const char *ap_node_reach_name(ap_node_reach_t r);
+
+/* A change of verdict; addr: the address peers dialled (public) or the
+ * one they could not (private), "" if none. Loop thread. */
+typedef void (*ap_node_reach_fn)(ap_rt_t *rt, void *arg, ap_node_reach_t r, const char *addr);
+
+typedef struct ap_node_nat_opts {
+    /* Also map the listen port on the home gateway (UPnP IGD, then
+     * NAT-PMP), renew it, and remove it when the node is freed. The mapped
+     * address is advertised (ap_rt_listen_addrs, identify, the DHT) only
+     * once AutoNAT confirms that peers reach the node there. */
+    bool port_map;
+    uint64_t first_us;          /* first probe after start: 0 = 3 s (peers connect first) */
+    uint64_t retry_us;          /* between probes while unknown or in doubt: 0 = 20 s */
+    uint64_t recheck_us;        /* between probes once settled: 0 = 15 min */
+    ap_node_reach_fn on_change; /* may be NULL; every change is also logged (INFO, "nat") */
+    void *arg;
+} ap_node_nat_opts_t;
+
+/* Starts AutoNAT on a TCP node with a listener: every probe round
+ * identifies up to 5 connected peers (their observed addresses tell the
+ * node its public IP, believed once 3 peers agree), then asks each to dial
+ * it back at that IP and its listen port (and the mapped address); 3
+ * agreeing answers from different peers settle the verdict. Every TCP
+ * node also answers such requests (libp2p AutoNAT v1, dialling back only
+ * the requester's own IP). AP_EINVAL for an in-process or dial-only node,
+ * AP_EEXIST if already started. Loop thread. */
+AP_EXPORT int ap_node_nat_start(ap_rt_t *rt, const ap_node_nat_opts_t *o);
+/* The current verdict; addr (may be NULL, n bytes) as for ap_node_reach_fn.
+ * AP_NODE_REACH_UNKNOWN before ap_node_nat_start. Loop thread. */
+AP_EXPORT ap_node_reach_t ap_node_reachability(ap_rt_t *rt, char *addr, size_t n);
+/* The two above from any other thread (through ap_node_call_sync);
+ * ap_node_reachability_sync returns the verdict or a negative error. */
+AP_EXPORT int ap_node_nat_start_sync(ap_rt_t *rt, const ap_node_nat_opts_t *o);
+AP_EXPORT int ap_node_reachability_sync(ap_rt_t *rt, char *addr, size_t n);
+
 /* ---- blocking bridge for user threads ------------------------------------ */
 
 /* Posts fn to rt's loop and blocks until done is completed; returns the

@@ -187,6 +187,28 @@ void ap_dht_free(ap_dht_t *dht)
     free(dht);
 }
 
+int ap_dht_set_client_mode(ap_dht_t *dht, bool client)
+{
+    if (!dht) return AP_EINVAL;
+    if (dht->cfg.client_mode == client) return 0;
+    if (!client && !dht->registered) {
+        int rc =
+            ap_rt_rpc_register(dht->rt, AP_DHT_PROTO, AP__DHT_MSG_MAX, ap__dht_on_request, dht);
+        if (rc) return rc;
+        dht->registered = true;
+    } else if (client && dht->registered) {
+        ap_rt_rpc_unregister(dht->rt, AP_DHT_PROTO);
+        dht->registered = false;
+    }
+    dht->cfg.client_mode = client;
+    if (!client && dht->cfg.republish_period_us && !dht->repub_timer) {
+        uint64_t rp = dht->cfg.republish_period_us / 8;
+        if (rp < 1000000) rp = 1000000;
+        dht->repub_timer = ap_rt_timer_start(dht->rt, rp, rp, ap__dht_republish_tick, dht);
+    }
+    return 0;
+}
+
 int ap_dht_add_validator(ap_dht_t *dht, ap_dht_validator_fn fn, void *arg)
 {
     if (!dht || !fn) return AP_EINVAL;

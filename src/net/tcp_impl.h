@@ -110,8 +110,9 @@ struct ap_tcp {
     void (*done)(void *);
     void *done_arg;
     ap_tcp_stats_t stats;
-    struct ap_p2p_host *p2p;  /* serves libp2p dialers on the same port (tcp_p2p.c) */
-    ap_tcp_addrs_fn announce; /* identify's listen addresses (ap__tcp_set_announce) */
+    struct ap_p2p_host *p2p;            /* serves libp2p dialers on the same port (tcp_p2p.c) */
+    struct ap_autonat_service *autonat; /* AutoNAT v1 on that host */
+    ap_tcp_addrs_fn announce;           /* identify's listen addresses (ap__tcp_set_announce) */
     void *announce_arg;
 };
 

@@ -2,16 +2,19 @@
  * is 0x13 (the length of "/multistream/1.0.0\n") is a libp2p dialer. A native
  * handshake starts with a 2-byte frame length far below 0x1300, so the two
  * cannot be confused. The socket moves to a libp2p host sharing the
- * transport's identity, which serves identify and ping. */
+ * transport's identity, which serves identify, ping and AutoNAT v1 (it
+ * dials a requester back only at its own IP: src/p2p/autonat.h). */
 #include "apiary/error.h"
 #include "apiary/log.h"
 #include "net/tcp_impl.h"
+#include "p2p/autonat_uv.h"
 #include "p2p/p2p_conn.h"
 
 #include <string.h>
 #include <unistd.h>
 
-#define MSS_FIRST_BYTE 0x13
+#define MSS_FIRST_BYTE  0x13
+#define AUTONAT_DIAL_MS 5000 /* a dial-back must prove the requester's PeerID within this */
 
 void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg)
 {
@@ -43,11 +46,13 @@ static ap_p2p_host_t *host(ap_tcp_t *t)
     ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
     if (!h) return NULL;
     ap__p2p_host_set_addrs(h, listen_addrs, t);
-    if (ap__p2p_host_serve_basics(h) != 0) {
+    ap_autonat_service_t *an = NULL;
+    if (ap__p2p_host_serve_basics(h) != 0 || !(an = ap__autonat_serve(h, AUTONAT_DIAL_MS))) {
         ap__p2p_host_free(h);
         return NULL;
     }
     t->p2p = h;
+    t->autonat = an;
     return h;
 }
 
@@ -76,6 +81,8 @@ bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
 static void p2p_freed(void *arg)
 {
     ap_tcp_t *t = arg;
+    ap__autonat_service_free(t->autonat);
+    t->autonat = NULL;
     t->handles--;
     ap__tcp_maybe_finish(t);
 }

@@ -247,6 +247,23 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     return 0;
 }
 
+int ap_collab_set_client(ap_collab_t *c, bool client)
+{
+    if (!c || c->dead) return AP_EINVAL;
+    if (c->cfg.role == AP_AVG_AUX) return AP_ESTATE;
+    ap_avg_role_t want = client ? AP_AVG_CLIENT : AP_AVG_NORMAL;
+    if (c->cfg.role == want) return 0;
+    if (want == AP_AVG_NORMAL) {
+        int rc = ap__state_listen(c);
+        if (rc) return rc;
+    } else {
+        ap__state_unlisten(c);
+    }
+    c->cfg.role = want; /* the next progress record and the next round use it */
+    ap_info(OPT_MOD, "collab: now %s", client ? "client-only" : "a normal peer");
+    return 0;
+}
+
 void ap_collab_free(ap_collab_t *c)
 {
     if (!c) return;

@@ -53,6 +53,27 @@ bool ap_cli_peer_list(const char *cmd, const char *text, char **list, int *n, in
 bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int naddrs,
                             char *const *peers, int npeers);
 
+/* AutoNAT and port mapping for a long-running node (nat_cli.c,
+ * docs/nat.md): starts ap_node_nat_start on rt unless client (a node that
+ * only asks has nothing to check), with port mapping unless no_port_map or
+ * the node listens on a loopback address (listen). Each change of verdict
+ * prints one line, "apiary CMD: reachability private (...)"; with a dht
+ * and/or collab that the user did not force into client mode (client
+ * false), a private node switches them to client-only and a public one
+ * back. dht and collab may be NULL; *collab is read at each change (it may
+ * be set after this call). Returns 0 or a negative AP_E* code (printed). */
+typedef struct ap_cli_nat {
+    const char *cmd;
+    bool client, no_port_map;
+    struct ap_dht *dht;
+    struct ap_collab *const *collab;
+    int last; /* the previous verdict (ap_node_reach_t), set by the callback */
+} ap_cli_nat_t;
+int ap_cli_nat_start(ap_rt_t *rt, const char *listen, ap_cli_nat_t *nat);
+/* Before freeing the dht or the collab: later changes leave them alone
+ * (on the loop thread, so no change is being handled meanwhile). */
+void ap_cli_nat_detach(ap_rt_t *rt, ap_cli_nat_t *nat);
+
 /* SIGINT and SIGTERM set a flag instead of ending the process, so that a
  * long-running command stops on its own path (summary, state, everything
  * freed) and exits 0 (stop.c). ap_cli_stop_signal: the signal caught, 0 if

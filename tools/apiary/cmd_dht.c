@@ -39,7 +39,11 @@ static void usage(FILE *f)
            "                            (repeatable; required for get and store)\n"
            "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
            "                            (default: a fresh key for this run)\n"
-           "  --client                  ask, never answer (default for get/store)\n"
+           "  --client                  ask, never answer (default for get/store); without it a\n"
+           "                            node checks whether peers can reach it (AutoNAT) and\n"
+           "                            runs as a client while they cannot (docs/nat.md)\n"
+           "  --no-port-map             node: do not ask the home router (UPnP IGD, NAT-PMP) to\n"
+           "                            forward the listen port\n"
            "  --stats-interval S        node: log routing-table size and stored keys every S\n"
            "                            seconds (default 30)\n"
            "  --stats                   node: also print the resource scopes (use and limits of\n"
@@ -65,7 +69,7 @@ typedef struct opts {
     char *peers[MAX_PEERS];
     int npeers;
     const char *identity;
-    bool client, latest;
+    bool client, latest, no_port_map;
     long ttl;
     const char *subkey;
     const char *value_file;
@@ -361,6 +365,9 @@ static int run_node(const opts_t *o)
     printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");
     printf("share one of these with --initial-peers:\n");
     for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
+    ap_cli_nat_t nat = {
+        .cmd = "dht", .client = o->client, .no_port_map = o->no_port_map, .dht = n.dht};
+    ap_cli_nat_start(n.rt, o->listen ? o->listen : "/ip4/0.0.0.0/tcp/0", &nat);
     mon_server_t *mon = NULL;
     if (o->http) {
         rc = mon_server_start(n.rt, n.dht, o->run_id ? o->run_id : "apiary", o->http, &mon);
@@ -393,6 +400,7 @@ static int run_node(const opts_t *o)
     if (o->stats) print_resources(n.rt, true);
     fprintf(stderr, "apiary dht: %s, shutting down\n", ap_cli_stop_name());
     mon_server_stop(mon);
+    ap_cli_nat_detach(n.rt, &nat);
     node_close(&n);
     return 0;
 }
@@ -405,6 +413,7 @@ static int dht_main(int argc, char **argv)
                                           {"initial-peers", required_argument, NULL, 'P'},
                                           {"identity", required_argument, NULL, 'i'},
                                           {"client", no_argument, NULL, 'c'},
+                                          {"no-port-map", no_argument, NULL, 'N'},
                                           {"latest", no_argument, NULL, 'x'},
                                           {"ttl", required_argument, NULL, 't'},
                                           {"subkey", required_argument, NULL, 's'},
@@ -440,6 +449,9 @@ static int dht_main(int argc, char **argv)
             break;
         case 'x':
             o.latest = true;
+            break;
+        case 'N':
+            o.no_port_map = true;
             break;
         case 't': {
             char *end;

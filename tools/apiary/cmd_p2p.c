@@ -133,10 +133,47 @@ static void json_str(const char *s)
     putchar('"');
 }
 
+/* Where an address leads: "loopback", "link-local", "private" (RFC 1918,
+ * IPv6 ULA), "shared" (carrier-grade NAT, RFC 6598), else "public". */
+static const char *addr_scope(const ap_multiaddr_t *a)
+{
+    const uint8_t *ip = a->ip;
+    if (a->host == AP_MA_HOST_IP4) {
+        if (ip[0] == 127) return "loopback";
+        if (ip[0] == 169 && ip[1] == 254) return "link-local";
+        if (ip[0] == 10 || (ip[0] == 172 && (ip[1] & 0xf0) == 16) || (ip[0] == 192 && ip[1] == 168))
+            return "private";
+        if (ip[0] == 100 && (ip[1] & 0xc0) == 64) return "shared";
+        return "public";
+    }
+    if (a->host == AP_MA_HOST_IP6) {
+        static const uint8_t one[16] = {[15] = 1};
+        if (!memcmp(ip, one, 16)) return "loopback";
+        if (ip[0] == 0xfe && (ip[1] & 0xc0) == 0x80) return "link-local";
+        if ((ip[0] & 0xfe) == 0xfc) return "private";
+        return "public";
+    }
+    return "public"; /* a DNS name */
+}
+
+/* How the peer is reached, from what it announces: public if one of its
+ * listen addresses is; private (behind a NAT or a firewall: only its own
+ * connections reach it) otherwise. A node advertises a mapped address only
+ * once AutoNAT confirmed it (docs/nat.md). */
+static const char *reachability(const ap_identify_t *info)
+{
+    for (size_t i = 0; i < info->nlisten; i++)
+        if (!strcmp(addr_scope(&info->listen[i]), "public")) return "public";
+    return "private";
+}
+
 static void print_identify(job_t *j, const ap_identify_t *info, const ap_peer_id_t *peer)
 {
-    char id[AP_PEER_ID_STR_MAX], ma[AP_MA_TEXT_MAX];
+    char id[AP_PEER_ID_STR_MAX], ma[AP_MA_TEXT_MAX], at[AP_MA_TEXT_MAX];
     ap_peer_id_str(peer, id);
+    ap_multiaddr_t dialled = j->ma;
+    dialled.has_peer = false;
+    if (ap_multiaddr_print(&dialled, at, sizeof at) < 0) at[0] = 0;
     const char *kt = info->has_key ? ap__secure_key_type_name(info->key_type) : "none";
     if (!j->json) {
         printf("peer              %s\n", id);
@@ -144,9 +181,14 @@ static void print_identify(job_t *j, const ap_identify_t *info, const ap_peer_id
         printf("protocol version  %s\n", info->protocol_version);
         printf("public key        %s%s\n", kt,
                info->has_id && ap_peer_id_eq(&info->id, peer) ? " (matches the peer)" : "");
+        printf("reached at        %s (direct TCP)\n", at);
+        printf("reachability      %s (%s)\n", reachability(info),
+               !strcmp(reachability(info), "public") ? "it announces a public address"
+               : info->nlisten ? "it announces no public address: behind a NAT or a firewall"
+                               : "it announces no address");
         for (size_t i = 0; i < info->nlisten; i++) {
             ap_multiaddr_print(&info->listen[i], ma, sizeof ma);
-            printf("listen address    %s\n", ma);
+            printf("listen address    %s (%s)\n", ma, addr_scope(&info->listen[i]));
         }
         if (info->addrs_other)
             printf("listen address    (%zu of other transports)\n", info->addrs_other);
@@ -180,7 +222,7 @@ static void print_identify(job_t *j, const ap_identify_t *info, const ap_peer_id
         if (i) putchar(',');
         json_str(info->protocols[i]);
     }
-    printf("]}\n");
+    printf("],\"reached_at\":\"%s\",\"reachability\":\"%s\"}\n", at, reachability(info));
 }
 
 static void id_fin(ap_p2p_stream_t *s)

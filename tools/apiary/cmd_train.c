@@ -55,7 +55,11 @@ static void usage(void)
         "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
         "                            synthetic clusters (default gpt)\n"
         "  --data PATH               text file (default: the shipped corpus)\n"
-        "  --client                  cannot accept connections (client-only peer)\n"
+        "  --client                  cannot accept connections (client-only peer); without it\n"
+        "                            the peer checks whether others can reach it (AutoNAT)\n"
+        "                            and is client-only while they cannot (docs/nat.md)\n"
+        "  --no-port-map             do not ask the home router (UPnP IGD, NAT-PMP) to\n"
+        "                            forward the listen port\n"
         "  --auxiliary               help averaging, train nothing\n"
         "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
         "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
@@ -125,7 +129,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip;
+    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, no_port_map;
     double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
@@ -478,6 +482,12 @@ static int run(const topts_t *o)
             }
         }
     }
+    ap_cli_nat_t nat = {.cmd = "train",
+                        .client = o->client,
+                        .no_port_map = o->no_port_map,
+                        .dht = dht,
+                        .collab = &c};
+    if (!rc && !fatal) ap_cli_nat_start(rt, no.listen, &nat);
     char pid[AP_PEER_ID_STR_MAX];
     ap_peer_id_str(ap_rt_self(rt), pid);
     uint64_t seed = o->seed_set ? o->seed : o->nshards > 1 ? 1 : peer_seed(ap_rt_self(rt));
@@ -721,8 +731,10 @@ static int run(const topts_t *o)
                    (unsigned long long)overshoot_n);
         }
         fflush(stdout);
+        ap_cli_nat_detach(rt, &nat);
         ap_collab_free_sync(rt, c);
     }
+    ap_cli_nat_detach(rt, &nat);
     if (svc) ap_avg_service_free_sync(rt, svc);
     mon_server_stop(mon);
     if (dht) ap_dht_free_sync(dht);
@@ -788,6 +800,7 @@ static int train_main(int argc, char **argv)
         {"model", required_argument, NULL, 'm'},
         {"data", required_argument, NULL, 'd'},
         {"client", no_argument, NULL, 'c'},
+        {"no-port-map", no_argument, NULL, 0x4e50},
         {"auxiliary", no_argument, NULL, 'a'},
         {"bandwidth", required_argument, NULL, 'B'},
         {"compression", required_argument, NULL, 'C'},
@@ -870,6 +883,9 @@ static int train_main(int argc, char **argv)
             break;
         case 'c':
             o.client = true;
+            break;
+        case 0x4e50:
+            o.no_port_map = true;
             break;
         case 'a':
             o.aux = true;

@@ -2,6 +2,8 @@
  * deferred callbacks, teardown. The mux (mux_*.c) moves the bytes. */
 #include "runtime/uv/uv_impl.h"
 
+#include "runtime/uv/natmon.h"
+
 #include "apiary/log.h"
 
 #include <sodium.h>
@@ -333,6 +335,7 @@ static void node_free(ap_rt_t *rt)
     uv_mutex_unlock(&h->mu);
     ap__host_drop_tasks(n); /* posts dropped; call_sync waiters get AP_ESHUTDOWN */
     ap__host_drop_timers(n);
+    ap__natmon_free(n);
     ap__mux_close_all(n);  /* conns drop; streams and calls finish (queued callbacks) */
     n->transport->stop(n); /* after the mux released its connections */
     /* Work: wait for what already runs, cancel the rest; after() gets ECANCELED. */
@@ -400,5 +403,6 @@ static void free_on_loop(void *arg)
 void ap_node_free(ap_rt_t *rt)
 {
     if (!rt) return;
+    ap__natmon_unmap((ap_node_t *)rt); /* waits for the gateway here, not on the loop */
     ap__host_on_loop(((ap_node_t *)rt)->host, free_on_loop, rt);
 }

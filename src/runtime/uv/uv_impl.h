@@ -288,6 +288,7 @@ struct ap_node {
     const struct ap_uv_transport *transport; /* the one it listens on (node.c's table) */
     unsigned mem_no;                         /* mem.c's state: the node's number */
     struct ap_tcpc *tcpc;                    /* tcp_conn.c's state, or NULL */
+    struct ap_natmon *natmon;                /* natmon.c's state (AutoNAT), or NULL */
     char addr[AP_RT_ADDR_MAX];               /* the bound listen address ("" dial-only) */
     /* What peers are told (addrs.c): the announced addresses, or for a
      * wildcard listen address the interface addresses read at ifaddr_at. */
