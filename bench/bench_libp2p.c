@@ -5,6 +5,12 @@
  *   apiary-apiary / native  the node's own transport: TCP, Noise, the native
  *                           mux under runtime.h's streams (the baseline of
  *                           the yamux pair)
+ *   ... / native, via libp2p   the same runtime.h stream over a libp2p
+ *                           connection with the native mux agreed as
+ *                           /apiary/mux/2 (runtime/uv/p2p_bridge.c)
+ *   ... / yamux, via runtime   the same runtime.h stream over a libp2p
+ *                           connection with yamux forced: a yamux stream
+ *                           carrying the mux's frames
  *   apiary-js / yamux       Apiary dialling js-libp2p
  *   js-js / yamux           js-libp2p dialling js-libp2p (the baseline of the
  *                           apiary-js pair)
@@ -274,7 +280,7 @@ static bool nc_is_closed(void *arg)
     return ((nc_t *)arg)->closed;
 }
 
-static int native_pair(int dials, size_t size, double *conn_ms, double *mbps)
+static int native_pair(int dials, size_t size, ap_node_wire_t wire, double *conn_ms, double *mbps)
 {
     ap_host_t *hs = ap_host_new(), *hc = ap_host_new();
     ap_rt_t *srv = NULL;
@@ -294,6 +300,11 @@ static int native_pair(int dials, size_t size, double *conn_ms, double *mbps)
         static nc_t x;
         memset(&x, 0, sizeof x);
         if (ap_node_new(hc, &co, &cli) != 0) {
+            rc = -1;
+            break;
+        }
+        if (wire != AP_NODE_WIRE_NATIVE && ap_node_set_wire(cli, wire) != 0) {
+            ap_node_free(cli);
             rc = -1;
             break;
         }
@@ -443,11 +454,13 @@ static int js_js(const char *dir, const char *addr, int dials, size_t size, doub
 
 /* ---- the benchmark ------------------------------------------------------------------- */
 
-static void report(ap_bench_ctx_t *c, const char *pair, const char *muxer, double mbps,
-                   double base_mbps, double ms, double base_ms)
+static void report_via(ap_bench_ctx_t *c, const char *pair, const char *muxer, const char *via,
+                       double mbps, double base_mbps, double ms, double base_ms)
 {
-    char fields[128];
-    snprintf(fields, sizeof fields, "\"pair\":\"%s\",\"muxer\":\"%s\"", pair, muxer);
+    char fields[160];
+    int k = snprintf(fields, sizeof fields, "\"pair\":\"%s\",\"muxer\":\"%s\"", pair, muxer);
+    if (via && k > 0 && (size_t)k < sizeof fields)
+        snprintf(fields + k, sizeof fields - (size_t)k, ",\"via\":\"%s\"", via);
     if (base_mbps > 0)
         ap_bench_report_vs(c, "stream_MBps", mbps, "MB/s", base_mbps, fields);
     else
@@ -458,6 +471,12 @@ static void report(ap_bench_ctx_t *c, const char *pair, const char *muxer, doubl
         ap_bench_report(c, "connect_ms_p50", ms, "ms", fields);
 }
 
+static void report(ap_bench_ctx_t *c, const char *pair, const char *muxer, double mbps,
+                   double base_mbps, double ms, double base_ms)
+{
+    report_via(c, pair, muxer, NULL, mbps, base_mbps, ms, base_ms);
+}
+
 static int run(ap_bench_ctx_t *c, int argc, char **argv)
 {
     (void)argc;
@@ -466,8 +485,16 @@ static int run(ap_bench_ctx_t *c, int argc, char **argv)
     size_t size = c->quick ? (8u << 20) : (64u << 20);
     int dials = c->quick ? 3 : 11;
     double nat_ms = 0, nat_mbps = 0, y_ms = 0, y_mbps = 0;
-    if (native_pair(dials, size, &nat_ms, &nat_mbps) != 0) {
+    double l_ms = 0, l_mbps = 0, ry_ms = 0, ry_mbps = 0;
+    if (native_pair(dials, size, AP_NODE_WIRE_NATIVE, &nat_ms, &nat_mbps) != 0) {
         fprintf(stderr, "bench libp2p: the native pair failed\n");
+        return 1;
+    }
+    /* the same runtime.h stream over libp2p connections: the native mux
+     * agreed as /apiary/mux/2, and yamux forced (runtime/uv/p2p_bridge.c) */
+    if (native_pair(dials, size, AP_NODE_WIRE_LIBP2P, &l_ms, &l_mbps) != 0 ||
+        native_pair(dials, size, AP_NODE_WIRE_YAMUX, &ry_ms, &ry_mbps) != 0) {
+        fprintf(stderr, "bench libp2p: a runtime pair over libp2p failed\n");
         return 1;
     }
     srv_t s;
@@ -479,6 +506,8 @@ static int run(ap_bench_ctx_t *c, int argc, char **argv)
     srv_stop(&s);
     report(c, "apiary-apiary", "native", nat_mbps, 0, nat_ms, 0);
     report(c, "apiary-apiary", "yamux", y_mbps, nat_mbps, y_ms, nat_ms);
+    report_via(c, "apiary-apiary", "native", "libp2p", l_mbps, nat_mbps, l_ms, nat_ms);
+    report_via(c, "apiary-apiary", "yamux", "runtime", ry_mbps, nat_mbps, ry_ms, nat_ms);
 
     const char *dir = js_dir();
     if (!dir || system("command -v node >/dev/null 2>&1") != 0) {

@@ -73,6 +73,27 @@ AP_EXPORT void ap_node_free(ap_rt_t *rt);
 /* The host a node lives on. */
 AP_EXPORT ap_host_t *ap_node_host(ap_rt_t *rt);
 
+/* ---- the wire between TCP nodes -------------------------------------------- */
+
+/* How a TCP node dials its peers (docs/libp2p.md). Every TCP node accepts
+ * all of them on its port.
+ *   NATIVE  TCP + Noise XX (BLAKE2b) + the native mux (the default, fastest).
+ *   LIBP2P  libp2p: multistream-select, libp2p Noise (SHA-256), then the
+ *           native mux offered as "/apiary/mux/2" before "/yamux/1.0.0": two
+ *           Apiary nodes agree on the native mux in the handshake.
+ *   YAMUX   libp2p with yamux only, also for the libp2p peers that dial
+ *           this node: each runtime.h stream or call is a yamux stream
+ *           negotiated by its protocol name.
+ * Either way every runtime.h protocol works unchanged. Only ip4/ip6
+ * addresses are dialled with libp2p. Loop thread, before the node has a
+ * connection: AP_ESTATE otherwise; AP_ENOTSUP for an in-process node. */
+typedef enum ap_node_wire {
+    AP_NODE_WIRE_NATIVE = 0,
+    AP_NODE_WIRE_LIBP2P = 1,
+    AP_NODE_WIRE_YAMUX = 2,
+} ap_node_wire_t;
+AP_EXPORT int ap_node_set_wire(ap_rt_t *rt, ap_node_wire_t wire);
+
 /* ---- resource limits ------------------------------------------------------ */
 
 /* What peers can make a TCP or in-process node hold (docs/security.md):

@@ -157,6 +157,16 @@ AP_EXPORT void ap_rpc_respond(ap_rpc_req_t *req, const uint8_t *data, size_t len
 /* Responds with an error code (negative AP_E*) and a short message (may be
  * NULL), which the caller's done callback receives. Frees req. */
 AP_EXPORT void ap_rpc_respond_error(ap_rpc_req_t *req, int err, const char *msg);
+/* A response built in place, for large ones: a buffer of len bytes, owned
+ * by the runtime, already counted against the limits of the caller's
+ * connection, peer and protocol and of the node (the same as
+ * ap_rpc_respond would). Fill it, then send it with ap_rpc_respond_commit,
+ * or drop it with ap_rpc_respond_error; either frees req. NULL when the
+ * response cannot be held -- a limit is full (the caller gets AP_ELIMIT and
+ * the reason), the caller is gone, out of memory: req has then been
+ * answered and freed already, so a refused response costs no work. */
+AP_EXPORT uint8_t *ap_rpc_respond_begin(ap_rpc_req_t *req, size_t len);
+AP_EXPORT void ap_rpc_respond_commit(ap_rpc_req_t *req);
 
 /* Completion of a call. status 0: resp/len hold the response (valid only
  * during the callback). Otherwise status is AP_ETIMEDOUT, AP_ECANCELED,

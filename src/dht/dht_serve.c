@@ -10,17 +10,15 @@
 
 /* ---- RPC handler --------------------------------------------------------------- */
 
+/* Packed in place, in a buffer the runtime has counted already: a response
+ * the caller's limits cannot take is refused before it is built. */
 static void respond(ap_rpc_req_t *req, Apiary__Dht__Response *r)
 {
     size_t sz = apiary__dht__response__get_packed_size(r);
-    uint8_t *buf = malloc(sz ? sz : 1);
-    if (!buf) {
-        ap_rpc_respond_error(req, AP_ENOMEM, "out of memory");
-        return;
-    }
+    uint8_t *buf = ap_rpc_respond_begin(req, sz);
+    if (!buf) return; /* refused: req is answered */
     apiary__dht__response__pack(r, buf);
-    ap_rpc_respond(req, buf, sz);
-    free(buf);
+    ap_rpc_respond_commit(req);
 }
 
 static void handle_store(ap_dht_t *dht, ap_rpc_req_t *req, const ap_peer_id_t *from,

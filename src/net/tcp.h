@@ -132,6 +132,14 @@ int ap__tcp_listen_addrs(ap_tcp_t *t, ap_multiaddr_t *out, int max);
 typedef int (*ap_tcp_addrs_fn)(void *arg, ap_multiaddr_t *out, int max);
 void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg);
 
+/* The node the libp2p host on the transport's port serves (p2p_conn.h,
+ * ap_p2p_bridge_t): set before the first libp2p connection. */
+struct ap_p2p_bridge;
+void ap__tcp_set_bridge(ap_tcp_t *t, const struct ap_p2p_bridge *b, void *arg);
+/* That host (created on first use; NULL when out of memory): libp2p dials
+ * go through it. */
+struct ap_p2p_host *ap__tcp_p2p_host(ap_tcp_t *t);
+
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering
  * resolution, TCP connect and handshake (0 = 30 s). Returns an error and

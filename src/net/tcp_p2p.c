@@ -3,7 +3,9 @@
  * handshake starts with a 2-byte frame length far below 0x1300, so the two
  * cannot be confused. The socket moves to a libp2p host sharing the
  * transport's identity, which serves identify, ping and AutoNAT v1 (it
- * dials a requester back only at its own IP: src/p2p/autonat.h). */
+ * dials a requester back only at its own IP: src/p2p/autonat.h), and, with
+ * a bridge (ap__tcp_set_bridge), the node's own protocols. The node's
+ * libp2p dials go through the same host. */
 #include "apiary/error.h"
 #include "apiary/log.h"
 #include "net/tcp_impl.h"
@@ -40,6 +42,14 @@ static int listen_addrs(void *arg, ap_multiaddr_t *out, int max)
     return k;
 }
 
+void ap__tcp_set_bridge(ap_tcp_t *t, const struct ap_p2p_bridge *b, void *arg)
+{
+    t->bridge = b;
+    t->bridge_arg = arg;
+    if (t->p2p && ap__p2p_host_set_bridge(t->p2p, b, arg) != 0)
+        ap_warn(MOD, "libp2p host busy: its muxers stay as they were");
+}
+
 static ap_p2p_host_t *host(ap_tcp_t *t)
 {
     if (t->p2p) return t->p2p;
@@ -47,13 +57,20 @@ static ap_p2p_host_t *host(ap_tcp_t *t)
     if (!h) return NULL;
     ap__p2p_host_set_addrs(h, listen_addrs, t);
     ap_autonat_service_t *an = NULL;
-    if (ap__p2p_host_serve_basics(h) != 0 || !(an = ap__autonat_serve(h, AUTONAT_DIAL_MS))) {
+    if (ap__p2p_host_serve_basics(h) != 0 ||
+        (t->bridge && ap__p2p_host_set_bridge(h, t->bridge, t->bridge_arg) != 0) ||
+        !(an = ap__autonat_serve(h, AUTONAT_DIAL_MS))) {
         ap__p2p_host_free(h);
         return NULL;
     }
     t->p2p = h;
     t->autonat = an;
     return h;
+}
+
+ap_p2p_host_t *ap__tcp_p2p_host(ap_tcp_t *t)
+{
+    return t->closing ? NULL : host(t);
 }
 
 bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)

@@ -119,6 +119,17 @@ static int handle(ap_mss_t *m, const uint8_t *s, size_t n)
         m->state = AP_MSS_DONE;
         return 0;
     }
+    if (m->accept && n <= AP_MSS_PROTO_MAX) {
+        memcpy(m->dyn, s, n);
+        m->dyn[n] = 0;
+        if (m->accept(m->accept_arg, m->dyn)) {
+            int rc = queue_line(m, m->dyn, n);
+            if (rc != 0) return rc;
+            m->selected = -1;
+            m->state = AP_MSS_DONE;
+            return 0;
+        }
+    }
     if (m->tries >= AP_MSS_TRIES_MAX) return AP_ENOPROTO;
     int rc = queue_line(m, "na", 2);
     if (rc == 0) m->tries++;
@@ -195,5 +206,12 @@ void ap__mss_output_done(ap_mss_t *m)
 
 const char *ap__mss_selected(const ap_mss_t *m)
 {
-    return m->state == AP_MSS_DONE ? m->protos[m->selected] : NULL;
+    if (m->state != AP_MSS_DONE) return NULL;
+    return m->selected < 0 ? m->dyn : m->protos[m->selected];
+}
+
+void ap__mss_set_accept(ap_mss_t *m, bool (*fn)(void *arg, const char *proto), void *arg)
+{
+    m->accept = fn;
+    m->accept_arg = arg;
 }

@@ -49,7 +49,11 @@ typedef struct ap_mss {
     bool got_header;
     size_t next;  /* initiator: index of the proposal awaiting its answer */
     size_t tries; /* responder: proposals refused so far */
-    int selected; /* index into protos once DONE */
+    int selected; /* index into protos once DONE; -1: accepted by accept */
+    /* responder: asked about a proposal none of protos names (may be NULL) */
+    bool (*accept)(void *arg, const char *proto);
+    void *accept_arg;
+    char dyn[AP_MSS_PROTO_MAX + 1]; /* the proposal accept agreed to */
     uint8_t in[AP_MSS_LINE_MAX + 2];
     size_t in_len;
     uint8_t out[AP_MSS_OUT_MAX];
@@ -83,8 +87,14 @@ static inline ap_mss_state_t ap__mss_state(const ap_mss_t *m)
 {
     return m->state;
 }
-/* The agreed protocol (an entry of protos) once DONE, else NULL. */
+/* The agreed protocol (an entry of protos, or the name accept agreed to)
+ * once DONE, else NULL. */
 const char *ap__mss_selected(const ap_mss_t *m);
+/* Responder: proposals not in protos are put to fn (a NUL-terminated id of
+ * at most AP_MSS_PROTO_MAX bytes, no NUL or newline inside); true selects
+ * it. Call right after ap__mss_init. For protocols served by name lookup
+ * (a node's handlers) rather than a fixed list. */
+void ap__mss_set_accept(ap_mss_t *m, bool (*fn)(void *arg, const char *proto), void *arg);
 
 /* Writes one message (varint length, s, '\n') into out (cap bytes). Returns
  * its length or AP_EMSGSIZE. For callers that pipeline a proposal. */

@@ -1,85 +1,14 @@
-/* libp2p connections over TCP (see p2p_conn.h). */
-#include "p2p/p2p_conn.h"
+/* libp2p connections over TCP (see p2p_conn.h): writes, streams, the
+ * upgrade, reading. */
 #include "apiary/error.h"
 #include "apiary/log.h"
-#include "base/buf.h"
-#include "base/u64map.h"
-#include "net/secure.h"
-#include "p2p/identify.h"
-#include "p2p/multistream.h"
-#include "p2p/yamux.h"
+#include "p2p/p2p_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define PROTOS_MAX  32
-#define NOISE_PROTO "/noise"
-
 static const char *const noise_list[] = {NOISE_PROTO};
-static const char *const muxer_list[] = {AP_YAMUX_PROTO};
-
-struct ap_p2p_host {
-    uv_loop_t *loop;
-    ap_secure_creds_t creds;
-    char agent[AP_IDENTIFY_STR_MAX + 1];
-    const ap_p2p_proto_t *protos[PROTOS_MAX];
-    const char *names[PROTOS_MAX];
-    size_t nprotos;
-    uv_tcp_t listener;
-    bool listening, freeing;
-    ap_multiaddr_t bound;
-    size_t nconns;
-    struct ap_p2p_conn *conns; /* every live connection */
-    void (*done)(void *);      /* after the host is freed (ap__p2p_host_free_then) */
-    void *done_arg;
-    ap_p2p_addrs_fn addrs_fn; /* identify's listen addresses (ap__p2p_host_set_addrs) */
-    void *addrs_arg;
-};
-
-enum { P_CONNECT, P_MSS, P_NOISE, P_MUXSEL, P_YAMUX, P_DEAD };
-
-struct ap_p2p_conn {
-    uv_tcp_t tcp;
-    uv_connect_t creq;
-    ap_p2p_host_t *h;
-    bool initiator, ready, closing;
-    int phase, status;
-    ap_mss_t mss;
-    ap_secure_hs_t hs;
-    ap_noise_cs_t tx, rx;
-    bool early;
-    ap_buf_t raw; /* bytes not yet framed */
-    ap_yamux_t y;
-    bool y_init;
-    ap_u64map_t streams; /* yamux id -> ap_p2p_stream_t * */
-    ap_peer_id_t peer;
-    char peer_short[AP_PEER_SHORT_LEN];
-    ap_multiaddr_t remote; /* the address the peer is seen at */
-    bool wq_blocked;       /* a stream waits for the socket's queue to drain */
-    ap_p2p_conn_cbs_t cbs;
-    void *arg;
-    struct ap_p2p_conn *next, *prev;
-};
-
-struct ap_p2p_stream {
-    ap_p2p_conn_t *c;
-    uint32_t id;
-    ap_mss_t mss;
-    bool ready;
-    const ap_p2p_proto_t *proto;
-    const char *want[1];
-    void *udata;
-    /* send queue: bytes past the peer's window (or the socket's queue) */
-    ap_buf_t q;
-    size_t qoff;        /* bytes of q already sent */
-    bool fin_pending;   /* FIN once q is empty */
-    bool lclosed;       /* ap__p2p_stream_close was called */
-    bool want_writable; /* a write was refused: on_writable owed */
-    bool echo;          /* the echo server: credit goes back as bytes leave q */
-    bool manual;        /* ap__p2p_stream_set_flow: the protocol consumes */
-    void (*on_writable)(ap_p2p_stream_t *s);
-};
 
 static const char *who(ap_p2p_conn_t *c)
 {
@@ -88,80 +17,156 @@ static const char *who(ap_p2p_conn_t *c)
 
 /* ---- raw and encrypted writes ------------------------------------------------ */
 
-typedef struct wreq {
-    uv_write_t req;
-    size_t len;
-    uint8_t data[];
-} wreq_t;
+/* Output goes into write blocks: every Noise message (and, before the
+ * handshake, every raw write) is sealed straight into the open block, which
+ * is handed to libuv when it is full, or at the end of the callback that
+ * produced it (a read, a write completion), or at once when written from
+ * outside a callback. So a burst of yamux frames costs one uv_write, and the
+ * blocks are reused instead of allocated per frame. */
+#define WBLK_CAP    (256u * 1024u + 4096u)
+#define WBLK_SPARES 2
 
-static void conn_fail(ap_p2p_conn_t *c, int err);
+typedef struct wblk {
+    uv_write_t req;
+    struct wblk *next;
+    size_t len;
+    uint8_t data[WBLK_CAP];
+} wblk_t;
+
 static void conn_drained(ap_p2p_conn_t *c);
+static void drain_check(ap_p2p_conn_t *c);
+
+static size_t unsent(const ap_p2p_conn_t *c)
+{
+    return c->tcp.write_queue_size + (c->cur ? c->cur->len : 0);
+}
+
+size_t ap__p2p_conn_backlog(const ap_p2p_conn_t *c)
+{
+    return unsent(c) + c->qbytes;
+}
+
+void ap__p2p_conn_want_drain(ap_p2p_conn_t *c, size_t low)
+{
+    c->drain_owed = true;
+    c->drain_low = low;
+}
+
+/* Loop callbacks end here: an owed on_drain. */
+static void drain_check(ap_p2p_conn_t *c)
+{
+    if (c->closing || !c->drain_owed || ap__p2p_conn_backlog(c) > c->drain_low) return;
+    c->drain_owed = false;
+    if (c->x.on_drain) c->x.on_drain(c, c->arg);
+}
 
 static bool wq_full(const ap_p2p_conn_t *c)
 {
-    return c->tcp.write_queue_size > AP_P2P_CONN_WQ_MAX;
+    return unsent(c) > AP_P2P_CONN_WQ_MAX;
+}
+
+static void blk_put(ap_p2p_conn_t *c, wblk_t *b)
+{
+    if (c->nspare < WBLK_SPARES && !c->closing) {
+        b->next = c->spare;
+        c->spare = b;
+        c->nspare++;
+    } else {
+        free(b);
+    }
 }
 
 static void written(uv_write_t *req, int status)
 {
+    wblk_t *b = (wblk_t *)req;
     ap_p2p_conn_t *c = req->handle->data;
-    free(req);
     (void)status; /* a failed write shows up as a read error */
-    if (c && !c->closing && c->wq_blocked && c->tcp.write_queue_size <= AP_P2P_CONN_WQ_MAX / 2)
+    c->inflight--;
+    blk_put(c, b);
+    if (!c->closing && c->wq_blocked && unsent(c) <= AP_P2P_CONN_WQ_MAX / 2) {
+        c->batch++;
         conn_drained(c);
+        c->batch--;
+        ap__p2p_conn_submit(c);
+    }
+    drain_check(c);
+}
+
+/* Hands the open block to libuv. */
+void ap__p2p_conn_submit(ap_p2p_conn_t *c)
+{
+    wblk_t *b = c->cur;
+    if (!b || b->len == 0 || c->closing) return;
+    c->cur = NULL;
+    uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
+    if (uv_write(&b->req, (uv_stream_t *)&c->tcp, &ub, 1, written) != 0) {
+        free(b);
+        ap__p2p_conn_fail(c, AP_ECLOSED);
+        return;
+    }
+    c->inflight++;
+}
+
+/* Room for need (<= WBLK_CAP) bytes at the end of the open block. */
+static uint8_t *out_room(ap_p2p_conn_t *c, size_t need)
+{
+    if (c->cur && WBLK_CAP - c->cur->len < need) ap__p2p_conn_submit(c);
+    if (c->closing) return NULL;
+    if (!c->cur) {
+        wblk_t *b = c->spare;
+        if (b) {
+            c->spare = b->next;
+            c->nspare--;
+        } else if (!(b = malloc(sizeof *b))) {
+            ap__p2p_conn_fail(c, AP_ENOMEM);
+            return NULL;
+        }
+        b->len = 0;
+        c->cur = b;
+    }
+    return c->cur->data + c->cur->len;
+}
+
+static void out_done(ap_p2p_conn_t *c, size_t n)
+{
+    c->cur->len += n;
+    if (c->batch == 0 || c->cur->len > WBLK_CAP - 2048) ap__p2p_conn_submit(c);
 }
 
 static void raw_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
 {
-    if (c->closing || n == 0) return;
-    wreq_t *w = malloc(sizeof *w + n);
-    if (!w) {
-        conn_fail(c, AP_ENOMEM);
-        return;
-    }
-    memcpy(w->data, p, n);
-    w->len = n;
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, written) != 0) {
-        free(w);
-        conn_fail(c, AP_ECLOSED);
+    while (n && !c->closing) {
+        size_t k = n < AP_NOISE_MSG_MAX + 2 ? n : AP_NOISE_MSG_MAX + 2;
+        uint8_t *dst = out_room(c, k);
+        if (!dst) return;
+        memcpy(dst, p, k);
+        out_done(c, k);
+        p += k;
+        n -= k;
     }
 }
 
-/* Encrypts p into Noise transport messages (2-byte length, ciphertext). */
+/* Encrypts a then b into Noise transport messages (2-byte length,
+ * ciphertext), sealed in place in the open write block. */
 static void secure_write2(ap_p2p_conn_t *c, const uint8_t *a, size_t an, const uint8_t *b,
                           size_t bn)
 {
-    size_t total = an + bn;
-    size_t nmsg = (total + AP_NOISE_PLAIN_MAX - 1) / AP_NOISE_PLAIN_MAX;
-    if (c->closing || total == 0) return;
-    size_t cap = total + nmsg * (2 + AP_NOISE_TAGLEN);
-    wreq_t *w = malloc(sizeof *w + cap);
-    if (!w) {
-        conn_fail(c, AP_ENOMEM);
-        return;
-    }
-    size_t o = 0, done = 0;
-    while (done < total) {
+    size_t total = an + bn, done = 0;
+    while (done < total && !c->closing) {
         size_t n = total - done < AP_NOISE_PLAIN_MAX ? total - done : AP_NOISE_PLAIN_MAX;
-        uint8_t *dst = w->data + o + 2;
+        uint8_t *o = out_room(c, 2 + n + AP_NOISE_TAGLEN);
+        if (!o) return;
+        uint8_t *dst = o + 2;
         size_t from_a = done < an ? (an - done < n ? an - done : n) : 0; /* gather a, then b */
         if (from_a) memcpy(dst, a + done, from_a);
         if (n > from_a) memcpy(dst + from_a, b + (done + from_a - an), n - from_a);
         if (ap__noise_cs_encrypt(&c->tx, NULL, 0, dst, n, dst) != 0) {
-            free(w);
-            conn_fail(c, AP_ELIMIT);
+            ap__p2p_conn_fail(c, AP_ELIMIT);
             return;
         }
-        ap__put_be16(w->data + o, (uint16_t)(n + AP_NOISE_TAGLEN));
-        o += 2 + n + AP_NOISE_TAGLEN;
+        ap__put_be16(o, (uint16_t)(n + AP_NOISE_TAGLEN));
+        out_done(c, 2 + n + AP_NOISE_TAGLEN);
         done += n;
-    }
-    w->len = o;
-    uv_buf_t ub = uv_buf_init((char *)w->data, (unsigned)o);
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, written) != 0) {
-        free(w);
-        conn_fail(c, AP_ECLOSED);
     }
 }
 
@@ -205,8 +210,11 @@ static ap_p2p_stream_t *stream_add(ap_p2p_conn_t *c, uint32_t id)
     return s;
 }
 
+static size_t queued(const ap_p2p_stream_t *s);
+
 static void stream_free(ap_p2p_stream_t *s)
 {
+    s->c->qbytes -= queued(s);
     ap__buf_free(&s->q);
     free(s);
 }
@@ -230,10 +238,12 @@ static bool stream_flush(ap_p2p_stream_t *s)
         size_t n = queued(s) < AP_P2P_CONN_WQ_MAX ? queued(s) : AP_P2P_CONN_WQ_MAX;
         long k = ap__yamux_send(&c->y, id, s->q.data + s->qoff, n);
         if (k < 0) { /* our direction or the stream is gone: drop the rest */
+            c->qbytes -= queued(s);
             s->qoff = s->q.len;
             break;
         }
         s->qoff += (size_t)k;
+        c->qbytes -= (size_t)k;
         if (s->echo && k > 0) ap__yamux_consume(&c->y, id, (size_t)k);
         if ((size_t)k < n) break; /* window full: on_writable from yamux */
     }
@@ -266,7 +276,7 @@ static void conn_drained(ap_p2p_conn_t *c)
     uint64_t k, v;
     uint32_t *ids = malloc((c->streams.n + 1) * sizeof *ids);
     if (!ids) {
-        conn_fail(c, AP_ENOMEM);
+        ap__p2p_conn_fail(c, AP_ENOMEM);
         return;
     }
     while (ap__u64map_next(&c->streams, &pos, &k, &v))
@@ -279,7 +289,7 @@ static void conn_drained(ap_p2p_conn_t *c)
 }
 
 /* Appends to s's queue and sends what can go. */
-static int stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
 {
     ap_p2p_conn_t *c = s->c;
     if (queued(s) == 0 && !wq_full(c)) {
@@ -291,6 +301,7 @@ static int stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
         if (n == 0) return 0;
     }
     if (ap__buf_append(&s->q, p, n) != 0) return AP_ENOMEM;
+    c->qbytes += n;
     if (wq_full(c)) c->wq_blocked = true;
     return 0;
 }
@@ -312,6 +323,7 @@ static int y_open(void *arg, uint32_t id)
     ap_p2p_stream_t *s = stream_add(c, id);
     if (!s) return AP_ENOMEM;
     ap__mss_init(&s->mss, false, c->h->names, c->h->nprotos);
+    if (c->h->bridge) ap__mss_set_accept(&s->mss, c->h->bridge->serves, c->h->bridge_arg);
     stream_flush_mss(s);
     return 0;
 }
@@ -330,8 +342,11 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
         ap__yamux_consume(&c->y, id, rc ? n : used); /* negotiation bytes are read now */
         stream_flush_mss(s);
         if (rc) {
-            ap_warn("p2p", "peer %s: stream %u negotiation failed: %s", who(c), (unsigned)id,
-                    ap_err_name(rc));
+            if (rc == AP_ENOPROTO) /* "na": the peer does not speak it */
+                ap_debug("p2p", "peer %s: stream %u: protocol not served", who(c), (unsigned)id);
+            else
+                ap_warn("p2p", "peer %s: stream %u negotiation failed: %s", who(c), (unsigned)id,
+                        ap_err_name(rc));
             ap__yamux_reset(&c->y, id);
             ap__u64map_del(&c->streams, id, NULL);
             if (s->proto && s->proto->on_close) s->proto->on_close(s, rc);
@@ -343,6 +358,7 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
         if (!s->proto)
             for (size_t i = 0; i < c->h->nprotos; i++)
                 if (strcmp(c->h->names[i], sel) == 0) s->proto = c->h->protos[i];
+        if (!s->proto) s->proto = c->h->bridge->proto; /* a name the node serves */
         s->ready = true;
         if (s->proto->on_open) s->proto->on_open(s);
         if (stream_of(c, id) != s) {
@@ -372,13 +388,21 @@ static void y_close(void *arg, uint32_t id, int st)
     stream_free(s);
 }
 
+static void y_goaway(void *arg, uint32_t code)
+{
+    ap_p2p_conn_t *c = arg;
+    (void)code;
+    if (c->x.on_goaway) c->x.on_goaway(c, c->arg);
+}
+
 static const ap_yamux_cbs_t ycbs = {y_write,    y_open,  y_data, y_fin,
-                                    y_writable, y_close, NULL,   NULL};
+                                    y_writable, y_close, NULL,   y_goaway};
 
 int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *udata,
                         ap_p2p_stream_t **out)
 {
     if (!c->ready || c->closing) return AP_ESTATE;
+    if (!c->y_init) return AP_ENOTSUP; /* the native muxer carries no libp2p streams */
     uint32_t id;
     int rc = ap__yamux_open(&c->y, &id);
     if (rc) return rc;
@@ -411,7 +435,14 @@ int ap__p2p_stream_write(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
         s->want_writable = true;
         return AP_EAGAIN;
     }
-    return stream_queue(s, p, n);
+    return ap__p2p_stream_queue(s, p, n);
+}
+
+int ap__p2p_stream_write_all(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+{
+    if (!s->ready || s->c->closing) return AP_ESTATE;
+    if (s->lclosed) return AP_ECLOSED;
+    return n ? ap__p2p_stream_queue(s, p, n) : 0;
 }
 
 size_t ap__p2p_stream_queued(const ap_p2p_stream_t *s)
@@ -461,21 +492,23 @@ void ap__p2p_stream_set_udata(ap_p2p_stream_t *s, void *udata)
     s->udata = udata;
 }
 
+const char *ap__p2p_stream_name(const ap_p2p_stream_t *s)
+{
+    const char *sel = ap__mss_selected(&s->mss);
+    return sel ? sel : s->proto ? s->proto->name : "";
+}
+
+uint32_t ap__p2p_stream_id(const ap_p2p_stream_t *s)
+{
+    return s->id;
+}
+
 ap_p2p_conn_t *ap__p2p_stream_conn(const ap_p2p_stream_t *s)
 {
     return s->c;
 }
 
 /* ---- the upgrade ------------------------------------------------------------- */
-
-static void host_release(ap_p2p_host_t *h)
-{
-    void (*done)(void *) = h->done;
-    void *arg = h->done_arg;
-    ap__secure_creds_clear(&h->creds);
-    free(h);
-    if (done) done(arg);
-}
 
 static void conn_closed(uv_handle_t *hd)
 {
@@ -495,12 +528,18 @@ static void conn_closed(uv_handle_t *hd)
     ap__noise_cs_clear(&c->tx);
     ap__noise_cs_clear(&c->rx);
     ap__buf_free(&c->raw);
+    free(c->cur);
+    while (c->spare) {
+        struct wblk *b = c->spare;
+        c->spare = b->next;
+        free(b);
+    }
     free(c);
     h->nconns--;
-    if (h->freeing && h->nconns == 0 && !h->listening) host_release(h);
+    if (h->freeing && h->nconns == 0 && !h->listening) ap__p2p_host_release(h);
 }
 
-static void conn_fail(ap_p2p_conn_t *c, int err)
+void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err)
 {
     if (c->closing) return;
     c->closing = true;
@@ -513,7 +552,8 @@ static void conn_fail(ap_p2p_conn_t *c, int err)
 void ap__p2p_conn_close(ap_p2p_conn_t *c)
 {
     if (c->y_init && !c->closing) ap__yamux_goaway(&c->y, AP_YAMUX_GOAWAY_NORMAL);
-    conn_fail(c, 0);
+    ap__p2p_conn_submit(c);
+    ap__p2p_conn_fail(c, 0);
 }
 
 const ap_peer_id_t *ap__p2p_conn_peer(const ap_p2p_conn_t *c)
@@ -544,18 +584,69 @@ const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s)
 const char *ap__p2p_conn_muxer(const ap_p2p_conn_t *c, bool *early)
 {
     if (early) *early = c->early;
-    return c->ready ? AP_YAMUX_PROTO : NULL;
+    if (!c->ready) return NULL;
+    return c->phase == P_NATIVE || (c->closing && !c->y_init) ? AP_P2P_NATIVE_MUX : AP_YAMUX_PROTO;
+}
+
+bool ap__p2p_conn_native(const ap_p2p_conn_t *c)
+{
+    return c->ready && !c->y_init;
+}
+
+int ap__p2p_conn_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
+{
+    if (c->closing || c->phase != P_NATIVE) return AP_ECLOSED;
+    secure_write2(c, p, n, NULL, 0);
+    return c->closing ? AP_ECLOSED : 0;
+}
+
+void ap__p2p_conn_goaway(ap_p2p_conn_t *c)
+{
+    if (c->y_init && !c->closing) ap__yamux_goaway(&c->y, AP_YAMUX_GOAWAY_NORMAL);
+    if (!c->batch) ap__p2p_conn_submit(c);
+}
+
+void ap__p2p_conn_set_cbs(ap_p2p_conn_t *c, const ap_p2p_conn_cbs_t *cbs,
+                          const ap_p2p_conn_xcbs_t *x, void *arg)
+{
+    c->cbs = *cbs;
+    if (x) c->x = *x;
+    c->arg = arg;
+}
+
+void ap__p2p_conn_set_user(ap_p2p_conn_t *c, void *user)
+{
+    c->user = user;
+}
+
+void *ap__p2p_conn_user(const ap_p2p_conn_t *c)
+{
+    return c->user;
+}
+
+bool ap__p2p_conn_initiator(const ap_p2p_conn_t *c)
+{
+    return c->initiator;
 }
 
 static void feed_plain(ap_p2p_conn_t *c, const uint8_t *p, size_t n);
 
-static void start_yamux(ap_p2p_conn_t *c)
+/* The muxer is agreed: muxer is its name (one of the host's list). */
+static void start_mux(ap_p2p_conn_t *c, const char *muxer)
 {
-    ap__yamux_init(&c->y, c->initiator, &ycbs, c, 0);
-    c->y_init = true;
-    c->phase = P_YAMUX;
+    ap_p2p_host_t *h = c->h;
+    bool native = strcmp(muxer, AP_P2P_NATIVE_MUX) == 0;
+    if (native) {
+        c->phase = P_NATIVE;
+    } else {
+        ap__yamux_init(&c->y, c->initiator, &ycbs, c, 0);
+        c->y_init = true;
+        c->phase = P_YAMUX;
+    }
     c->ready = true;
-    ap_debug("p2p", "peer %s: connected (yamux%s)", who(c), c->early ? ", early" : "");
+    ap_debug("p2p", "peer %s: connected (%s%s)", who(c), muxer, c->early ? ", early" : "");
+    if (!c->initiator && h->bridge && h->bridge->on_conn) h->bridge->on_conn(h->bridge_arg, c);
+    if (c->closing) return;
     if (c->cbs.on_ready) c->cbs.on_ready(c, c->arg);
 }
 
@@ -566,7 +657,7 @@ static void noise_step(ap_p2p_conn_t *c)
         size_t n;
         int rc = ap__secure_write(&c->hs, msg + 2, AP_NOISE_MSG_MAX, &n);
         if (rc) {
-            conn_fail(c, rc);
+            ap__p2p_conn_fail(c, rc);
             return;
         }
         ap__put_be16(msg, (uint16_t)n);
@@ -577,16 +668,17 @@ static void noise_step(ap_p2p_conn_t *c)
     ap_peer_id_short(&c->peer, c->peer_short);
     int mux = c->hs.info.muxer;
     if (ap__secure_split(&c->hs, &c->tx, &c->rx) != 0) {
-        conn_fail(c, AP_ESTATE);
+        ap__p2p_conn_fail(c, AP_ESTATE);
         return;
     }
-    if (mux >= 0) {
+    ap_p2p_host_t *h = c->h;
+    if (mux >= 0 && (size_t)mux < h->creds.nmuxers) {
         c->early = true;
-        start_yamux(c);
+        start_mux(c, h->creds.muxers[mux]);
         return;
     }
     c->phase = P_MUXSEL;
-    ap__mss_init(&c->mss, c->initiator, muxer_list, 1);
+    ap__mss_init(&c->mss, c->initiator, h->creds.muxers, h->creds.nmuxers);
     flush_mss(c, true);
 }
 
@@ -598,25 +690,29 @@ static void feed_plain(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
         flush_mss(c, true);
         if (rc) {
             ap_warn("p2p", "peer %s: muxer negotiation failed: %s", who(c), ap_err_name(rc));
-            conn_fail(c, rc);
+            ap__p2p_conn_fail(c, rc);
             return;
         }
         if (ap__mss_state(&c->mss) != AP_MSS_DONE) return;
-        start_yamux(c);
+        start_mux(c, ap__mss_selected(&c->mss));
         p += used;
         n -= used;
+    }
+    if (c->phase == P_NATIVE && n && !c->closing) {
+        if (c->x.on_data) c->x.on_data(c, c->arg, p, n);
+        return;
     }
     if (c->phase == P_YAMUX && n) {
         int rc = ap__yamux_feed(&c->y, p, n);
         if (rc) {
             ap_warn("p2p", "peer %s: yamux: %s", who(c), ap_err_name(rc));
-            conn_fail(c, rc);
+            ap__p2p_conn_fail(c, rc);
         }
     }
 }
 
 /* Handles the bytes in c->raw as far as they go. */
-static void process(ap_p2p_conn_t *c)
+void ap__p2p_conn_process(ap_p2p_conn_t *c)
 {
     size_t off = 0;
     while (!c->closing && off < c->raw.len) {
@@ -629,7 +725,7 @@ static void process(ap_p2p_conn_t *c)
             off += used;
             if (rc) {
                 ap_warn("p2p", "peer %s: security negotiation failed: %s", who(c), ap_err_name(rc));
-                conn_fail(c, rc);
+                ap__p2p_conn_fail(c, rc);
                 break;
             }
             if (ap__mss_state(&c->mss) != AP_MSS_DONE) break;
@@ -654,7 +750,7 @@ static void process(ap_p2p_conn_t *c)
                             ap_peer_id_short(got, a), ap_peer_id_short(&c->hs.expected, b));
                 else
                     ap_warn("p2p", "peer %s: Noise handshake failed: %s", who(c), ap_err_name(rc));
-                conn_fail(c, rc);
+                ap__p2p_conn_fail(c, rc);
                 break;
             }
             noise_step(c);
@@ -664,7 +760,7 @@ static void process(ap_p2p_conn_t *c)
         uint8_t *m = c->raw.data + off - flen;
         if (flen < AP_NOISE_TAGLEN || ap__noise_cs_decrypt(&c->rx, NULL, 0, m, flen, m) != 0) {
             ap_warn("p2p", "peer %s: bad transport message", who(c));
-            conn_fail(c, AP_EAUTH);
+            ap__p2p_conn_fail(c, AP_EAUTH);
             break;
         }
         feed_plain(c, m, flen - AP_NOISE_TAGLEN);
@@ -688,14 +784,18 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     ap_p2p_conn_t *c = st->data;
     if (nread < 0) {
-        conn_fail(c, nread == UV_EOF ? AP_ECLOSED : ap_err_from_errno((int)nread));
+        ap__p2p_conn_fail(c, nread == UV_EOF ? AP_ECLOSED : ap_err_from_errno((int)nread));
         return;
     }
     c->raw.len += (size_t)nread;
-    process(c);
+    c->batch++;
+    ap__p2p_conn_process(c);
+    c->batch--;
+    ap__p2p_conn_submit(c);
+    drain_check(c);
 }
 
-static void start(ap_p2p_conn_t *c)
+void ap__p2p_conn_start(ap_p2p_conn_t *c)
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
@@ -707,7 +807,7 @@ static void start(ap_p2p_conn_t *c)
     uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
 }
 
-static ap_p2p_conn_t *conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_id_t *expected)
+ap_p2p_conn_t *ap__p2p_conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_id_t *expected)
 {
     ap_p2p_conn_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -731,11 +831,11 @@ static void connected(uv_connect_t *req, int status)
 {
     ap_p2p_conn_t *c = req->data;
     if (status != 0) {
-        conn_fail(c, AP_EUNREACH);
+        ap__p2p_conn_fail(c, AP_EUNREACH);
         return;
     }
     if (c->closing) return;
-    start(c);
+    ap__p2p_conn_start(c);
 }
 
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
@@ -744,188 +844,16 @@ int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_c
     struct sockaddr_storage ss;
     int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
     if (rc) return rc;
-    ap_p2p_conn_t *c = conn_new(h, true, ma->has_peer ? &ma->peer : NULL);
+    ap_p2p_conn_t *c = ap__p2p_conn_new(h, true, ma->has_peer ? &ma->peer : NULL);
     if (!c) return AP_ENOMEM;
     c->cbs = *cbs;
     c->arg = arg;
     c->creq.data = c;
     rc = uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&ss, connected);
     if (rc) {
-        conn_fail(c, ap_err_from_errno(rc));
+        ap__p2p_conn_fail(c, ap_err_from_errno(rc));
         return 0; /* on_close reports it */
     }
     if (out) *out = c;
-    return 0;
-}
-
-/* ---- identify and ping, served ---------------------------------------------- */
-
-/* ping and echo: the bytes go back; credit returns as they leave the queue,
- * so a peer that does not read its answers stops being read */
-static void echo_open(ap_p2p_stream_t *s)
-{
-    s->echo = true;
-}
-
-static void ping_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
-{
-    if (stream_queue(s, p, n) != 0) ap__p2p_stream_reset(s);
-}
-
-static void ping_fin(ap_p2p_stream_t *s)
-{
-    ap__p2p_stream_close(s);
-}
-
-static void id_open(ap_p2p_stream_t *s)
-{
-    ap_p2p_conn_t *c = s->c;
-    ap_p2p_host_t *h = c->h;
-    static ap_identify_t info;
-    static uint8_t buf[AP_IDENTIFY_MSG_MAX + 16];
-    memset(&info, 0, sizeof info);
-    snprintf(info.protocol_version, sizeof info.protocol_version, "ipfs/0.1.0");
-    snprintf(info.agent_version, sizeof info.agent_version, "%s", h->agent);
-    if (h->addrs_fn) {
-        int k = h->addrs_fn(h->addrs_arg, info.listen, AP_IDENTIFY_ADDRS_MAX);
-        info.nlisten = k < 0 ? 0 : k > AP_IDENTIFY_ADDRS_MAX ? AP_IDENTIFY_ADDRS_MAX : (size_t)k;
-        for (size_t i = 0; i < info.nlisten; i++) info.listen[i].has_peer = false;
-    } else if (h->listening) {
-        info.listen[0] = h->bound;
-        info.nlisten = 1;
-    }
-    info.has_observed = c->remote.host != AP_MA_HOST_NONE;
-    info.observed = c->remote;
-    for (size_t i = 0; i < h->nprotos; i++) info.protocols[i] = h->names[i];
-    info.nprotocols = h->nprotos;
-    int n = ap__identify_encode(&info, h->creds.id.pk, buf, sizeof buf);
-    if (n > 0) ap__yamux_send(&c->y, s->id, buf, (size_t)n);
-    ap__p2p_stream_close(s);
-}
-
-static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, echo_open, ping_data, ping_fin, NULL};
-static const ap_p2p_proto_t echo_srv = {AP_P2P_ECHO_PROTO, echo_open, ping_data, ping_fin, NULL};
-static const ap_p2p_proto_t id_srv = {AP_IDENTIFY_PROTO, id_open, NULL, NULL, NULL};
-
-/* ---- host ---------------------------------------------------------------------- */
-
-ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const char *agent)
-{
-    ap_p2p_host_t *h = calloc(1, sizeof *h);
-    if (!h) return NULL;
-    h->loop = loop;
-    if (ap__secure_creds_init_muxers(&h->creds, id, AP_NOISE_SHA256, NULL, muxer_list, 1) != 0) {
-        free(h);
-        return NULL;
-    }
-    snprintf(h->agent, sizeof h->agent, "%s", agent ? agent : "apiary");
-    return h;
-}
-
-const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h)
-{
-    return &h->creds.id;
-}
-
-void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg)
-{
-    h->addrs_fn = fn;
-    h->addrs_arg = arg;
-}
-
-int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
-{
-    if (h->nprotos == PROTOS_MAX) return AP_ELIMIT;
-    h->protos[h->nprotos] = proto;
-    h->names[h->nprotos++] = proto->name;
-    return 0;
-}
-
-int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
-{
-    int rc = ap__p2p_host_serve(h, &id_srv);
-    return rc ? rc : ap__p2p_host_serve(h, &ping_srv);
-}
-
-int ap__p2p_host_serve_echo(ap_p2p_host_t *h)
-{
-    return ap__p2p_host_serve(h, &echo_srv);
-}
-
-static void on_conn(uv_stream_t *srv, int status)
-{
-    ap_p2p_host_t *h = srv->data;
-    if (status != 0) return;
-    ap_p2p_conn_t *c = conn_new(h, false, NULL);
-    if (!c) return;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0) {
-        conn_fail(c, AP_EIO);
-        return;
-    }
-    start(c);
-}
-
-int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr_t *bound)
-{
-    struct sockaddr_storage ss;
-    int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
-    if (rc) return rc;
-    if ((rc = uv_tcp_init(h->loop, &h->listener)) != 0) return ap_err_from_errno(rc);
-    h->listener.data = h;
-    h->listening = true;
-    if ((rc = uv_tcp_bind(&h->listener, (struct sockaddr *)&ss, 0)) != 0 ||
-        (rc = uv_listen((uv_stream_t *)&h->listener, 128, on_conn)) != 0)
-        return ap_err_from_errno(rc);
-    int len = sizeof ss;
-    uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
-    ap_multiaddr_from_sockaddr(&h->bound, &ss);
-    if (bound) *bound = h->bound;
-    return 0;
-}
-
-static void listener_closed(uv_handle_t *hd)
-{
-    ap_p2p_host_t *h = hd->data;
-    h->listening = false;
-    if (h->nconns == 0) host_release(h);
-}
-
-void ap__p2p_host_free(ap_p2p_host_t *h)
-{
-    h->freeing = true;
-    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) conn_fail(c, AP_ESHUTDOWN);
-    if (h->listening) {
-        uv_close((uv_handle_t *)&h->listener, listener_closed);
-        return;
-    }
-    if (h->nconns == 0) host_release(h);
-}
-
-void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg)
-{
-    h->done = done;
-    h->done_arg = arg;
-    ap__p2p_host_free(h);
-}
-
-int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n)
-{
-    if (h->freeing) return AP_ESHUTDOWN;
-    ap_p2p_conn_t *c = conn_new(h, false, NULL);
-    if (!c) return AP_ENOMEM;
-    if (uv_tcp_open(&c->tcp, sock) != 0) {
-        close(sock);
-        conn_fail(c, AP_EIO);
-        return AP_EIO;
-    }
-    if (n > 0 && ap__buf_reserve(&c->raw, n) != 0) {
-        conn_fail(c, AP_ENOMEM); /* closes sock with the handle */
-        return AP_ENOMEM;
-    }
-    uv_tcp_nodelay(&c->tcp, 1);
-    memcpy(c->raw.data, pre, n);
-    c->raw.len = n;
-    start(c);
-    if (n > 0 && !c->closing) process(c);
     return 0;
 }

@@ -49,6 +49,56 @@ typedef struct ap_p2p_conn_cbs {
     void (*on_close)(ap_p2p_conn_t *c, void *arg, int status); /* last call for c */
 } ap_p2p_conn_cbs_t;
 
+/* More callbacks, for a connection serving a node (ap__p2p_conn_set_cbs);
+ * arg is the one of ap_p2p_conn_cbs_t. */
+typedef struct ap_p2p_conn_xcbs {
+    /* AP_P2P_NATIVE_MUX connections: the decrypted bytes of the channel, in
+     * order (valid during the call). */
+    void (*on_data)(ap_p2p_conn_t *c, void *arg, const uint8_t *p, size_t n);
+    /* After ap__p2p_conn_want_drain: the backlog fell to its low mark. */
+    void (*on_drain)(ap_p2p_conn_t *c, void *arg);
+    /* The peer sent yamux Go Away: it opens no more streams. */
+    void (*on_goaway)(ap_p2p_conn_t *c, void *arg);
+} ap_p2p_conn_xcbs_t;
+
+/* The node's own stream muxer (runtime/uv's mux, docs/protocol.md), offered
+ * in the upgrade like any libp2p muxer; a host serving a node lists it
+ * before yamux, so two Apiary nodes agree on it in the Noise handshake. */
+#define AP_P2P_NATIVE_MUX "/apiary/mux/2"
+
+/* A host serving a node (runtime/uv/p2p_bridge.c): its connections carry the
+ * node's protocols, by name, over either muxer. */
+typedef struct ap_p2p_bridge {
+    bool native; /* list AP_P2P_NATIVE_MUX before yamux (else yamux only) */
+    /* Whether a stream named proto is the node's: its negotiation selects
+     * it, and the stream is served by proto below. */
+    bool (*serves)(void *arg, const char *proto);
+    const ap_p2p_proto_t *proto;
+    /* An inbound connection is upgraded (before its on_ready): the node
+     * takes it over with ap__p2p_conn_set_cbs. */
+    void (*on_conn)(void *arg, ap_p2p_conn_t *c);
+} ap_p2p_bridge_t;
+/* Before the host has connections (AP_ESTATE otherwise); b outlives h. */
+int ap__p2p_host_set_bridge(ap_p2p_host_t *h, const ap_p2p_bridge_t *b, void *arg);
+void *ap__p2p_host_bridge_arg(const ap_p2p_host_t *h);
+/* Replaces c's callbacks (x may be NULL). */
+void ap__p2p_conn_set_cbs(ap_p2p_conn_t *c, const ap_p2p_conn_cbs_t *cbs,
+                          const ap_p2p_conn_xcbs_t *x, void *arg);
+void ap__p2p_conn_set_user(ap_p2p_conn_t *c, void *user);
+void *ap__p2p_conn_user(const ap_p2p_conn_t *c);
+bool ap__p2p_conn_initiator(const ap_p2p_conn_t *c);
+/* Whether the agreed muxer is AP_P2P_NATIVE_MUX (no libp2p streams then). */
+bool ap__p2p_conn_native(const ap_p2p_conn_t *c);
+/* AP_P2P_NATIVE_MUX: seals and queues n bytes (copied). 0 or AP_ECLOSED. */
+int ap__p2p_conn_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n);
+/* Bytes c holds to send: the streams' queues and what the socket has not
+ * taken. */
+size_t ap__p2p_conn_backlog(const ap_p2p_conn_t *c);
+/* on_drain fires once the backlog is at most low (from a loop callback). */
+void ap__p2p_conn_want_drain(ap_p2p_conn_t *c, size_t low);
+/* yamux Go Away (normal): the peer opens no more streams here. */
+void ap__p2p_conn_goaway(ap_p2p_conn_t *c);
+
 /* A host: identity, the protocols it serves, what identify announces. */
 ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const char *agent);
 /* protos must outlive the host (at most 32). */
@@ -92,8 +142,8 @@ const ap_multiaddr_t *ap__p2p_conn_remote(const ap_p2p_conn_t *c);
 ap_p2p_host_t *ap__p2p_conn_host(const ap_p2p_conn_t *c);
 uv_loop_t *ap__p2p_host_loop(const ap_p2p_host_t *h);
 const ap_peer_id_t *ap__p2p_conn_peer(const ap_p2p_conn_t *c);
-/* The muxer in use ("/yamux/1.0.0") and whether it was agreed in the
- * handshake. */
+/* The muxer in use ("/yamux/1.0.0" or AP_P2P_NATIVE_MUX) and whether it
+ * was agreed in the handshake. */
 const char *ap__p2p_conn_muxer(const ap_p2p_conn_t *c, bool *early);
 
 /* Opens a stream speaking proto (negotiated; proto->on_close with
@@ -107,6 +157,9 @@ int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *uda
  * into an empty queue is always taken); on_writable follows. AP_ESTATE
  * before on_open, AP_ECLOSED once our direction is closed. */
 int ap__p2p_stream_write(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
+/* As ap__p2p_stream_write, never refused for the queue's size: for a
+ * caller whose own flow control bounds what it writes (the bridge). */
+int ap__p2p_stream_write_all(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
 /* Bytes waiting in the stream's send queue. */
 size_t ap__p2p_stream_queued(const ap_p2p_stream_t *s);
 /* Flow control of s; call it in on_open or right after ap__p2p_stream_open.
@@ -126,6 +179,10 @@ void ap__p2p_stream_reset(ap_p2p_stream_t *s);
 void *ap__p2p_stream_udata(const ap_p2p_stream_t *s);
 void ap__p2p_stream_set_udata(ap_p2p_stream_t *s, void *udata);
 ap_p2p_conn_t *ap__p2p_stream_conn(const ap_p2p_stream_t *s);
+/* The protocol id negotiated (also for a name the bridge served). */
+const char *ap__p2p_stream_name(const ap_p2p_stream_t *s);
+/* The stream's yamux id. */
+uint32_t ap__p2p_stream_id(const ap_p2p_stream_t *s);
 /* The protocol the stream speaks (the one passed to open or served). */
 const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s);
 

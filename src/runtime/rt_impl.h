@@ -35,6 +35,12 @@ typedef struct ap_rt_ops {
     bool (*rpc_cancel)(ap_rt_t *rt, uint64_t call_id);
     void (*rpc_respond)(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
                         size_t len);
+    /* A response buffer counted like rpc_respond's copy (NULL: refused, req
+     * answered and freed), sent by rpc_respond_commit; rpc_respond with an
+     * error drops it. Both NULL: runtime.c uses a plain buffer and
+     * rpc_respond. */
+    uint8_t *(*rpc_respond_begin)(ap_rpc_req_t *req, size_t len);
+    void (*rpc_respond_commit)(ap_rpc_req_t *req);
     /* Streams: listener lookup is common (ap__rt_find_listener). */
     int (*stream_open)(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
                        const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
@@ -102,6 +108,10 @@ struct ap_rpc_req {
     ap_peer_id_t peer;
     const uint8_t *data;
     size_t len;
+    /* ap_rpc_respond_begin's buffer when the driver has no rpc_respond_begin
+     * (drivers start it NULL) */
+    uint8_t *resp_buf;
+    size_t resp_len;
 };
 
 /* Initialises the common part: identity from a 32-byte Ed25519 seed (NULL =

@@ -305,7 +305,36 @@ void ap_rpc_respond(ap_rpc_req_t *req, const uint8_t *data, size_t len)
 void ap_rpc_respond_error(ap_rpc_req_t *req, int err, const char *msg)
 {
     if (err >= 0) err = AP_EHANDLER;
+    free(req->resp_buf);
+    req->resp_buf = NULL;
     req->rt->ops->rpc_respond(req, err, msg, NULL, 0);
+}
+
+uint8_t *ap_rpc_respond_begin(ap_rpc_req_t *req, size_t len)
+{
+    const ap_rt_ops_t *ops = req->rt->ops;
+    if (ops->rpc_respond_begin) return ops->rpc_respond_begin(req, len);
+    uint8_t *b = malloc(len ? len : 1);
+    if (!b) {
+        ops->rpc_respond(req, AP_ENOMEM, "out of memory", NULL, 0);
+        return NULL;
+    }
+    req->resp_buf = b;
+    req->resp_len = len;
+    return b;
+}
+
+void ap_rpc_respond_commit(ap_rpc_req_t *req)
+{
+    const ap_rt_ops_t *ops = req->rt->ops;
+    if (ops->rpc_respond_commit) {
+        ops->rpc_respond_commit(req);
+        return;
+    }
+    uint8_t *b = req->resp_buf;
+    req->resp_buf = NULL;
+    ops->rpc_respond(req, 0, NULL, b, req->resp_len); /* frees req */
+    free(b);
 }
 
 uint64_t ap_rt_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,

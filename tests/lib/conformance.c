@@ -273,6 +273,48 @@ static void test_rpc_echo(void **state)
     assert_int_equal(e.len, 1);
 }
 
+/* A response built in place (ap_rpc_respond_begin / _commit); a request
+ * starting with 'x' drops its begun buffer for an error. */
+static void built_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(req, &n);
+    bool drop = n && d[0] == 'x';
+    uint8_t *out = ap_rpc_respond_begin(req, n + 1);
+    if (!out) return;
+    out[0] = 'B';
+    memcpy(out + 1, d, n); /* the request is still valid while building */
+    if (drop)
+        ap_rpc_respond_error(req, AP_ENOTFOUND, "dropped");
+    else
+        ap_rpc_respond_commit(req);
+}
+
+static void test_rpc_built_response(void **state)
+{
+    fixture_t *f = *state;
+    ap_rt_t *a = T->node(f->tb, 0), *b = T->node(f->tb, 1);
+    assert_ok(ap_rt_rpc_register(b, "/test/built/1", 0, built_handler, NULL));
+    rpc_ctx_t ok = {0}, err = {0}, empty = {0};
+    assert_true(ap_rt_rpc_call(a, ap_rt_self(b), "/test/built/1", (const uint8_t *)"hey", 3, NULL,
+                               rpc_done, &ok));
+    assert_true(ap_rt_rpc_call(a, ap_rt_self(b), "/test/built/1", (const uint8_t *)"xy", 2, NULL,
+                               rpc_done, &err));
+    assert_true(ap_rt_rpc_call(a, ap_rt_self(b), "/test/built/1", NULL, 0, NULL, rpc_done, &empty));
+    assert_true(RUN_UNTIL_FLAG(f->tb, ok.done));
+    assert_true(RUN_UNTIL_FLAG(f->tb, err.done));
+    assert_true(RUN_UNTIL_FLAG(f->tb, empty.done));
+    assert_int_equal(ok.status, 0);
+    assert_int_equal(ok.len, 4);
+    assert_memory_equal(ok.resp, "Bhey", 4);
+    assert_int_equal(err.status, AP_ENOTFOUND);
+    assert_string_equal(err.errmsg, "dropped");
+    assert_int_equal(empty.status, 0);
+    assert_int_equal(empty.len, 1);
+}
+
 static void test_rpc_errors(void **state)
 {
     fixture_t *f = *state;
@@ -940,6 +982,7 @@ int ap_conformance_run(const ap_testbed_ops_t *ops)
         cmocka_unit_test_setup_teardown(test_post_and_work, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_rpc_echo, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_rpc_errors, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_rpc_built_response, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_rpc_deadline, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_rpc_cancel, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_peer_crash_mid_call, setup2, teardown),

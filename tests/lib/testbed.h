@@ -40,6 +40,8 @@ typedef struct ap_testbed_ops {
 extern const ap_testbed_ops_t ap_testbed_sim;
 extern const ap_testbed_ops_t ap_testbed_uv;
 extern const ap_testbed_ops_t ap_testbed_uv_tcp;
+extern const ap_testbed_ops_t ap_testbed_uv_libp2p;
+extern const ap_testbed_ops_t ap_testbed_uv_yamux;
 
 static inline void ap_tb_run_for(const ap_testbed_ops_t *ops, ap_testbed_t *tb, uint64_t us)
 {

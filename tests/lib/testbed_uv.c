@@ -23,7 +23,8 @@ struct ap_testbed {
     ap_peer_id_t *ids;
     char (*addrs)[AP_RT_ADDR_MAX];
     int *gen;
-    bool tcp; /* nodes listen on 127.0.0.1 TCP (Noise) instead of /memory/ */
+    bool tcp;            /* nodes listen on 127.0.0.1 TCP (Noise) instead of /memory/ */
+    ap_node_wire_t wire; /* how TCP nodes dial each other */
 };
 
 static void derive(ap_testbed_t *tb, int i)
@@ -46,6 +47,10 @@ static int start_node(ap_testbed_t *tb, int i, const char *listen)
                                             : NULL};
     int rc = ap_node_new(tb->host, &o, &tb->nodes[i]);
     if (rc < 0) return rc;
+    if (tb->wire != AP_NODE_WIRE_NATIVE) {
+        rc = ap_node_set_wire(tb->nodes[i], tb->wire);
+        if (rc < 0) return rc;
+    }
     tb->ids[i] = *ap_rt_self(tb->nodes[i]);
     char a[1][AP_RT_ADDR_MAX];
     ap_rt_listen_addrs(tb->nodes[i], a, 1, false);
@@ -72,11 +77,12 @@ static void tb_destroy(ap_testbed_t *tb)
     free(tb);
 }
 
-static ap_testbed_t *tb_create_any(int n, uint64_t seed, bool tcp)
+static ap_testbed_t *tb_create_any(int n, uint64_t seed, bool tcp, ap_node_wire_t wire)
 {
     ap_testbed_t *tb = calloc(1, sizeof *tb);
     if (!tb) return NULL;
     tb->tcp = tcp;
+    tb->wire = wire;
     tb->n = n;
     tb->seed = seed;
     tb->host = ap_host_new();
@@ -102,12 +108,22 @@ static ap_testbed_t *tb_create_any(int n, uint64_t seed, bool tcp)
 
 static ap_testbed_t *tb_create(int n, uint64_t seed)
 {
-    return tb_create_any(n, seed, false);
+    return tb_create_any(n, seed, false, AP_NODE_WIRE_NATIVE);
 }
 
 static ap_testbed_t *tb_create_tcp(int n, uint64_t seed)
 {
-    return tb_create_any(n, seed, true);
+    return tb_create_any(n, seed, true, AP_NODE_WIRE_NATIVE);
+}
+
+static ap_testbed_t *tb_create_libp2p(int n, uint64_t seed)
+{
+    return tb_create_any(n, seed, true, AP_NODE_WIRE_LIBP2P);
+}
+
+static ap_testbed_t *tb_create_yamux(int n, uint64_t seed)
+{
+    return tb_create_any(n, seed, true, AP_NODE_WIRE_YAMUX);
 }
 
 static ap_rt_t *tb_node(ap_testbed_t *tb, int i)
@@ -157,6 +173,32 @@ const ap_testbed_ops_t ap_testbed_uv = {
 const ap_testbed_ops_t ap_testbed_uv_tcp = {
     .name = "uv-tcp",
     .create = tb_create_tcp,
+    .destroy = tb_destroy,
+    .node = tb_node,
+    .run_until = tb_run_until,
+    .crash = tb_crash,
+    .restart = tb_restart,
+    .virtual_time = false,
+};
+
+/* Over libp2p connections (src/runtime/uv/p2p_bridge.c): multistream-select,
+ * libp2p Noise, then the native mux agreed as "/apiary/mux/2". */
+const ap_testbed_ops_t ap_testbed_uv_libp2p = {
+    .name = "uv-libp2p",
+    .create = tb_create_libp2p,
+    .destroy = tb_destroy,
+    .node = tb_node,
+    .run_until = tb_run_until,
+    .crash = tb_crash,
+    .restart = tb_restart,
+    .virtual_time = false,
+};
+
+/* The same with yamux forced: every stream and call is a yamux stream
+ * negotiated by its protocol name. */
+const ap_testbed_ops_t ap_testbed_uv_yamux = {
+    .name = "uv-yamux",
+    .create = tb_create_yamux,
     .destroy = tb_destroy,
     .node = tb_node,
     .run_until = tb_run_until,

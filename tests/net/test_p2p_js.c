@@ -16,6 +16,7 @@
 #include "net/tcp.h"
 #include "p2p/p2p_conn.h"
 #include "p2p_echo.h"
+#include "runtime/uv/p2p_bridge.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -469,6 +470,88 @@ static void test_js_dials_node(void **state)
     assert_int_equal(ap_host_free(host), 0);
 }
 
+/* ---- a node forced to yamux dials js: Apiary protocols by name ------------------ */
+
+typedef struct nd {
+    bool dialed, called;
+    int dial_st, call_st;
+} nd_t;
+
+static void nd_dialed(ap_rt_t *rt, void *arg, int st, const ap_peer_id_t *peer)
+{
+    (void)rt;
+    (void)peer;
+    nd_t *x = arg;
+    x->dialed = true;
+    x->dial_st = st;
+}
+
+static void nd_done(ap_rt_t *rt, void *arg, int st, const uint8_t *d, size_t n, const char *msg)
+{
+    (void)rt;
+    (void)msg;
+    (void)d;
+    (void)n;
+    nd_t *x = arg;
+    x->called = true;
+    x->call_st = st;
+}
+
+static bool nd_is_dialed(void *arg)
+{
+    return ((nd_t *)arg)->dialed;
+}
+
+static bool nd_is_called(void *arg)
+{
+    return ((nd_t *)arg)->called;
+}
+
+/* The node's runtime.h calls reach js-libp2p as yamux streams negotiated by
+ * protocol name: js answers "na" to an Apiary protocol, the call fails with
+ * AP_ENOPROTO, and the connection (on which js runs its own identify and
+ * ping) carries the next call. */
+static void test_node_yamux_dials_js(void **state)
+{
+    (void)state;
+    SKIP_IF_NEEDED();
+    js_t j;
+    js_listen(&j);
+    ap_host_t *host = ap_host_new();
+    assert_non_null(host);
+    ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    ap_rt_t *rt = NULL;
+    assert_ok(ap_node_new(host, &o, &rt));
+    assert_ok(ap_node_set_wire(rt, AP_NODE_WIRE_YAMUX));
+    char addr[AP_MA_TEXT_MAX + AP_PEER_ID_STR_MAX + 8];
+    if (strstr(j.addr, "/p2p/"))
+        snprintf(addr, sizeof addr, "%s", j.addr);
+    else
+        snprintf(addr, sizeof addr, "%s/p2p/%s", j.addr, j.peer);
+    ap_peer_id_t jsid;
+    assert_ok(ap_peer_id_parse(&jsid, j.peer));
+    nd_t x = {0};
+    assert_ok(ap_rt_dial(rt, addr, 30000000, nd_dialed, &x));
+    assert_true(ap_host_run_until(host, nd_is_dialed, &x, 60000000));
+    assert_int_equal(x.dial_st, 0);
+    for (int k = 0; k < 2; k++) {
+        x.called = false;
+        ap_rpc_opts_t ro = {.timeout_us = 30000000};
+        assert_true(ap_rt_rpc_call(rt, &jsid, "/apiary/dht/1", (const uint8_t *)"q", 1, &ro,
+                                   nd_done, &x) != 0);
+        assert_true(ap_host_run_until(host, nd_is_called, &x, 60000000));
+        assert_int_equal(x.call_st, AP_ENOPROTO);
+        assert_true(ap_rt_is_connected(rt, &jsid));
+    }
+    const ap_p2pb_t *b = ap__tcpc_bridge((ap_node_t *)rt);
+    assert_int_equal(b->stats.conns_yamux, 1); /* both calls on one connection */
+    assert_int_equal(b->stats.conns_native, 0);
+    assert_int_equal(b->stats.streams_out, 2);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(host), 0);
+    js_stop(&j, false);
+}
+
 /* ---- echo: 64 MiB through one stream, 256 concurrent streams ---------------- */
 
 #define BIG   (64u << 20)
@@ -591,7 +674,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apiary_dials_js),      cmocka_unit_test(test_js_dials_apiary),
         cmocka_unit_test(test_js_dials_tcp_port),    cmocka_unit_test(test_js_dials_node),
-        cmocka_unit_test(test_echo_apiary_dials_js), cmocka_unit_test(test_echo_js_dials_apiary),
+        cmocka_unit_test(test_node_yamux_dials_js),  cmocka_unit_test(test_echo_apiary_dials_js),
+        cmocka_unit_test(test_echo_js_dials_apiary),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -344,8 +344,9 @@ static void test_valid_open_accepts(void **state)
     assert_int_equal(f.flags, AP_FRAME_F_ACCEPT);
     assert_int_equal(f.sid, 1);
     assert_int_equal(ap__get_be32(e.fk.out.data + AP_FRAME_HDR), 1024);
-    /* an RPC is served */
+    /* an RPC is served (in the node's next serve turn) */
     open_stream(&e, &b, 3, "/t/r", true);
+    env_run(&e);
     assert_int_equal(e.served, 1);
     assert_int_equal(g_warns, 0);
     ap__buf_free(&b);

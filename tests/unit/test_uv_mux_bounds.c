@@ -185,6 +185,7 @@ static void test_partial_requests(void **state)
     assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
     ap__mux_feed(c7, b.data, b.len);
     ap__buf_reset(&b);
+    ap_host_run_once(h, 0); /* its serve turn */
     assert_int_equal(n->stats.rpc_served, served + 1);
     /* they stall: reset, memory back */
     n->stall_us = 1;
@@ -318,6 +319,199 @@ static void test_stream_limits(void **state)
     assert_int_equal(ap_host_free(h), 0);
 }
 
+/* ---- a request stays counted until its handler has answered ------------- */
+
+#define HELD_MAX 8
+static ap_rpc_req_t *g_held[HELD_MAX];
+static int g_nheld;
+
+static void hold_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    if (g_nheld < HELD_MAX)
+        g_held[g_nheld++] = req;
+    else
+        ap_rpc_respond_error(req, AP_ELIMIT, "test holds enough");
+}
+
+static uint64_t node_mem(ap_node_t *n)
+{
+    return ap_rc_scope_use(ap_rcmgr_node(n->rc))->memory;
+}
+
+static bool node_mem_zero(void *arg)
+{
+    return node_mem(arg) == 0;
+}
+
+static void test_held_requests_counted(void **state)
+{
+    (void)state;
+    enum { REQ = 100000, NREQ = 4 };
+    static uint8_t q[REQ];
+    g_nheld = 0;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    ap_node_t *n = (ap_node_t *)rt;
+    assert_ok(ap_rt_rpc_register(rt, "/hold", 0, hold_handler, NULL));
+    ap_test_fake_conn_t fk;
+    ap_mconn_t *c = accept_fake(rt, &fk, 60);
+    ap_buf_t b;
+    ap__buf_init(&b);
+    for (uint32_t i = 0; i < NREQ; i++) {
+        uint32_t sid = 1 + 2 * i;
+        assert_ok(ap__frame_put_open(&b, sid, true, 1024, "/hold"));
+        for (uint32_t off = 0; off < REQ; off += AP_MUX_FRAG) {
+            uint32_t k = REQ - off < AP_MUX_FRAG ? REQ - off : AP_MUX_FRAG;
+            assert_ok(ap__frame_put_data(&b, sid, off == 0, REQ, q + off, k));
+        }
+        ap__mux_feed(c, b.data, b.len);
+        ap__buf_reset(&b);
+    }
+    ap_host_run_until(h, NULL, NULL, 20000);
+    assert_int_equal(g_nheld, NREQ);
+    /* the handler holds them: still counted in the node and the peer */
+    assert_int_equal(node_mem(n), (uint64_t)NREQ * REQ);
+    char rep[2048];
+    ap_node_resources(rt, 4, rep, sizeof rep);
+    assert_non_null(strstr(rep, "memory 400000/"));
+    /* the caller gives up on two of them: the handler still holds those */
+    for (uint32_t i = 0; i < 2; i++)
+        assert_ok(ap__frame_put_reset(&b, 1 + 2 * i, AP_ECANCELED, ""));
+    ap__mux_feed(c, b.data, b.len);
+    ap__buf_reset(&b);
+    ap_host_run_until(h, NULL, NULL, 20000);
+    assert_int_equal(node_mem(n), (uint64_t)NREQ * REQ);
+    /* answered (the two orphans dropped): all of it released */
+    for (int i = 0; i < g_nheld; i++) ap_rpc_respond(g_held[i], (const uint8_t *)"ok", 2);
+    g_nheld = 0;
+    assert_true(ap_host_run_until(h, node_mem_zero, n, 1000000));
+    assert_int_equal(datas(&fk), 2);
+    ap__buf_free(&b);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
+/* ---- a response the limits cannot take is refused before it is built ------ */
+
+static int g_built;
+
+static void built_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    uint8_t *out = ap_rpc_respond_begin(req, RESP_LEN);
+    if (!out) return;
+    g_built++;
+    memset(out, 'r', RESP_LEN);
+    ap_rpc_respond_commit(req);
+}
+
+static void test_built_response_refused_first(void **state)
+{
+    (void)state;
+    g_built = 0;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    ap_node_t *n = (ap_node_t *)rt;
+    ap_node_limits_t lim;
+    ap_node_limits_default(&lim);
+    lim.peer_memory = 2 * RESP_LEN;
+    assert_ok(ap_node_set_limits(rt, &lim));
+    n->stall_us = 3600000000ull;
+    assert_ok(ap_rt_rpc_register(rt, "/built", 0, built_handler, NULL));
+    ap_test_fake_conn_t fk, fk2;
+    ap_mconn_t *c = accept_fake(rt, &fk, 70);
+    ap_buf_t b;
+    ap__buf_init(&b);
+    /* 5 zero-window calls: two responses fit the peer's 2 MiB, the rest are
+     * refused without being built */
+    for (uint32_t i = 0; i < 5; i++) {
+        assert_ok(ap__frame_put_open(&b, 1 + 2 * i, true, 0, "/built"));
+        assert_ok(ap__frame_put_data(&b, 1 + 2 * i, true, 1, (const uint8_t *)"q", 1));
+    }
+    ap__mux_feed(c, b.data, b.len);
+    ap__buf_reset(&b);
+    ap_host_run_until(h, NULL, NULL, 20000);
+    assert_int_equal(g_built, 1); /* 1 MiB + the requests' bytes: the second does not fit */
+    assert_int_equal(n->refused_resp, 4);
+    assert_int_equal(resets(&fk, AP_ELIMIT), 4);
+    assert_int_equal(datas(&fk), 0);
+    /* another peer with a window is answered, the bytes built in place */
+    ap_mconn_t *c2 = accept_fake(rt, &fk2, 71);
+    assert_ok(ap__frame_put_open(&b, 1, true, 2 * RESP_LEN, "/built"));
+    assert_ok(ap__frame_put_data(&b, 1, true, 1, (const uint8_t *)"q", 1));
+    ap__mux_feed(c2, b.data, b.len);
+    ap__buf_reset(&b);
+    ap_host_run_until(h, NULL, NULL, 50000);
+    assert_int_equal(g_built, 2);
+    assert_true(datas(&fk2) > 0);
+    assert_int_equal(resets(&fk2, AP_ELIMIT), 0);
+    ap__buf_free(&b);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
+/* ---- a burst from one peer does not hold up another's request ------------- */
+
+static ap_peer_id_t g_b;
+static int g_order_n, g_b_pos;
+
+static void order_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    if (ap_peer_id_eq(ap_rpc_req_peer(req), &g_b)) g_b_pos = g_order_n;
+    g_order_n++;
+    ap_rpc_respond(req, (const uint8_t *)"ok", 2);
+}
+
+static bool all_served(void *arg)
+{
+    return g_order_n == *(int *)arg;
+}
+
+static void test_requests_served_in_turn(void **state)
+{
+    (void)state;
+    enum { BURST = 200 };
+    g_order_n = 0;
+    g_b_pos = -1;
+    ap_host_t *h = ap_host_new();
+    ap_rt_t *rt;
+    assert_ok(ap_node_new(h, NULL, &rt));
+    assert_ok(ap_rt_rpc_register(rt, "/order", 0, order_handler, NULL));
+    ap_test_fake_conn_t fa, fb;
+    ap_mconn_t *a = accept_fake(rt, &fa, 80);
+    ap_mconn_t *b = accept_fake(rt, &fb, 81);
+    g_b = fb.conn.remote;
+    ap_buf_t buf;
+    ap__buf_init(&buf);
+    /* A's burst arrives in one read, B's single request right after it */
+    for (uint32_t i = 0; i < BURST; i++) {
+        assert_ok(ap__frame_put_open(&buf, 1 + 2 * i, true, 1024, "/order"));
+        assert_ok(ap__frame_put_data(&buf, 1 + 2 * i, true, 1, (const uint8_t *)"q", 1));
+    }
+    ap__mux_feed(a, buf.data, buf.len);
+    ap__buf_reset(&buf);
+    assert_ok(ap__frame_put_open(&buf, 1, true, 1024, "/order"));
+    assert_ok(ap__frame_put_data(&buf, 1, true, 1, (const uint8_t *)"q", 1));
+    ap__mux_feed(b, buf.data, buf.len);
+    int want = BURST + 1;
+    assert_true(ap_host_run_until(h, all_served, &want, 5000000));
+    /* B was served in the first turn, not after A's whole burst */
+    assert_true(g_b_pos >= 0 && g_b_pos <= 1);
+    ap_host_run_until(h, NULL, NULL, 20000);
+    assert_int_equal(datas(&fa), BURST);
+    assert_int_equal(datas(&fb), 1);
+    ap__buf_free(&buf);
+    ap_node_free(rt);
+    assert_int_equal(ap_host_free(h), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +519,9 @@ int main(void)
         cmocka_unit_test(test_stream_limits),
         cmocka_unit_test(test_zero_window_responses),
         cmocka_unit_test(test_partial_requests),
+        cmocka_unit_test(test_held_requests_counted),
+        cmocka_unit_test(test_built_response_refused_first),
+        cmocka_unit_test(test_requests_served_in_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -367,6 +367,8 @@ void ap__sim_on_req(ap_sim_t *sim, sim_node_t *n, uint32_t ci, uint32_t mi)
     r->r.peer = sim->nodes[c->node[side ^ 1]]->rt.self;
     r->r.data = m->buf + m->aux_len;
     r->r.len = m->len;
+    r->r.resp_buf = NULL;
+    r->r.resp_len = 0;
     r->self = ri;
     r->node = n->idx;
     r->inc = n->inc;

@@ -281,6 +281,7 @@ void ap__mconn_fail(ap_mconn_t *c, int status, const char *why)
     c->flush_queued = false;
     bool closing = atomic_load(&n->closing);
     int st = was_up ? AP_ECLOSED : status;
+    ap__mc_serve_drop(c);
     /* Every stream and call on it finishes (callbacks are queued, FIFO). */
     ap_mstream_t *s;
     for (size_t pos = 0; (s = ap__idmap_next(&c->streams, &pos));) {

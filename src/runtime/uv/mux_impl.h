@@ -60,7 +60,16 @@ void ap__ms_deliver(ap_mstream_t *s, ap_msg_t *m);
 /* The opener's first message arrived: ask the listener (stream) or run the
  * handler (RPC). */
 void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello);
+/* A complete request: queued for its handler (mux_serve.c), which runs in
+ * turn with other connections' requests, a bounded number per loop turn, so
+ * a burst from one peer cannot hold the loop (and every other peer) for long. */
 void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req);
+/* Runs the handler for req now (mux_stream.c). */
+void ap__ms_serve_now(ap_mstream_t *s, ap_msg_t *req);
+/* s finishes: taken out of its connection's serve queue. */
+void ap__ms_serve_unqueue(ap_mstream_t *s);
+/* c fails: its waiting requests are dropped and it leaves the ring. */
+void ap__mc_serve_drop(ap_mconn_t *c);
 /* k bytes of s's queued response were framed (or dropped): released from
  * the connection's and the node's response budget. */
 void ap__ms_resp_release(ap_mstream_t *s, size_t k);
@@ -85,5 +94,10 @@ void ap__ms_rc_release(ap_mstream_t *s, size_t bytes);
 int ap__ms_rc_open(ap_mstream_t *s, char *why, size_t nwhy);
 /* s finished: everything it holds released. */
 void ap__ms_rc_end(ap_mstream_t *s);
+/* bytes of what s holds (a request handed to its handler) move to *to /
+ * *to_mem, with references to s's scopes: counted there until
+ * ap__rc_hold_drop, whatever becomes of s. */
+void ap__ms_rc_move(ap_mstream_t *s, size_t bytes, ap_rc_span_t *to, uint64_t *to_mem);
+void ap__rc_hold_drop(ap_node_t *n, ap_rc_span_t *sp, uint64_t *mem);
 
 #endif

@@ -60,7 +60,7 @@ int ap_node_set_limits(ap_rt_t *rt, const ap_node_limits_t *l)
 {
     if (!rt || !l) return AP_EINVAL;
     ap_node_t *n = NODE(rt);
-    if (n->conns) return AP_ESTATE;
+    if (n->conns || n->reqs) return AP_ESTATE;
     ap_rcmgr_config_t c;
     to_config(l, &c);
     ap_rcmgr_t *m = ap_rcmgr_new(&c);
@@ -265,4 +265,27 @@ void ap__ms_rc_end(ap_mstream_t *s)
     ap_rc_scope_unref(s->rc.conn);
     s->rc = (ap_rc_span_t){0};
     s->rc_set = false;
+}
+
+void ap__ms_rc_move(ap_mstream_t *s, size_t bytes, ap_rc_span_t *to, uint64_t *to_mem)
+{
+    *to = (ap_rc_span_t){0};
+    *to_mem = 0;
+    if (!s->rc_set) return;
+    if (bytes > s->rc_mem) bytes = (size_t)s->rc_mem;
+    *to = (ap_rc_span_t){.conn = ap_rc_scope_ref(s->rc.conn),
+                         .peer = ap_rc_scope_ref(s->rc.peer),
+                         .proto = ap_rc_scope_ref(s->rc.proto)};
+    s->rc_mem -= bytes;
+    *to_mem = bytes;
+}
+
+void ap__rc_hold_drop(ap_node_t *n, ap_rc_span_t *sp, uint64_t *mem)
+{
+    if (*mem) ap_rc_release_mem(n->rc, sp, *mem);
+    *mem = 0;
+    ap_rc_scope_unref(sp->proto);
+    ap_rc_scope_unref(sp->peer);
+    ap_rc_scope_unref(sp->conn);
+    *sp = (ap_rc_span_t){0};
 }

@@ -11,8 +11,13 @@
 
 typedef struct ap_uv_req {
     struct ap_rpc_req pub;
-    ap_mstream_t *s;               /* NULL once the caller is gone */
-    ap_msg_t *msg;                 /* the request bytes */
+    ap_mstream_t *s; /* NULL once the caller is gone */
+    ap_msg_t *msg;   /* the request bytes */
+    /* where msg stays counted until the handler has answered, even if the
+     * caller is gone by then */
+    ap_rc_span_t rc;
+    uint64_t rc_mem;
+    ap_msg_t *resp;                /* ap_rpc_respond_begin's buffer (counted in s) */
     struct ap_uv_req *next, *prev; /* node's unanswered requests */
 } ap_uv_req_t;
 
@@ -25,6 +30,14 @@ static void req_unlink(ap_node_t *n, ap_uv_req_t *r)
     if (r->next) r->next->prev = r->prev;
 }
 
+static void req_free(ap_node_t *n, ap_uv_req_t *r)
+{
+    ap__rc_hold_drop(n, &r->rc, &r->rc_mem);
+    ap__mux_msg_free(n, r->msg);
+    ap__mux_msg_free(n, r->resp);
+    free(r);
+}
+
 /* Node teardown: requests the handlers still hold die with the node. */
 void ap__mux_free_reqs(ap_node_t *n)
 {
@@ -32,8 +45,7 @@ void ap__mux_free_reqs(ap_node_t *n)
         ap_uv_req_t *r = n->reqs;
         n->reqs = r->next;
         if (r->s) r->s->req = NULL;
-        ap__mux_msg_free(n, r->msg);
-        free(r);
+        req_free(n, r);
     }
 }
 
@@ -165,6 +177,7 @@ void ap__ms_finish(ap_mstream_t *s, int status)
     s->finished = true;
     s->status = status;
     ap_mconn_t *c = s->conn;
+    if (s->in_serveq) ap__ms_serve_unqueue(s);
     if (c) {
         ms_unsched(s);
         ap__idmap_del(&c->streams, s->sid);
@@ -377,7 +390,7 @@ void ap__ms_accept(ap_mstream_t *s, ap_msg_t *hello)
     }
 }
 
-void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
+void ap__ms_serve_now(ap_mstream_t *s, ap_msg_t *req)
 {
     ap_node_t *n = s->node;
     const ap_rt_handler_t *h = ap__rt_find_handler(&n->rt, s->proto);
@@ -397,7 +410,8 @@ void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
     s->rx_charged -= req->len;
     s->conn->rx_buffered -= req->len;
     n->rx_buffered -= req->len;
-    ap__ms_rc_release(s, req->len);
+    /* counted until the handler has answered, not only until it has it */
+    ap__ms_rc_move(s, req->len, &r->rc, &r->rc_mem);
     r->pub.rt = &n->rt;
     r->pub.peer = s->pub.peer;
     r->pub.data = req->data;
@@ -412,48 +426,12 @@ void ap__ms_serve(ap_mstream_t *s, ap_msg_t *req)
     h->fn(&n->rt, h->arg, &r->pub);
 }
 
-void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
-                         size_t len)
+/* m (len bytes, already counted in s) becomes s's response. */
+static void queue_response(ap_mstream_t *s, ap_msg_t *m, size_t len)
 {
-    ap_uv_req_t *r = (ap_uv_req_t *)req;
-    ap_mstream_t *s = r->s;
-    ap_node_t *n = NODE(req->rt);
-    req_unlink(n, r);
-    bool live = s && !s->finished && s->conn;
-    /* A response waits for the caller's credit: what a peer that reads
-     * nothing can make us hold is counted in the stream's, connection's,
-     * peer's, protocol's and node's memory -- reserved before it is copied. */
-    char why[64];
-    bool refused = false;
-    if (live && !err && len <= UINT32_MAX) {
-        if (ap__ms_rc_reserve(s, len, "a response", why, sizeof why) < 0) {
-            n->refused_resp++;
-            refused = true;
-        }
-    }
-    /* data may point into the request itself: copy before freeing it */
-    ap_msg_t *m = NULL;
-    if (live && !err && !refused && len <= UINT32_MAX) m = ap__mux_msg_new(n, data, len);
-    ap__mux_msg_free(n, r->msg);
-    free(r);
-    if (!live) return;
-    s->req = NULL;
+    ap_node_t *n = s->node;
     ap_mconn_t *c = s->conn;
-    if (refused) {
-        ap__mconn_send_reset(c, s->sid, AP_ELIMIT, why);
-        ap__ms_finish(s, AP_ELIMIT);
-        return;
-    }
-    if (err) {
-        ap__mconn_send_reset(c, s->sid, err, errmsg);
-        ap__ms_finish(s, err);
-        return;
-    }
-    if (!m) {
-        ap__mconn_send_reset(c, s->sid, AP_ENOMEM, "response not queued");
-        ap__ms_finish(s, AP_ENOMEM);
-        return;
-    }
+    s->req = NULL;
     s->accepted = true;
     ap__mconn_ctl_rc(c, ap__frame_put_window(&c->obuf, s->sid, true, 0));
     if (s->finished) {
@@ -469,6 +447,112 @@ void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const u
     if (len) ap__mux_sweep_start(n);
     s->lclose = true;
     ap__ms_schedule(s);
+}
+
+static void fail_stream(ap_mstream_t *s, int err, const char *why)
+{
+    s->req = NULL;
+    ap__mconn_send_reset(s->conn, s->sid, err, why);
+    ap__ms_finish(s, err);
+}
+
+static bool req_live(const ap_uv_req_t *r)
+{
+    return r->s && !r->s->finished && r->s->conn;
+}
+
+void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
+                         size_t len)
+{
+    ap_uv_req_t *r = (ap_uv_req_t *)req;
+    ap_mstream_t *s = r->s;
+    ap_node_t *n = NODE(req->rt);
+    req_unlink(n, r);
+    bool live = req_live(r);
+    if (r->resp) { /* a begun response, dropped */
+        if (live) ap__ms_rc_release(s, r->resp->len);
+        ap__mux_msg_free(n, r->resp);
+        r->resp = NULL;
+    }
+    /* A response waits for the caller's credit: what a peer that reads
+     * nothing can make us hold is counted in the stream's, connection's,
+     * peer's, protocol's and node's memory -- reserved before it is copied. */
+    char why[64];
+    bool refused = false;
+    /* the handler is done with the request: its count gives way to the
+     * response's (the bytes are freed once data is copied) */
+    ap__rc_hold_drop(n, &r->rc, &r->rc_mem);
+    if (live && !err && len <= UINT32_MAX) {
+        if (ap__ms_rc_reserve(s, len, "a response", why, sizeof why) < 0) {
+            n->refused_resp++;
+            refused = true;
+        }
+    }
+    /* data may point into the request itself: copy before freeing it */
+    ap_msg_t *m = NULL;
+    if (live && !err && !refused && len <= UINT32_MAX) m = ap__mux_msg_new(n, data, len);
+    req_free(n, r);
+    if (!live) return;
+    if (refused)
+        fail_stream(s, AP_ELIMIT, why);
+    else if (err)
+        fail_stream(s, err, errmsg);
+    else if (!m)
+        fail_stream(s, len > UINT32_MAX ? AP_EMSGSIZE : AP_ENOMEM, "response not queued");
+    else
+        queue_response(s, m, len);
+}
+
+uint8_t *ap__mux_rpc_respond_begin(ap_rpc_req_t *req, size_t len)
+{
+    ap_uv_req_t *r = (ap_uv_req_t *)req;
+    ap_mstream_t *s = r->s;
+    ap_node_t *n = NODE(req->rt);
+    if (r->resp) return r->resp->data; /* begun twice: the same buffer */
+    char why[64];
+    int err = 0;
+    if (!req_live(r))
+        err = AP_ECLOSED;
+    else if (len > UINT32_MAX)
+        err = AP_EMSGSIZE;
+    else if (ap__ms_rc_reserve(s, len, "a response", why, sizeof why) < 0) {
+        n->refused_resp++;
+        err = AP_ELIMIT;
+    } else if (!(r->resp = ap__mux_msg_alloc(n, len))) {
+        ap__ms_rc_release(s, len);
+        err = AP_ENOMEM;
+    }
+    if (!err) return r->resp->data;
+    bool live = req_live(r);
+    req_unlink(n, r);
+    req_free(n, r);
+    if (live)
+        fail_stream(s, err,
+                    err == AP_ELIMIT   ? why
+                    : err == AP_ENOMEM ? "out of memory"
+                                       : "response too large");
+    return NULL;
+}
+
+void ap__mux_rpc_respond_commit(ap_rpc_req_t *req)
+{
+    ap_uv_req_t *r = (ap_uv_req_t *)req;
+    ap_mstream_t *s = r->s;
+    ap_node_t *n = NODE(req->rt);
+    req_unlink(n, r);
+    ap_msg_t *m = r->resp;
+    r->resp = NULL;
+    bool live = req_live(r);
+    req_free(n, r);
+    if (!m) { /* never begun: an empty response */
+        if (live) fail_stream(s, AP_ESTATE, "response not begun");
+        return;
+    }
+    if (!live) {
+        ap__mux_msg_free(n, m); /* its count went with the stream */
+        return;
+    }
+    queue_response(s, m, m->len);
 }
 
 void ap__ms_resp_release(ap_mstream_t *s, size_t k)

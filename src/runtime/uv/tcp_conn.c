@@ -18,6 +18,7 @@
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "net/tcp.h"
+#include "runtime/uv/p2p_bridge.h"
 
 #include <sodium.h>
 #include <stdlib.h>
@@ -26,6 +27,8 @@
 typedef struct ap_tcpc {
     ap_node_t *node; /* NULL once the node is gone */
     ap_tcp_t *t;
+    ap_p2pb_t b; /* the node's protocols over libp2p (p2p_bridge.c) */
+    ap_node_wire_t wire;
 } tcpc_t;
 
 typedef struct tconn {
@@ -203,6 +206,8 @@ static int tcpc_start(ap_node_t *n, const char *listen)
     tc->node = n;
     n->tcpc = tc;
     ap__tcp_set_announce(tc->t, node_announce, tc);
+    ap__p2pb_init(&tc->b, n, &n->host->loop, true);
+    ap__tcp_set_bridge(tc->t, &tc->b.ops, &tc->b);
     return 0;
 }
 
@@ -212,6 +217,7 @@ static void tcpc_stop(ap_node_t *n)
     if (!tc) return;
     n->tcpc = NULL;
     tc->node = NULL;
+    tc->b.node = NULL;
     ap__tcp_close(tc->t, free, tc); /* tc freed once every handle is closed */
 }
 
@@ -224,6 +230,10 @@ static int tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
 {
     tcpc_t *tc = n->tcpc;
     if (!tc) return AP_ENOTSUP; /* the node does not run TCP */
+    if (tc->wire != AP_NODE_WIRE_NATIVE) {
+        ap_p2p_host_t *h = ap__tcp_p2p_host(tc->t);
+        return h ? ap__p2pb_dial(&tc->b, h, addr, out) : AP_ENOMEM;
+    }
     tconn_t *w = tconn_new(tc, true);
     if (!w) return AP_ENOMEM;
     w->dialing = true;
@@ -254,3 +264,22 @@ const ap_uv_transport_t ap__uv_tcp_transport = {
     .listen = tcpc_start,
     .stop = tcpc_stop,
 };
+
+const ap_p2pb_t *ap__tcpc_bridge(ap_node_t *n)
+{
+    return n->tcpc ? &n->tcpc->b : NULL;
+}
+
+int ap_node_set_wire(ap_rt_t *rt, ap_node_wire_t wire)
+{
+    ap_node_t *n = (ap_node_t *)rt;
+    tcpc_t *tc = n->tcpc;
+    if (!tc) return AP_ENOTSUP;
+    if (wire != AP_NODE_WIRE_NATIVE && wire != AP_NODE_WIRE_LIBP2P && wire != AP_NODE_WIRE_YAMUX)
+        return AP_EINVAL;
+    if (n->conns) return AP_ESTATE;
+    tc->wire = wire;
+    tc->b.ops.native = wire != AP_NODE_WIRE_YAMUX;
+    ap__tcp_set_bridge(tc->t, &tc->b.ops, &tc->b); /* the host's muxer list follows */
+    return 0;
+}

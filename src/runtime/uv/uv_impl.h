@@ -212,6 +212,10 @@ struct ap_mstream {
     uint64_t call_id;
     size_t max_resp;
     struct ap_uv_req *req; /* SERVE: the request handed to the handler */
+    /* SERVE: a complete request waiting for its turn (mux_serve.c) */
+    ap_msg_t *serve_msg;
+    ap_mstream_t *serve_next;
+    bool in_serveq;
     char proto[AP_RT_PROTO_MAX];
     ap_mstream_t *dnext; /* node's list of streams waiting for on_close */
 };
@@ -262,6 +266,11 @@ struct ap_mconn {
     uint64_t drain_timer;
     /* explicit dials waiting for this connection */
     struct ap_dial *dials;
+    /* requests waiting for their handler (mux_serve.c), and the node's ring
+     * of connections that have some */
+    ap_mstream_t *serveq_head, *serveq_tail;
+    ap_mconn_t *serve_next;
+    bool in_serve_ring;
 };
 
 /* ---- node ----------------------------------------------------------------- */
@@ -318,6 +327,9 @@ struct ap_node {
     uint64_t sweep_timer; /* stalled partial messages and responses */
     uint64_t stall_us;    /* 0 = AP_MUX_STALL_US (tests shorten it) */
     uint64_t refused_rx, refused_resp, refused_streams, refused_conns, stalled_reset;
+    /* connections with requests waiting, served in turn (mux_serve.c) */
+    ap_mconn_t *serve_ring, *serve_ring_tail;
+    bool serve_pass_queued;
 };
 
 /* addrs.c */
@@ -353,6 +365,8 @@ uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *pro
 bool ap__mux_rpc_cancel(ap_rt_t *rt, uint64_t call_id);
 void ap__mux_rpc_respond(ap_rpc_req_t *req, int err, const char *errmsg, const uint8_t *data,
                          size_t len);
+uint8_t *ap__mux_rpc_respond_begin(ap_rpc_req_t *req, size_t len);
+void ap__mux_rpc_respond_commit(ap_rpc_req_t *req);
 int ap__mux_stream_open(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
                         const uint8_t *hello, size_t len, const ap_stream_opts_t *opts,
                         const ap_stream_cbs_t *cbs, void *arg, ap_stream_t **out);

@@ -1,0 +1,217 @@
+/* The libp2p host (see p2p_conn.h): identify, ping and echo served,
+ * listening, adopting sockets, freeing. */
+#include "apiary/error.h"
+#include "apiary/log.h"
+#include "p2p/p2p_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const muxer_list[] = {AP_YAMUX_PROTO};
+static const char *const node_muxer_list[] = {AP_P2P_NATIVE_MUX, AP_YAMUX_PROTO};
+
+void ap__p2p_host_release(ap_p2p_host_t *h)
+{
+    void (*done)(void *) = h->done;
+    void *arg = h->done_arg;
+    ap__secure_creds_clear(&h->creds);
+    free(h);
+    if (done) done(arg);
+}
+
+/* ---- identify and ping, served ---------------------------------------------- */
+
+/* ping and echo: the bytes go back; credit returns as they leave the queue,
+ * so a peer that does not read its answers stops being read */
+static void echo_open(ap_p2p_stream_t *s)
+{
+    s->echo = true;
+}
+
+static void ping_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+{
+    if (ap__p2p_stream_queue(s, p, n) != 0) ap__p2p_stream_reset(s);
+}
+
+static void ping_fin(ap_p2p_stream_t *s)
+{
+    ap__p2p_stream_close(s);
+}
+
+static void id_open(ap_p2p_stream_t *s)
+{
+    ap_p2p_conn_t *c = s->c;
+    ap_p2p_host_t *h = c->h;
+    static ap_identify_t info;
+    static uint8_t buf[AP_IDENTIFY_MSG_MAX + 16];
+    memset(&info, 0, sizeof info);
+    snprintf(info.protocol_version, sizeof info.protocol_version, "ipfs/0.1.0");
+    snprintf(info.agent_version, sizeof info.agent_version, "%s", h->agent);
+    if (h->addrs_fn) {
+        int k = h->addrs_fn(h->addrs_arg, info.listen, AP_IDENTIFY_ADDRS_MAX);
+        info.nlisten = k < 0 ? 0 : k > AP_IDENTIFY_ADDRS_MAX ? AP_IDENTIFY_ADDRS_MAX : (size_t)k;
+        for (size_t i = 0; i < info.nlisten; i++) info.listen[i].has_peer = false;
+    } else if (h->listening) {
+        info.listen[0] = h->bound;
+        info.nlisten = 1;
+    }
+    info.has_observed = c->remote.host != AP_MA_HOST_NONE;
+    info.observed = c->remote;
+    for (size_t i = 0; i < h->nprotos; i++) info.protocols[i] = h->names[i];
+    info.nprotocols = h->nprotos;
+    int n = ap__identify_encode(&info, h->creds.id.pk, buf, sizeof buf);
+    if (n > 0) ap__yamux_send(&c->y, s->id, buf, (size_t)n);
+    ap__p2p_stream_close(s);
+}
+
+static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, echo_open, ping_data, ping_fin, NULL};
+static const ap_p2p_proto_t echo_srv = {AP_P2P_ECHO_PROTO, echo_open, ping_data, ping_fin, NULL};
+static const ap_p2p_proto_t id_srv = {AP_IDENTIFY_PROTO, id_open, NULL, NULL, NULL};
+
+/* ---- host ---------------------------------------------------------------------- */
+
+ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const char *agent)
+{
+    ap_p2p_host_t *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    h->loop = loop;
+    if (ap__secure_creds_init_muxers(&h->creds, id, AP_NOISE_SHA256, NULL, muxer_list, 1) != 0) {
+        free(h);
+        return NULL;
+    }
+    snprintf(h->agent, sizeof h->agent, "%s", agent ? agent : "apiary");
+    return h;
+}
+
+const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h)
+{
+    return &h->creds.id;
+}
+
+int ap__p2p_host_set_bridge(ap_p2p_host_t *h, const ap_p2p_bridge_t *b, void *arg)
+{
+    if (h->nconns) return AP_ESTATE;
+    ap_identity_t id = h->creds.id;
+    ap__secure_creds_clear(&h->creds);
+    int rc = b && b->native ? ap__secure_creds_init_muxers(&h->creds, &id, AP_NOISE_SHA256, NULL,
+                                                           node_muxer_list, 2)
+                            : ap__secure_creds_init_muxers(&h->creds, &id, AP_NOISE_SHA256, NULL,
+                                                           muxer_list, 1);
+    ap_identity_wipe(&id);
+    if (rc) return rc;
+    h->bridge = b;
+    h->bridge_arg = arg;
+    return 0;
+}
+
+void *ap__p2p_host_bridge_arg(const ap_p2p_host_t *h)
+{
+    return h->bridge_arg;
+}
+
+void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg)
+{
+    h->addrs_fn = fn;
+    h->addrs_arg = arg;
+}
+
+int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
+{
+    if (h->nprotos == PROTOS_MAX) return AP_ELIMIT;
+    h->protos[h->nprotos] = proto;
+    h->names[h->nprotos++] = proto->name;
+    return 0;
+}
+
+int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
+{
+    int rc = ap__p2p_host_serve(h, &id_srv);
+    return rc ? rc : ap__p2p_host_serve(h, &ping_srv);
+}
+
+int ap__p2p_host_serve_echo(ap_p2p_host_t *h)
+{
+    return ap__p2p_host_serve(h, &echo_srv);
+}
+
+static void on_conn(uv_stream_t *srv, int status)
+{
+    ap_p2p_host_t *h = srv->data;
+    if (status != 0) return;
+    ap_p2p_conn_t *c = ap__p2p_conn_new(h, false, NULL);
+    if (!c) return;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp) != 0) {
+        ap__p2p_conn_fail(c, AP_EIO);
+        return;
+    }
+    ap__p2p_conn_start(c);
+}
+
+int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr_t *bound)
+{
+    struct sockaddr_storage ss;
+    int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
+    if (rc) return rc;
+    if ((rc = uv_tcp_init(h->loop, &h->listener)) != 0) return ap_err_from_errno(rc);
+    h->listener.data = h;
+    h->listening = true;
+    if ((rc = uv_tcp_bind(&h->listener, (struct sockaddr *)&ss, 0)) != 0 ||
+        (rc = uv_listen((uv_stream_t *)&h->listener, 128, on_conn)) != 0)
+        return ap_err_from_errno(rc);
+    int len = sizeof ss;
+    uv_tcp_getsockname(&h->listener, (struct sockaddr *)&ss, &len);
+    ap_multiaddr_from_sockaddr(&h->bound, &ss);
+    if (bound) *bound = h->bound;
+    return 0;
+}
+
+static void listener_closed(uv_handle_t *hd)
+{
+    ap_p2p_host_t *h = hd->data;
+    h->listening = false;
+    if (h->nconns == 0) ap__p2p_host_release(h);
+}
+
+void ap__p2p_host_free(ap_p2p_host_t *h)
+{
+    h->freeing = true;
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) ap__p2p_conn_fail(c, AP_ESHUTDOWN);
+    if (h->listening) {
+        uv_close((uv_handle_t *)&h->listener, listener_closed);
+        return;
+    }
+    if (h->nconns == 0) ap__p2p_host_release(h);
+}
+
+void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg)
+{
+    h->done = done;
+    h->done_arg = arg;
+    ap__p2p_host_free(h);
+}
+
+int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n)
+{
+    if (h->freeing) return AP_ESHUTDOWN;
+    ap_p2p_conn_t *c = ap__p2p_conn_new(h, false, NULL);
+    if (!c) return AP_ENOMEM;
+    if (uv_tcp_open(&c->tcp, sock) != 0) {
+        close(sock);
+        ap__p2p_conn_fail(c, AP_EIO);
+        return AP_EIO;
+    }
+    if (n > 0 && ap__buf_reserve(&c->raw, n) != 0) {
+        ap__p2p_conn_fail(c, AP_ENOMEM); /* closes sock with the handle */
+        return AP_ENOMEM;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    memcpy(c->raw.data, pre, n);
+    c->raw.len = n;
+    c->batch++;
+    ap__p2p_conn_start(c);
+    if (n > 0 && !c->closing) ap__p2p_conn_process(c);
+    c->batch--;
+    ap__p2p_conn_submit(c);
+    return 0;
+}
