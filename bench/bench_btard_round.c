@@ -1,14 +1,14 @@
 /* `apiary bench btard`, the round part: one butterfly all-reduce of 16 peers
  * on SIMULATED 100 Mbit/s links (runtime/sim, virtual time) with the plain
- * mean and with ButterflyClip (ap_btard_butterfly_clip as every reducer's
- * part reducer), at 10^3 and 10^6 parameters.
- *   btard_round_over_plain: (ButterflyClip's virtual round time + the CPU
- *     time of its CenteredClip call on one part, measured on this machine)
- *     / the plain round's virtual time. The simulator does not charge CPU
- *     time, so the clip is timed apart (best of 3) and added.
- *   extra_bytes_per_peer: bytes sent per peer beyond the plain round's.
- * Commitments and the checks are not on the wire yet: their bytes are not
- * in these figures. */
+ * mean and with BTARD (ap_btard_verified_clip as every reducer's part
+ * reducer, then the verified step: commitments, the MPRNG seed, the
+ * aggregators' checks and the members' reports), at 10^3 and 10^6 parameters.
+ *   btard_round_over_plain: (BTARD's virtual time for the round and its
+ *     check + the CPU time of its CenteredClip call on one part, measured on
+ *     this machine) / the plain round's virtual time. The simulator does not
+ *     charge CPU time, so the clip is timed apart (best of 3) and added.
+ *   extra_bytes_per_peer: wire bytes (framing included) sent per peer beyond
+ *     the plain round's: the check's messages. */
 #include "bench.h"
 
 #include "apiary/allreduce.h"
@@ -29,8 +29,27 @@ typedef struct rnode {
     float *data;
     bool done;
     ap_allreduce_result_t res;
-    ap_btard_bclip_t bc;
+    ap_btard_vclip_t vc;
+    float *sent;
+    ap_btard_svc_t *mprng;
+    ap_btard_step_svc_t *step;
+    bool checked, apply;
 } rnode_t;
+
+static void on_verdict(void *arg, const ap_btard_verdict_t *v)
+{
+    rnode_t *s = arg;
+    s->checked = true;
+    s->apply = v->apply && v->nconvicted == 0;
+}
+
+static bool all_checked(void *arg)
+{
+    rnode_t *st = arg;
+    for (int i = 0; i < NP; i++)
+        if (!st[i].checked) return false;
+    return true;
+}
 
 static void on_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
 {
@@ -68,25 +87,55 @@ static int one_round(uint64_t elems, bool clip, double tau, double *round_s, dou
         if (ap_avg_service_new(rt, &st[i].svc)) goto out;
         mem[i] = (ap_avg_member_t){*ap_rt_self(rt), AP_AVG_NORMAL, 12.5e6, 12.5e6};
         st[i].data = malloc(elems * sizeof(float));
-        if (!st[i].data) goto out;
+        st[i].sent = malloc(elems * sizeof(float));
+        if (!st[i].data || !st[i].sent) goto out;
         for (uint64_t k = 0; k < elems; k++)
-            st[i].data[k] =
+            st[i].sent[k] = st[i].data[k] =
                 (float)sin((double)k * 1e-3) + (float)((k * 31 + (uint64_t)i) % 97) * 1e-3f;
-        st[i].bc = (ap_btard_bclip_t){.cfg = ap_btard_clip_cfg_default()};
-        st[i].bc.cfg.tau = tau;
+        st[i].vc.clip.cfg = ap_btard_clip_cfg_default();
+        st[i].vc.clip.cfg.tau = tau;
+        if (clip && (ap_btard_svc_new(rt, &st[i].mprng) ||
+                     ap_btard_step_svc_new(rt, st[i].mprng, &st[i].step)))
+            goto out;
     }
     ap_avg_group_t g = {.members = mem, .n = NP};
     memset(g.id, 0xb7, sizeof g.id);
     for (int i = 0; i < NP; i++) {
         ap_allreduce_opts_t ro = {0};
         if (clip) {
-            ro.reduce = ap_btard_butterfly_clip;
-            ro.reduce_arg = &st[i].bc;
+            ro.reduce = ap_btard_verified_clip;
+            ro.reduce_arg = &st[i].vc;
         }
         if (ap_allreduce_start(st[i].svc, &g, st[i].data, elems, 1.0, &ro, on_done, &st[i], NULL))
             goto out;
     }
+    uint64_t t0 = ap_sim_now_us(sim);
     if (!ap_sim_run_until(sim, all_done, st, ap_sim_now_us(sim) + 3600ull * 1000000)) goto out;
+    double check_s = 0;
+    if (clip) { /* the verified step, right after the round */
+        uint64_t counts[NP];
+        ap_peer_id_t ids[NP];
+        if (ap_btard_split(mem, NP, elems, counts)) goto out;
+        for (int i = 0; i < NP; i++) ids[i] = mem[i].id;
+        for (int i = 0; i < NP; i++) {
+            ap_btard_step_cfg_t c = {.peers = ids,
+                                     .n = NP,
+                                     .counts = counts,
+                                     .sent = st[i].sent,
+                                     .result = st[i].data,
+                                     .weight = 1.0,
+                                     .vclip = &st[i].vc,
+                                     .tau = tau,
+                                     .done = on_verdict,
+                                     .arg = &st[i]};
+            if (ap_btard_step_start(st[i].step, &c)) goto out;
+        }
+        if (!ap_sim_run_until(sim, all_checked, st, ap_sim_now_us(sim) + 600ull * 1000000))
+            goto out;
+        for (int i = 0; i < NP; i++)
+            if (!st[i].apply) goto out; /* an honest round must pass */
+        check_s = (double)(ap_sim_now_us(sim) - t0) / 1e6;
+    }
     *round_s = 0;
     *bytes = 0;
     *part = 0;
@@ -94,14 +143,21 @@ static int one_round(uint64_t elems, bool clip, double tau, double *round_s, dou
         if (st[i].res.status || st[i].res.averaged_fraction != 1.0) goto out;
         double s = (double)st[i].res.elapsed_us / 1e6;
         if (s > *round_s) *round_s = s;
-        *bytes += (double)st[i].res.bytes_sent / NP;
+        ap_rt_stats_t rs;
+        ap_rt_get_stats(ap_sim_node(sim, i), &rs);
+        *bytes += (double)rs.bytes_sent / NP;
         if (st[i].res.my_part_elems > *part) *part = st[i].res.my_part_elems;
     }
+    if (check_s > *round_s) *round_s = check_s; /* round + check, from the start */
     rc = 0;
 out:
     for (int i = 0; st && i < NP; i++) {
+        ap_btard_step_svc_free(st[i].step);
+        ap_btard_svc_free(st[i].mprng);
+        ap_btard_vclip_close(&st[i].vc);
         if (st[i].svc) ap_avg_service_free(st[i].svc);
         free(st[i].data);
+        free(st[i].sent);
     }
     ap_sim_free(sim);
     free(st);
@@ -124,17 +180,18 @@ static double clip_cpu_s(uint64_t d, double tau, int *iters)
             buf[(size_t)i * d + k] =
                 (float)sin((double)k * 1e-3) + (float)((k * 31 + (uint64_t)i) % 97) * 1e-3f;
     }
-    ap_btard_clip_cfg_t cfg = ap_btard_clip_cfg_default();
-    cfg.tau = tau;
+    ap_btard_vclip_t vc = {.clip = {.cfg = ap_btard_clip_cfg_default(), .ws = ws}};
+    vc.clip.cfg.tau = tau;
     for (int t = 0; t < 3; t++) {
-        ap_btard_clip_stats_t st;
+        uint32_t clipped;
         double t0 = ap_bench_now();
-        if (ap_btard_clip(ws, x, NULL, NP, (size_t)d, &cfg, out, &st)) goto out;
+        if (ap_btard_verified_clip(&vc, x, NULL, NP, (size_t)d, out, &clipped)) goto out;
         double el = ap_bench_now() - t0;
         if (best < 0 || el < best) best = el;
-        *iters = st.iters;
+        *iters = vc.clip.last.iters;
     }
 out:
+    ap_btard_vclip_close(&vc);
     ap_btard_clip_ws_free(ws);
     free(buf);
     free(out);

@@ -27,6 +27,7 @@
 #ifndef APIARY_BTARD_H
 #define APIARY_BTARD_H
 
+#include "apiary/avg.h"
 #include "apiary/common.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
@@ -204,6 +205,10 @@ typedef enum ap_btard_fault {
     AP_BTARD_FAULT_NO_REVEAL = 2,    /* no reveal before the deadline */
     AP_BTARD_FAULT_BAD_REVEAL = 3,   /* reveal does not match the commitment (provable) */
     AP_BTARD_FAULT_EQUIVOCATION = 4, /* two different commitments (provable) */
+    /* an aggregator signed a check of its part whose projections do not sum
+     * to ~0: its aggregate is no CenteredClip fixed point of the inputs it
+     * lists (provable by that one message; the verified step below) */
+    AP_BTARD_FAULT_BAD_AGGREGATE = 5,
 } ap_btard_fault_t;
 
 /* Name of a fault ("no_commit", ...), "none" for NONE. Static string. */
@@ -334,7 +339,7 @@ AP_EXPORT AP_NODISCARD int ap_btard_round_start(ap_btard_svc_t *svc,
 
 #define AP_BTARD_BAN_PREFIX  "btard/bans/"
 #define AP_BTARD_BAN_KEY_LEN (sizeof AP_BTARD_BAN_PREFIX - 1 + 2 * AP_BTARD_HASH_LEN)
-#define AP_BTARD_BAN_MAX     (2 * AP_BTARD_MSG_MAX + 128) /* bytes of an encoded Ban */
+#define AP_BTARD_BAN_MAX     (AP_BTARD_STEP_MSG_MAX + 2 * AP_BTARD_MSG_MAX + 128) /* bytes of a Ban */
 
 /* ctx = BLAKE2b-256("apiary/btard/round" || run || le64(step) || le32(round)). */
 AP_EXPORT void ap_btard_round_ctx(const uint8_t run[AP_BTARD_HASH_LEN], uint64_t step,
@@ -349,8 +354,9 @@ typedef struct ap_btard_ban {
     uint64_t step;
     uint32_t round;
     ap_peer_id_t peer;
-    ap_btard_fault_t fault;     /* BAD_REVEAL or EQUIVOCATION */
-    const uint8_t *ev_a, *ev_b; /* the two signed messages (borrowed) */
+    ap_btard_fault_t fault;     /* BAD_REVEAL, EQUIVOCATION or BAD_AGGREGATE */
+    const uint8_t *ev_a, *ev_b; /* the two signed messages (borrowed); BAD_AGGREGATE:
+                                 * ev_a = the signed AggCheck, ev_b empty */
     size_t ev_a_len, ev_b_len;
 } ap_btard_ban_t;
 
@@ -400,6 +406,133 @@ AP_EXPORT int ap_btard_banlist_add(ap_btard_banlist_t *bl, const ap_peer_id_t *p
 /* bl is an ap_btard_banlist_t * (void * to fit ap_avg_match_t.exclude). */
 AP_EXPORT bool ap_btard_banlist_has(void *bl, const ap_peer_id_t *peer);
 AP_EXPORT size_t ap_btard_banlist_count(const ap_btard_banlist_t *bl);
+
+/* ---- the verified step: commitments and the aggregation check ----------------
+ *
+ * After a ButterflyClip round (all-reduce whose reducer is
+ * ap_btard_verified_clip), the members of the group check it over
+ * AP_BTARD_STEP_PROTO (every message signed and relayed once, as MPRNG's):
+ *   1. every member broadcasts a StepCommit: its weight, the hash
+ *      (ap_btard_hash_floats) of each part it sent, of each aggregate it
+ *      received, and of the aggregate it produced for its own part;
+ *   2. the members run an MPRNG round (context ap_btard_round_ctx(run, step,
+ *      1)) for the step's seed, unknown to anyone when it committed;
+ *   3. every aggregator broadcasts an AggCheck of its part: for each input
+ *      it used (its hash and weight) |x - v| and min(1, tau/|x - v|)
+ *      <x - v, z>, z = ap_btard_direction(seed, part), v its aggregate;
+ *   4. every member checks the entry of each of its own parts against its
+ *      own copy and the aggregate it received and broadcasts a StepReport
+ *      naming the parts it disputes.
+ * Verdict, from the signed messages alone (the same at every member that got
+ * them): an AggCheck whose weighted mean projection exceeds
+ * AP_BTARD_PROJ_TOL * tau convicts its aggregator (AP_BTARD_FAULT_BAD_AGGREGATE;
+ * that message is the ban's evidence); a part fails (nobody convicted) if its
+ * commit or check is missing, its check names another aggregate than the
+ * aggregator committed, a member received another aggregate than the one
+ * committed, a committed input is missing from the check, or a member
+ * disputes it. The step is to be applied only if no part failed. An honest
+ * aggregator never signs a failing check: ap_btard_verified_clip iterates
+ * until the residual is under half the tolerance, and the check is skipped
+ * (the part fails) if it is not. */
+
+#define AP_BTARD_STEP_PROTO     "/apiary/btard/step/1"
+#define AP_BTARD_STEP_MAX_PEERS 64
+#define AP_BTARD_STEP_MSG_MAX   8192
+#define AP_BTARD_PROJ_TOL       1e-4 /* of tau: the aggregation check's tolerance */
+
+/* One input of an aggregator's check. */
+typedef struct ap_btard_agg_entry {
+    uint8_t hash[AP_BTARD_HASH_LEN];
+    double weight, dist, proj;
+} ap_btard_agg_entry_t;
+
+/* Whether n entries fail the check: a weight negative or not finite, a
+ * value not finite, no weight at all, or |sum w proj / sum w| >
+ * AP_BTARD_PROJ_TOL * tau (tau finite and > 0, else it fails too). */
+AP_EXPORT bool ap_btard_agg_fails(const ap_btard_agg_entry_t *e, size_t n, double tau);
+
+/* The recording reducer: ButterflyClip that also keeps the inputs and the
+ * result of its latest call for the check. Same use as ap_btard_bclip_t
+ * (reduce = ap_btard_verified_clip, reduce_arg = an ap_btard_vclip_t). It
+ * runs at least 1000 steps with eps <= AP_BTARD_PROJ_TOL * tau / 4 and sets
+ * `fixed` when the residual is within half the check's tolerance.
+ * shift (experiments, 0 = honest): added to every element of the aggregate
+ * it returns, the "Byzantine aggregator" attack. Buffers grow to the largest
+ * call and are freed by ap_btard_vclip_close. One thread at a time. */
+typedef struct ap_btard_vclip {
+    ap_btard_bclip_t clip;
+    float shift;
+    /* the latest call (have = true until ap_btard_vclip_reset) */
+    bool have, fixed;
+    size_t n, d;
+    float *copies; /* n * d */
+    double *w;     /* n */
+    float *out;    /* d */
+    double *res;   /* d: scratch for the residual */
+    size_t cap_copies, cap_n, cap_d;
+} ap_btard_vclip_t;
+
+AP_EXPORT int ap_btard_verified_clip(void *arg, const float *const *x, const double *w, size_t n,
+                                     size_t d, float *out, uint32_t *clipped);
+AP_EXPORT void ap_btard_vclip_reset(ap_btard_vclip_t *v);
+AP_EXPORT void ap_btard_vclip_close(ap_btard_vclip_t *v);
+
+typedef struct ap_btard_step_svc ap_btard_step_svc_t;
+
+/* Registers AP_BTARD_STEP_PROTO on rt; steps run their MPRNG rounds on
+ * mprng (which must outlive this service). AP_EEXIST if registered. */
+AP_EXPORT AP_NODISCARD int ap_btard_step_svc_new(ap_rt_t *rt, ap_btard_svc_t *mprng,
+                                                 ap_btard_step_svc_t **out);
+/* Cancels the running steps (done with AP_ECANCELED). NULL is a no-op. */
+AP_EXPORT void ap_btard_step_svc_free(ap_btard_step_svc_t *svc);
+
+/* The outcome of a step, valid during the done callback only. */
+typedef struct ap_btard_verdict {
+    int status;        /* 0, AP_ECANCELED, or the MPRNG round's error (then apply = false) */
+    bool apply;        /* every part passed: apply the aggregated step */
+    uint32_t parts_ok; /* parts that passed */
+    uint32_t parts_failed;
+    uint32_t disputes;          /* parts disputed by some member */
+    size_t nconvicted;          /* members proven to have cheated in this step */
+    const ap_btard_ban_t *bans; /* one per convicted member (its evidence borrowed) */
+} ap_btard_verdict_t;
+
+typedef void (*ap_btard_step_fn)(void *arg, const ap_btard_verdict_t *v);
+
+/* Attacks on the check (experiments, off unless asked). */
+typedef enum ap_btard_step_attack {
+    AP_BTARD_STEP_HONEST = 0,
+    AP_BTARD_STEP_FALSE_DISPUTE = 1, /* disputes every part it sent */
+} ap_btard_step_attack_t;
+
+typedef struct ap_btard_step_cfg {
+    uint8_t run[AP_BTARD_HASH_LEN];
+    uint64_t step;             /* contexts: ap_btard_round_ctx(run, step, 0 and 1) */
+    const ap_peer_id_t *peers; /* the round's group in its order, this node included; copied */
+    size_t n;                  /* 2..AP_BTARD_STEP_MAX_PEERS */
+    const uint64_t *counts;    /* n: elements of each member's part (the round's split); copied */
+    const float *sent;         /* this node's vector as it entered the round (NULL: sent none) */
+    const float *result;       /* the vector after the round */
+    double weight;             /* this node's weight in the round */
+    const ap_btard_vclip_t *vclip; /* this node's reducer (NULL or !have: no part) */
+    double tau;                    /* the run's CenteredClip radius */
+    uint64_t phase_timeout_us;     /* each phase's deadline (0 = 5 s) */
+    ap_btard_step_attack_t attack;
+    ap_btard_step_fn done; /* exactly once, never from inside ap_btard_step_start */
+    void *arg;
+} ap_btard_step_cfg_t;
+
+/* Starts the check of one step. sent, result and vclip must stay valid and
+ * unchanged until done runs. AP_EINVAL (bad configuration, this node not in
+ * peers), AP_EEXIST (this step runs), AP_ENOMEM. */
+AP_EXPORT AP_NODISCARD int ap_btard_step_start(ap_btard_step_svc_t *svc,
+                                               const ap_btard_step_cfg_t *cfg);
+
+/* The split of a round of elems elements among these members, as
+ * ap_allreduce_start computes it (min_share 0): counts[i] elements for
+ * member i. 0 or ap_avg_balance's error. */
+AP_EXPORT AP_NODISCARD int ap_btard_split(const ap_avg_member_t *members, size_t n, uint64_t elems,
+                                          uint64_t *counts);
 
 #ifdef __cplusplus
 }

@@ -168,6 +168,14 @@ typedef struct ap_collab_config {
     bool byzantine_tolerant;
     double btard_tau;        /* CenteredClip radius over one part, L2 (0 = 1.0) */
     uint32_t btard_max_iter; /* CenteredClip steps at most (0 = 100) */
+    /* With byzantine_tolerant every gradient round is also checked by the
+     * verified step (apiary/btard.h) before it is applied: a round that
+     * fails the check is dropped by every member, an aggregator proven to
+     * have cheated is banned for the run (a ban record in the DHT, read by
+     * every peer) and left out of groups from then on.
+     * btard_attack_shift (experiments; 0 = honest): as an aggregator, add
+     * this to every element of the part it aggregates. */
+    float btard_attack_shift;
     /* Closed runs (apiary/run_token.h; docs/closed_runs.md). run_owner: the
      * owner's PeerID as text; set, the run is CLOSED: this peer takes part
      * only with a valid unexpired token of its own (ap_collab_start fails
@@ -234,6 +242,9 @@ typedef struct ap_collab_stats {
      * requests and group joins refused for that reason */
     uint64_t unauthorized_records, unauthorized_requests;
     bool shut_out; /* closed run: this peer has no valid token or was revoked */
+    /* byzantine_tolerant: peers banned (convicted here or read from the
+     * DHT), and gradient rounds dropped because their check failed */
+    uint64_t peers_banned, btard_steps_dropped;
     /* epochs stepped at once because no other peer of the run had a fresh
      * record (no group to wait for: the matchmaking window was skipped) */
     uint64_t lone_epochs;

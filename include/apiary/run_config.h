@@ -39,6 +39,8 @@ typedef struct ap_run_config {
     double clip;
     uint32_t state_every;
     bool exact, dht_matchmaking;
+    bool byzantine_tolerant; /* apiary/collab.h: ButterflyClip rounds, checked */
+    double btard_tau;        /* their CenteredClip radius (0 unless byzantine_tolerant) */
 } ap_run_config_t;
 
 /* BLAKE2b-128 of the configuration's canonical encoding. */

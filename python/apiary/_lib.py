@@ -192,7 +192,7 @@ class CollabConfig(ctypes.Structure):
                 ("delayed_updates", c_bool), ("max_local_samples", c_u64),
                 ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
                 ("byzantine_tolerant", c_bool), ("btard_tau", c_double),
-                ("btard_max_iter", c_u32),
+                ("btard_max_iter", c_u32), ("btard_attack_shift", c_float),
                 ("run_owner", c_char_p), ("token", c_char_p)]
 
 
@@ -211,7 +211,8 @@ class CollabStats(ctypes.Structure):
                                      "download_us", "state_donor_failures", "peers_refused")] + \
                [("refused", c_bool)] + \
                [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
-               [("shut_out", c_bool), ("lone_epochs", c_u64)]
+               [("shut_out", c_bool)] + \
+               [(n, c_u64) for n in ("peers_banned", "btard_steps_dropped", "lone_epochs")]
 
 
 def collab_protos(L):

@@ -1,6 +1,7 @@
 /* Global bans: self-proving Ban records in the DHT (see apiary/btard.h). */
 #include "apiary/btard.h"
 #include "apiary/log.h"
+#include "btard/step_wire.h"
 
 #include "btard.pb-c.h"
 
@@ -35,8 +36,29 @@ void ap_btard_ban_key(const uint8_t run[AP_BTARD_HASH_LEN], char key[AP_BTARD_BA
     key[p] = 0;
 }
 
+/* BAD_AGGREGATE: ev_a is an AggCheck signed by the peer for this run's step
+ * whose projections do not sum to ~0. */
+static int prove_aggregate(const ap_btard_ban_t *b)
+{
+    if (!b->ev_a || b->ev_b_len) return AP_EINVAL;
+    ap__step_msg_t *m = malloc(sizeof *m);
+    if (!m) return AP_ENOMEM;
+    int rc = ap__step_msg_decode(b->ev_a, b->ev_a_len, m);
+    uint8_t ctx[AP_BTARD_HASH_LEN];
+    ap_btard_round_ctx(b->run, b->step, b->round, ctx);
+    if (rc == 0)
+        rc = m->kind == AP__BTARD_AGG_CHECK && ap_peer_id_eq(&m->sender, &b->peer) &&
+                     !memcmp(m->u.check.ctx, ctx, AP_BTARD_HASH_LEN) &&
+                     ap_btard_agg_fails(m->u.check.e, m->u.check.n, m->u.check.tau)
+                 ? 0
+                 : AP_EINVAL;
+    free(m);
+    return rc;
+}
+
 static int prove(const ap_btard_ban_t *b)
 {
+    if (b->fault == AP_BTARD_FAULT_BAD_AGGREGATE) return prove_aggregate(b);
     if (b->fault != AP_BTARD_FAULT_BAD_REVEAL && b->fault != AP_BTARD_FAULT_EQUIVOCATION)
         return AP_EINVAL;
     uint8_t ctx[AP_BTARD_HASH_LEN];
@@ -50,8 +72,8 @@ static int prove(const ap_btard_ban_t *b)
 
 int ap_btard_ban_encode(const ap_btard_ban_t *b, uint8_t *out, size_t cap, size_t *len)
 {
-    if (!b || !out || !len || !b->ev_a || !b->ev_b || b->ev_a_len > AP_BTARD_MSG_MAX ||
-        b->ev_b_len > AP_BTARD_MSG_MAX)
+    if (!b || !out || !len || !b->ev_a || (!b->ev_b && b->ev_b_len) ||
+        b->ev_a_len > AP_BTARD_STEP_MSG_MAX || b->ev_b_len > AP_BTARD_MSG_MAX)
         return AP_EINVAL;
     int rc = prove(b);
     if (rc) return AP_EINVAL;
@@ -76,7 +98,7 @@ int ap_btard_ban_check(const uint8_t *value, size_t len, const ap_peer_id_t *pee
     Apiary__Btard__Ban *m = apiary__btard__ban__unpack(NULL, len, value);
     if (!m) return AP_ECORRUPT;
     int rc = AP_ECORRUPT;
-    if (m->run.len != AP_BTARD_HASH_LEN || m->evidence_a.len > AP_BTARD_MSG_MAX ||
+    if (m->run.len != AP_BTARD_HASH_LEN || m->evidence_a.len > AP_BTARD_STEP_MSG_MAX ||
         m->evidence_b.len > AP_BTARD_MSG_MAX || m->fault > 0xff)
         goto out;
     memset(out, 0, sizeof *out);

@@ -52,6 +52,8 @@ const char *ap_btard_fault_name(ap_btard_fault_t f)
         return "bad_reveal";
     case AP_BTARD_FAULT_EQUIVOCATION:
         return "equivocation";
+    case AP_BTARD_FAULT_BAD_AGGREGATE:
+        return "bad_aggregate";
     }
     return "unknown";
 }

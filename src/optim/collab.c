@@ -45,7 +45,7 @@ static void fill_defaults(ap_collab_config_t *c)
 static void collab_release(ap_collab_t *c)
 {
     ap_nn_solver_free(c->opt);
-    ap_btard_clip_ws_free(c->bclip.ws);
+    ap__btard_collab_release(c);
     if (c->acc) ap__big_free(c->acc, c->acc_bytes);
     if (c->buf) ap__big_free(c->buf, c->buf_bytes);
     if (c->acc_next) ap__big_free(c->acc_next, c->acc_bytes);
@@ -205,21 +205,21 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     c->report_ms =
         c->cfg.stale_ms / 4 < AP__REPORT_MAX_MS ? c->cfg.stale_ms / 4 : AP__REPORT_MAX_MS;
     if (c->report_ms < 1) c->report_ms = 1;
-    if (c->cfg.byzantine_tolerant) {
-        c->bclip.cfg = ap_btard_clip_cfg_default();
-        c->bclip.cfg.tau = c->cfg.btard_tau;
-        c->bclip.cfg.max_iter = (int)c->cfg.btard_max_iter;
-        c->bclip.ws = ap_btard_clip_ws_new();
-    }
-    if (!c->acc || !c->buf || !c->view || !c->view_seen || !c->view_silent || !c->seen_prev ||
-        (c->cfg.byzantine_tolerant && !c->bclip.ws)) {
+    if (!c->acc || !c->buf || !c->view || !c->view_seen || !c->view_silent || !c->seen_prev) {
         collab_release(c);
         return AP_ENOMEM;
+    }
+    rc = ap__btard_collab_init(c); /* byzantine_tolerant: the check services */
+    if (rc) {
+        ap__btard_collab_stop(c);
+        collab_release(c);
+        return rc;
     }
     if (c->cfg.delayed_updates && c->cfg.role != AP_AVG_AUX) {
         c->acc_next = ap__big_alloc(c->acc_bytes);
         c->shadow = ap__big_alloc(c->acc_bytes);
         if (!c->acc_next || !c->shadow) {
+            ap__btard_collab_stop(c);
             collab_release(c);
             return AP_ENOMEM;
         }
@@ -231,6 +231,7 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     if (c->cfg.role == AP_AVG_NORMAL) {
         rc = ap__state_listen(c);
         if (rc) {
+            ap__btard_collab_stop(c);
             collab_release(c);
             return rc;
         }
@@ -239,6 +240,7 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
         rc = ap_avg_matchmaker_new(svc, dht, &c->mm);
         if (rc) {
             if (c->cfg.role == AP_AVG_NORMAL) ap__state_unlisten(c);
+            ap__btard_collab_stop(c);
             collab_release(c);
             return rc;
         }
@@ -279,6 +281,7 @@ void ap_collab_free(ap_collab_t *c)
     ap__state_abort_serving(c);
     ap__state_download_abort(c, AP_ECANCELED);
     if (c->ar) ap_allreduce_cancel(c->ar);
+    ap__btard_collab_stop(c); /* a running check ends: its callback sees dead */
     if (c->search) {
         ap_avg_search_t *s = c->search;
         c->search = NULL;

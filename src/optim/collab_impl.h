@@ -174,7 +174,14 @@ struct ap_collab {
     ap_avg_matchmaker_t *mm; /* dht_matchmaking: the averaging module's matchmaker */
     ap_avg_search_t *search; /* the running search (NULL = none) */
     char mm_key[AP_COLLAB_RUN_ID_MAX + 64];
-    ap_btard_bclip_t bclip; /* byzantine_tolerant: gradient rounds' part reducer */
+    /* byzantine_tolerant (btard_step.c): the recording reducer, the check
+     * services, what this peer sent into the round, the ban list */
+    ap_btard_vclip_t vclip;
+    ap_btard_svc_t *bmprng;
+    ap_btard_step_svc_t *bstep;
+    float *bsent;
+    ap_btard_banlist_t *banlist;
+    bool verifying, bans_fetching;
 
     /* the run's configuration (progress records, matchmaking key) */
     ap_run_config_t runcfg;
@@ -311,6 +318,21 @@ int ap__closed_self_check(struct ap_collab *c);
 void ap__closed_absorb_revoked(struct ap_collab *c, const ap_dht_result_t *res);
 /* The matchmaker's exclude hook: peers not in the (admitted) view. */
 bool ap__closed_exclude(void *arg, const ap_peer_id_t *peer);
+
+/* ---- btard_step.c: byzantine_tolerant rounds ---- */
+int ap__btard_collab_init(struct ap_collab *c);
+void ap__btard_collab_stop(struct ap_collab *c);
+void ap__btard_collab_release(struct ap_collab *c);
+bool ap__btard_banned(const struct ap_collab *c, const ap_peer_id_t *peer);
+/* The matchmaker's exclude hook: banned peers, and closed runs' unadmitted. */
+bool ap__btard_exclude(void *arg, const ap_peer_id_t *peer);
+void ap__btard_fetch_bans(struct ap_collab *c);
+void ap__btard_before_round(struct ap_collab *c, const float *data);
+/* After a complete gradient round: starts its check (true; the check ends
+ * in ap__collab_grad_finish) or false when it does not apply. */
+bool ap__btard_verify(struct ap_collab *c, const ap_allreduce_result_t *res);
+/* round.c: the end of a gradient round: step (if apply) and go on. */
+void ap__collab_grad_finish(struct ap_collab *c, bool apply);
 
 /* ---- epoch.c: the step and the epoch change ---- */
 typedef enum ap__epoch_how {

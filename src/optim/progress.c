@@ -33,6 +33,8 @@ void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m
     m->state_every = rc->state_every;
     m->exact = rc->exact;
     m->dht_matchmaking = rc->dht_matchmaking;
+    m->byzantine_tolerant = rc->byzantine_tolerant;
+    m->btard_tau = rc->btard_tau;
 }
 
 int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
@@ -62,6 +64,8 @@ int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *r
     rc->state_every = m->state_every;
     rc->exact = m->exact;
     rc->dht_matchmaking = m->dht_matchmaking;
+    rc->byzantine_tolerant = m->byzantine_tolerant;
+    rc->btard_tau = isfinite(m->btard_tau) ? m->btard_tau : -1;
     return 0;
 }
 

@@ -25,6 +25,7 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
         const ap_progress_t *p = &c->view[i];
         if (p->epoch != c->epoch || !ap__collab_fresh(c, i, now)) continue;
         if (p->ready_ms <= 0 || p->ready_ms > c->cutoff_ms) continue; /* not in this round */
+        if (ap__btard_banned(c, &p->peer)) continue;
         ap_avg_member_t *m = &c->members[c->nmembers++];
         m->id = p->peer;
         m->role = p->role;
@@ -62,11 +63,13 @@ static int start_round(ap_collab_t *c, const char *what, float *data, double wei
     ap_allreduce_opts_t o = {0};
     o.chunk_elems = c->cfg.chunk_elems;
     o.codec = strcmp(what, "grad") == 0 ? c->cfg.codec : (uint8_t)AP_AVG_CODEC_F32;
+    if (c->cfg.byzantine_tolerant) o.codec = AP_AVG_CODEC_F32; /* the check hashes exact floats */
     o.deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.averaging_timeout_us;
     uint64_t elems = strcmp(what, "grad") == 0 ? c->n : c->total;
     if (c->cfg.byzantine_tolerant && strcmp(what, "grad") == 0) {
-        o.reduce = ap_btard_butterfly_clip; /* ButterflyClip */
-        o.reduce_arg = &c->bclip;
+        o.reduce = ap_btard_verified_clip; /* ButterflyClip, recorded for the check */
+        o.reduce_arg = &c->vclip;
+        ap__btard_before_round(c, data);
     }
     int rc = ap_allreduce_start(c->svc, &g, data, elems, weight, &o, round_done, c, &c->ar);
     if (rc == 0) c->refs++;
@@ -91,6 +94,21 @@ static void begin_state_round(ap_collab_t *c)
                 (unsigned long long)c->epoch, ap_strerror(rc));
         ap__collab_after_epoch(c);
     }
+}
+
+void ap__collab_grad_finish(ap_collab_t *c, bool apply)
+{
+    if (apply && c->cfg.role != AP_AVG_AUX) ap__collab_apply_step(c, c->buf);
+    ap__collab_enter_epoch(c, AP__EPOCH_STEPPED, c->epoch + 1, 0);
+    ap_info(OPT_MOD, "epoch %llu reached (%zu peers, %llu samples)", (unsigned long long)c->epoch,
+            c->nmembers, (unsigned long long)c->st.last_epoch_samples);
+    ap__btard_fetch_bans(c);
+    if (c->cfg.average_state_every && c->epoch % c->cfg.average_state_every == 0 &&
+        c->nmembers > 1) {
+        begin_state_round(c); /* same members, new group id */
+        return;
+    }
+    ap__collab_after_epoch(c);
 }
 
 static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
@@ -118,17 +136,8 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
                     (unsigned long long)c->epoch, c->nmembers,
                     res->status ? ap_strerror(res->status) : "parts failed", 100.0 * frac);
         }
-        if (c->cfg.role != AP_AVG_AUX) ap__collab_apply_step(c, c->buf);
-        ap__collab_enter_epoch(c, AP__EPOCH_STEPPED, c->epoch + 1, 0);
-        ap_info(OPT_MOD, "epoch %llu reached (%zu peers, %llu samples)",
-                (unsigned long long)c->epoch, c->nmembers,
-                (unsigned long long)c->st.last_epoch_samples);
-        if (c->cfg.average_state_every && c->epoch % c->cfg.average_state_every == 0 &&
-            c->nmembers > 1) {
-            begin_state_round(c); /* same members, new group id */
-            return;
-        }
-        ap__collab_after_epoch(c);
+        if (ap__btard_verify(c, res)) return; /* byzantine_tolerant: checked first */
+        ap__collab_grad_finish(c, true);
         return;
     }
     if (c->phase == PH_STATE_AVG) {
@@ -330,7 +339,7 @@ static void start_search(ap_collab_t *c)
                         .min_group_size = 2,
                         .deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.matchmaking_window_us,
                         /* closed run: joins only from peers of admitted records */
-                        .exclude = c->closed ? ap__closed_exclude : NULL,
+                        .exclude = c->closed || c->banlist ? ap__btard_exclude : NULL,
                         .exclude_arg = c};
     ap_avg_member_t me = {.id = *ap_rt_self(c->rt),
                           .role = c->cfg.role,

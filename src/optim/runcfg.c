@@ -76,6 +76,8 @@ void ap__collab_make_run_config(const ap_collab_t *c, ap_run_config_t *rc)
     rc->state_every = c->cfg.average_state_every;
     rc->exact = c->cfg.max_local_samples != 0;
     rc->dht_matchmaking = c->cfg.dht_matchmaking;
+    rc->byzantine_tolerant = c->cfg.byzantine_tolerant;
+    rc->btard_tau = c->cfg.byzantine_tolerant ? c->cfg.btard_tau : 0;
 }
 
 typedef struct diff_out {
@@ -136,6 +138,8 @@ int ap_run_config_diff(const ap_run_config_t *a, const char *a_name, const ap_ru
     U64(state_every, "state averaging every")
     FLAG(exact, "exact mode")
     FLAG(dht_matchmaking, "dht matchmaking")
+    FLAG(byzantine_tolerant, "byzantine-tolerant")
+    NUM(btard_tau, "btard tau")
 #undef U64
 #undef NUM
 #undef NAMED

@@ -1,11 +1,13 @@
 /* Byzantine-tolerant training with real processes across hosts: nine network
  * namespaces on a bridge (testing/netns.h), each with its own address. An
  * `apiary dht` bootstrap in host 0 and eight `apiary train` peers (MLP), one
- * per host, two of them attackers (--attack sign-flip: gradient times
- * -1000). With --byzantine-tolerant (ButterflyClip in every gradient round)
- * every honest peer's loss ends far below where it began; the same run with
- * the plain mean diverges, so the test can fail. Skipped (cmocka skip) when
- * not root or without netns/veth. */
+ * per host, two of them attackers. With --byzantine-tolerant (ButterflyClip
+ * and the verified step in every gradient round) one attacker flips its
+ * gradient (--attack sign-flip: times -1000) and the other cheats as an
+ * aggregator (--attack bad-aggregator): every honest peer bans the cheater
+ * (and nobody else) and its loss ends far below where it began. The same run
+ * with the plain mean and two sign-flippers diverges, so the test can fail.
+ * Skipped (cmocka skip) when not root or without netns/veth. */
 #include "aptest.h"
 #include "procs.h"
 
@@ -100,7 +102,7 @@ static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz
         }
         if (i > NH - 1 - BAD) {
             av[k++] = "--attack";
-            av[k++] = "sign-flip";
+            av[k++] = byz && i == NH - 1 ? "bad-aggregator" : "sign-flip";
         }
         av[k] = NULL;
         pids[i] = spawn_in(ns, (size_t)i, av, logs[i]);
@@ -121,8 +123,16 @@ static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz
         f += loss[0];
         l += (loss[EPOCHS - 1] + loss[EPOCHS - 2] + loss[EPOCHS - 3]) / 3;
         nf++;
-        /* it averaged with the whole group, across the bridge */
-        assert_true(ap_proc_grep_file(logs[i], "| group 8 |", NULL, 0));
+        /* it averaged with the whole group, across the bridge (byz: the
+         * group without the banned cheater after its ban) */
+        assert_true(ap_proc_grep_file(logs[i], byz ? "| group 7 |" : "| group 8 |", NULL, 0));
+        if (byz) {
+            /* the cheating aggregator is banned, nobody else */
+            if (ap_proc_grep_file(logs[i], "byzantine-tolerant:", line, sizeof line))
+                print_message("%s peer%d %s", run_id, i, line);
+            assert_true(
+                ap_proc_grep_file(logs[i], "byzantine-tolerant: peers banned 1 |", NULL, 0));
+        }
     }
     *first = nf ? f / nf : 0;
     *last = nf ? l / nf : 0;
@@ -131,7 +141,7 @@ static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz
     return reached;
 }
 
-static void test_two_sign_flippers_of_eight(void **state)
+static void test_two_attackers_of_eight(void **state)
 {
     (void)state;
     char why[300];
@@ -177,6 +187,6 @@ static void test_two_sign_flippers_of_eight(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_sign_flippers_of_eight)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_attackers_of_eight)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

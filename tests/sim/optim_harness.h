@@ -40,8 +40,9 @@ typedef struct oh_peer {
     int batch;
     double batch_cost; /* compute units per batch */
     bool started, start_failed, stop, busy, up;
-    bool sign_flip;   /* an attacker: submits its gradient times -1000 */
-    uint64_t batches; /* batches computed (data cursor) */
+    bool sign_flip;    /* an attacker: submits its gradient times -1000 */
+    float btard_shift; /* byzantine_tolerant: a cheating aggregator (btard_attack_shift) */
+    uint64_t batches;  /* batches computed (data cursor) */
     uint64_t epochs_seen;
     float *x;
     int32_t *y;
@@ -173,6 +174,7 @@ static void oh_peer_up2(oh_env_t *e, int i, int boot, bool start_after_boot)
     ap_nn_params_t *pr = ap_nn_model_params(p->model);
     ap_collab_config_t cfg = e->cfg;
     cfg.role = p->role;
+    cfg.btard_attack_shift = p->btard_shift;
     assert_ok(ap_collab_new(rt, p->dht, p->svc, &cfg, pr->data, pr->count, pr->views, pr->nviews,
                             &p->collab));
     p->up = true;

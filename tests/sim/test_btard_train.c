@@ -3,7 +3,9 @@
  * gradient times -1000 (sign flip). With the plain mean the run is wrecked
  * (the evaluation loss ends above where it began); with byzantine_tolerant
  * (ButterflyClip in every gradient round) it converges, ending near the
- * clean run's loss. */
+ * clean run's loss. With a cheating aggregator besides (it shifts its part),
+ * every honest peer bans it after the round it cheats in (which is dropped),
+ * nobody else is banned, and the run still converges. */
 #include "optim_harness.h"
 
 #define N      8
@@ -12,7 +14,9 @@
 
 /* Runs the 8 peers; returns the evaluation loss of peer 0's parameters at
  * the end (and at the start in *init). */
-static double run(bool byz, int attackers, uint64_t seed, double *init)
+static uint64_t banned[N], dropped[N];
+
+static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *init)
 {
     ap_collab_config_t cfg;
     ap_collab_config_default(&cfg);
@@ -32,6 +36,7 @@ static double run(bool byz, int attackers, uint64_t seed, double *init)
     e.init_seed = seed;
     e.data_stream = seed ^ 0x5eedull;
     for (int i = 0; i < attackers; i++) e.p[N - 1 - i].sign_flip = true;
+    if (cheater >= 0) e.p[cheater].btard_shift = 0.1f;
     for (int i = 0; i < N; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
     *init =
         oh_eval(ap_nn_model_params(e.p[0].model)->data, ap_nn_model_params(e.p[0].model)->count);
@@ -47,12 +52,27 @@ static double run(bool byz, int attackers, uint64_t seed, double *init)
                (unsigned long long)seed, (unsigned long long)reached, *init, loss);
     assert_true(reached >= EPOCHS);
     for (int i = 0; i < N; i++) {
+        ap_collab_stats_t st;
+        ap_collab_get_stats(e.p[i].collab, &st);
+        banned[i] = st.peers_banned;
+        dropped[i] = st.btard_steps_dropped;
+        if (getenv("BTARD_VERBOSE"))
+            printf("  peer %d: banned %llu, dropped %llu, epoch %llu\n", i,
+                   (unsigned long long)banned[i], (unsigned long long)dropped[i],
+                   (unsigned long long)st.epoch);
+    }
+    for (int i = 0; i < N; i++) {
         ap_collab_free(e.p[i].collab);
         e.p[i].collab = NULL;
     }
     ap_sim_run_for(e.sim, 60000000);
     oh_env_free(&e);
     return loss;
+}
+
+static double run(bool byz, int attackers, uint64_t seed, double *init)
+{
+    return run2(byz, attackers, -1, seed, init);
 }
 
 static void test_sign_flip_two_of_eight(void **state)
@@ -68,11 +88,27 @@ static void test_sign_flip_two_of_eight(void **state)
     /* converges with it, near the clean run */
     assert_true(robust < 0.8 * init);
     assert_true(robust < clean + 0.25 * (init - clean));
+    for (int i = 0; i < N; i++) assert_int_equal(banned[i], 0); /* nobody cheated */
+}
+
+/* Peer 3 shifts the part it aggregates; peer 7 flips its gradient. */
+static void test_cheating_aggregator_banned(void **state)
+{
+    (void)state;
+    double init;
+    double loss = run2(true, 1, 3, 2, &init);
+    for (int i = 0; i < N; i++) {
+        if (i == 3) continue;
+        assert_int_equal(banned[i], 1); /* the cheater, and only it */
+        assert_true(dropped[i] >= 1);   /* the round it cheated in */
+    }
+    assert_true(loss < 0.8 * init);
 }
 
 int main(void)
 {
     ap_log_set_level(AP_LOG_ERROR);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sign_flip_two_of_eight)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sign_flip_two_of_eight),
+                                       cmocka_unit_test(test_cheating_aggregator_banned)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

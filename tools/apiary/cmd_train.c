@@ -99,10 +99,13 @@ static void usage(void)
         "                            its round (with N = 1 and target = peers x batch, each\n"
         "                            peer adds exactly one batch per epoch: exact mode)\n"
         "  --byzantine-tolerant      average gradients with CenteredClip per part\n"
-        "                            (ButterflyClip) instead of the mean (same on every peer;\n"
+        "                            (ButterflyClip) instead of the mean, check every round\n"
+        "                            and ban aggregators caught cheating (same on every peer;\n"
         "                            docs/btard.md)\n"
         "  --btard-tau X             CenteredClip radius over one part (default 1.0)\n"
         "  --attack sign-flip        experiments: submit the gradient times -1000\n"
+        "  --attack bad-aggregator   experiments: add 0.1 to every element of the part\n"
+        "                            this peer aggregates\n"
         "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
         "                            averaging module (default: READY window over progress)\n"
         "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
@@ -129,7 +132,7 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, no_port_map;
+    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, bad_agg, no_port_map;
     double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
@@ -440,6 +443,7 @@ static int run(const topts_t *o)
     cfg.dht_matchmaking = o->dhtmm;
     cfg.byzantine_tolerant = o->byz;
     cfg.btard_tau = o->btard_tau;
+    cfg.btard_attack_shift = o->bad_agg ? 0.1f : 0.0f;
     cfg.model_desc = model_desc;
     cfg.run_owner = o->run_owner;
     cfg.token = o->token;
@@ -720,6 +724,9 @@ static int run(const topts_t *o)
                (unsigned long long)st.bytes_served, (unsigned long long)st.records_refused,
                (unsigned long long)st.samples_during_rounds, (unsigned long long)st.samples_dropped,
                el);
+        if (o->byz)
+            printf("byzantine-tolerant: peers banned %llu | rounds dropped by the check %llu\n",
+                   (unsigned long long)st.peers_banned, (unsigned long long)st.btard_steps_dropped);
         /* the shares of this peer's wall time (apiary bench train reads them) */
         if (el > 0) {
             double g = st.group_wait_us / 1e6, a = st.averaging_us / 1e6, d = st.download_us / 1e6;
@@ -1030,12 +1037,17 @@ static int train_main(int argc, char **argv)
             if (!ap_cli_num("--btard-tau", optarg, 1e-12, 1e30, &o.btard_tau)) return 2;
             break;
         case O_ATTACK:
-            if (strcmp(optarg, "sign-flip") != 0) {
-                fprintf(stderr, "apiary train: --attack %s: the only attack is sign-flip\n",
+            if (strcmp(optarg, "sign-flip") == 0)
+                o.sign_flip = true;
+            else if (strcmp(optarg, "bad-aggregator") == 0)
+                o.bad_agg = true;
+            else {
+                fprintf(stderr,
+                        "apiary train: --attack %s: the attacks are sign-flip and "
+                        "bad-aggregator\n",
                         optarg);
                 return 2;
             }
-            o.sign_flip = true;
             break;
         case O_OWNER: {
             ap_peer_id_t p_;

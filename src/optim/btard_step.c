@@ -1,0 +1,179 @@
+/* Byzantine-tolerant training in the collaborative optimizer: every
+ * gradient round is a ButterflyClip round with the recording reducer, then
+ * checked by the verified step (apiary/btard.h) before it is applied;
+ * convicted peers go into the ban list (the DHT's and this peer's own),
+ * which matchmaking and the group of the READY window leave out. Sans-I/O. */
+#include "collab_impl.h"
+
+#include "apiary/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BAN_TTL_MS (7 * 24 * 3600 * 1000LL)
+
+int ap__btard_collab_init(ap_collab_t *c)
+{
+    if (!c->cfg.byzantine_tolerant) return 0;
+    c->vclip.clip.cfg = ap_btard_clip_cfg_default();
+    c->vclip.clip.cfg.tau = c->cfg.btard_tau;
+    c->vclip.clip.cfg.max_iter = (int)c->cfg.btard_max_iter;
+    c->vclip.clip.ws = ap_btard_clip_ws_new();
+    c->vclip.shift = c->cfg.btard_attack_shift;
+    c->banlist = ap_btard_banlist_new();
+    c->bsent = c->cfg.role != AP_AVG_AUX ? malloc(c->n * sizeof(float)) : NULL;
+    if (!c->vclip.clip.ws || !c->banlist || (c->cfg.role != AP_AVG_AUX && !c->bsent))
+        return AP_ENOMEM;
+    int rc = ap_btard_svc_new(c->rt, &c->bmprng);
+    if (rc == 0) rc = ap_btard_step_svc_new(c->rt, c->bmprng, &c->bstep);
+    if (rc) {
+        ap_warn(OPT_MOD, "byzantine-tolerant: the check services could not start: %s",
+                ap_strerror(rc));
+        return rc;
+    }
+    if (c->dht) (void)ap_dht_add_validator(c->dht, ap_btard_ban_validator, NULL);
+    return 0;
+}
+
+/* On ap_collab_free: the running check ends (its callback sees c->dead). */
+void ap__btard_collab_stop(ap_collab_t *c)
+{
+    ap_btard_step_svc_free(c->bstep);
+    c->bstep = NULL;
+    ap_btard_svc_free(c->bmprng);
+    c->bmprng = NULL;
+}
+
+void ap__btard_collab_release(ap_collab_t *c)
+{
+    ap_btard_clip_ws_free(c->vclip.clip.ws);
+    ap_btard_vclip_close(&c->vclip);
+    ap_btard_banlist_free(c->banlist);
+    free(c->bsent);
+}
+
+bool ap__btard_banned(const ap_collab_t *c, const ap_peer_id_t *peer)
+{
+    return c->banlist && ap_btard_banlist_has(c->banlist, peer);
+}
+
+bool ap__btard_exclude(void *arg, const ap_peer_id_t *peer)
+{
+    ap_collab_t *c = arg;
+    if (ap__btard_banned(c, peer)) return true;
+    return c->closed && ap__closed_exclude(arg, peer);
+}
+
+static void ban_add(ap_collab_t *c, const ap_peer_id_t *p, const char *how)
+{
+    if (ap_btard_banlist_add(c->banlist, p) == 1) {
+        char s[AP_PEER_SHORT_LEN];
+        c->st.peers_banned++;
+        ap_warn(OPT_MOD, "peer %s banned (%s)", ap_peer_id_short(p, s), how);
+    }
+}
+
+static void published(ap_dht_t *dht, void *arg, int status, int n_stored)
+{
+    (void)dht, (void)n_stored;
+    ap_collab_t *c = arg;
+    if (status && !c->dead)
+        ap_info(OPT_MOD, "byzantine-tolerant: a ban could not be stored: %s", ap_strerror(status));
+    ap__collab_unref(c);
+}
+
+static void bans_fetched(void *arg, int status, const ap_peer_id_t *banned, size_t n)
+{
+    ap_collab_t *c = arg;
+    c->bans_fetching = false;
+    if (!c->dead && status == 0)
+        for (size_t i = 0; i < n; i++) ban_add(c, &banned[i], "ban record in the DHT");
+    ap__collab_unref(c);
+}
+
+/* Reads the run's bans from the DHT (newcomers learn them; async). */
+void ap__btard_fetch_bans(ap_collab_t *c)
+{
+    if (!c->cfg.byzantine_tolerant || !c->dht || c->bans_fetching) return;
+    c->refs++;
+    c->bans_fetching = true;
+    if (ap_btard_bans_fetch(c->dht, c->run_hash, bans_fetched, c) != 0) {
+        c->bans_fetching = false;
+        c->refs--;
+    }
+}
+
+/* Before a gradient round: keep what this peer sends. */
+void ap__btard_before_round(ap_collab_t *c, const float *data)
+{
+    ap_btard_vclip_reset(&c->vclip);
+    if (c->bsent && data) memcpy(c->bsent, data, c->n * sizeof(float));
+}
+
+static void verdict(void *arg, const ap_btard_verdict_t *v)
+{
+    ap_collab_t *c = arg;
+    c->verifying = false;
+    if (c->dead) {
+        ap__collab_unref(c);
+        return;
+    }
+    ap__collab_unref(c);
+    int64_t exp = ap_rt_wall_ms(c->rt) + BAN_TTL_MS;
+    for (size_t i = 0; i < v->nconvicted; i++) {
+        ban_add(c, &v->bans[i].peer, ap_btard_fault_name(v->bans[i].fault));
+        if (!c->dht) continue;
+        c->refs++;
+        if (ap_btard_ban_publish(c->dht, &v->bans[i], exp, published, c) != 0) c->refs--;
+    }
+    if (!v->apply) {
+        c->st.btard_steps_dropped++;
+        ap_warn(OPT_MOD,
+                "epoch %llu: the round's check failed (%s; %u of %u parts passed): the step is "
+                "dropped",
+                (unsigned long long)c->epoch, v->status ? ap_strerror(v->status) : "verdict",
+                v->parts_ok, v->parts_ok + v->parts_failed);
+    }
+    ap__collab_grad_finish(c, v->apply);
+}
+
+bool ap__btard_verify(ap_collab_t *c, const ap_allreduce_result_t *res)
+{
+    if (!c->cfg.byzantine_tolerant || !c->bstep || c->cfg.role == AP_AVG_AUX || res->status != 0 ||
+        res->averaged_fraction < 1.0 || c->nmembers < 2 || c->nmembers > AP_BTARD_STEP_MAX_PEERS)
+        return false;
+    uint64_t *counts = malloc(c->nmembers * sizeof *counts);
+    ap_peer_id_t *ids = malloc(c->nmembers * sizeof *ids);
+    int rc = counts && ids ? ap_btard_split(c->members, c->nmembers, c->n, counts) : AP_ENOMEM;
+    if (rc == 0) {
+        for (size_t i = 0; i < c->nmembers; i++) ids[i] = c->members[i].id;
+        ap_btard_step_cfg_t s = {.step = c->epoch,
+                                 .peers = ids,
+                                 .n = c->nmembers,
+                                 .counts = counts,
+                                 .sent = c->bsent,
+                                 .result = c->buf,
+                                 .weight = (double)c->local_samples,
+                                 .vclip = &c->vclip,
+                                 .tau = c->cfg.btard_tau,
+                                 .done = verdict,
+                                 .arg = c};
+        memcpy(s.run, c->run_hash, AP_BTARD_HASH_LEN);
+        c->refs++;
+        c->verifying = true;
+        rc = ap_btard_step_start(c->bstep, &s);
+        if (rc) {
+            c->refs--;
+            c->verifying = false;
+        }
+    }
+    free(counts);
+    free(ids);
+    if (rc) {
+        ap_warn(OPT_MOD, "epoch %llu: the round's check could not start (%s): the step is dropped",
+                (unsigned long long)c->epoch, ap_strerror(rc));
+        c->st.btard_steps_dropped++;
+        ap__collab_grad_finish(c, false);
+    }
+    return true;
+}
