@@ -15,6 +15,7 @@
 
 #include "apiary/log.h"
 #include "nat_autonat.h"
+#include "nat_punch.h"
 #include "natns.h"
 #include "p2p/portmap.h"
 #include "p2p/reach.h"
@@ -78,10 +79,79 @@ static int part_autonat(ap_bench_ctx_t *c)
     return 0;
 }
 
+/* ---- holepunch: DCUtR behind each NAT kind ------------------------------------------------ */
+
+/* Two homes of one kind (A and B), then A behind the symmetric NAT and B
+ * behind a drop NAT; the relay on public node 0. */
+static int part_holepunch(ap_bench_ctx_t *c)
+{
+    const ap_nat_kind_t kinds[] = {AP_NAT_DROP, AP_NAT_DROP,      AP_NAT_RST,
+                                   AP_NAT_RST,  AP_NAT_SYMMETRIC, AP_NAT_DROP};
+    const size_t pairs[3][2] = {{0, 1}, {2, 3}, {4, 5}};
+    int rounds = c->quick ? 4 : 20;
+    char why[400];
+    ap_natns_t *ns = NULL;
+    if (ap_natns_new(1, 6, kinds, &ns, why, sizeof why)) {
+        fprintf(stderr, "nat: topology: %s\n", why);
+        return 1;
+    }
+    static ap_nat_punch_round_t res[AP_NAT_PUNCH_ROUNDS];
+    int rc = 0;
+    for (size_t k = 0; k < 3 && rc == 0; k++) {
+        int n = k == 2 ? (rounds < 3 ? rounds : 3) : rounds;
+        if (ap_nat_punch_run(ns, 0, pairs[k][0], pairs[k][1], n, 20000, res, why, sizeof why)) {
+            fprintf(stderr, "nat: holepunch: %s\n", why);
+            rc = 1;
+            break;
+        }
+        int ok = 0;
+        double ms = 0;
+        for (int r = 0; r < n; r++)
+            if (res[r].status == 0) {
+                ok++;
+                ms += res[r].ms_direct;
+            }
+        const char *kind = ap_nat_kind_name(kinds[pairs[k][0]]);
+        char f[96];
+        snprintf(f, sizeof f, "\"nat\":\"%s\",\"rounds\":%d", kind, n);
+        ap_bench_report(c, "holepunch_success_rate", (double)ok / n, "fraction", f);
+        if (ok) ap_bench_report(c, "time_to_direct_ms", ms / ok, "ms", f);
+    }
+    ap_natns_free(ns);
+    return rc;
+}
+
+/* ---- relay: bytes through a circuit, against a direct connection ------------------------- */
+
+static int part_relay(ap_bench_ctx_t *c)
+{
+    const ap_nat_kind_t kinds[] = {AP_NAT_DROP, AP_NAT_DROP};
+    char why[400];
+    ap_natns_t *ns = NULL;
+    if (ap_natns_new(1, 2, kinds, &ns, why, sizeof why)) {
+        fprintf(stderr, "nat: topology: %s\n", why);
+        return 1;
+    }
+    size_t bytes = c->quick ? (1u << 20) : (3u << 20);
+    double relayed = 0, direct = 0;
+    int rc = ap_nat_relay_throughput(ns, 0, 0, 1, bytes, &relayed, &direct, why, sizeof why);
+    ap_natns_free(ns);
+    if (rc) {
+        fprintf(stderr, "nat: relay: %s\n", why);
+        return 1;
+    }
+    char f[96];
+    snprintf(f, sizeof f, "\"bytes\":%zu,\"baseline_is\":\"direct to the relay\"", bytes);
+    ap_bench_report_vs(c, "relay_circuit_MBps", relayed / 1e6, "MB/s", direct / 1e6, f);
+    return 0;
+}
+
 /* ---- the parts --------------------------------------------------------------------------- */
 
 static const nat_part_t parts[] = {
     {"autonat", part_autonat},
+    {"holepunch", part_holepunch},
+    {"relay", part_relay},
 };
 
 static int bench_nat(ap_bench_ctx_t *c, int argc, char **argv)
@@ -121,4 +191,5 @@ static int bench_nat(ap_bench_ctx_t *c, int argc, char **argv)
 }
 
 AP_BENCH(bench_nat_def, "nat", bench_nat,
-         "NAT traversal in namespaces: AutoNAT verdicts behind each NAT kind")
+         "NAT traversal in namespaces: AutoNAT verdicts, hole punching behind each NAT "
+         "kind, bytes through a relay")

@@ -10,11 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RUN   "simswarm"
-#define CW    16
-#define BB    2
-#define TT    8
-#define HEADS 2
+#define RUN    "simswarm"
+#define RUNLEN 32
+#define CW     16
+#define BB     2
+#define TT     8
+#define HEADS  2
 
 typedef struct slot {
     ap_test_sw_t *w;
@@ -75,7 +76,7 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     (void)s;
     (void)samples;
     ap_nn_params_t *p = ap_nn_model_params(arg);
-    for (size_t k = 0; k < p->count; k++) p->data[k] -= 0.01f * p->grad[k];
+    for (size_t k = 0; k < p->count; k++) p->data[k] -= 0.002f * p->grad[k];
     ap_nn_model_zero_grad(arg);
 }
 
@@ -159,6 +160,13 @@ static void on_boot(ap_dht_t *dht, void *arg, int status)
     (void)dht;
     (void)arg;
     (void)status;
+}
+
+static const char *run_of(const ap_test_sw_t *w, uint32_t i, char buf[RUNLEN])
+{
+    if (!w->c.pipelines) return RUN;
+    snprintf(buf, RUNLEN, "%s%u", RUN, i % w->c.pipelines);
+    return buf;
 }
 
 static int join(ap_test_sw_t *w, int node, ap_dht_t **out)
@@ -254,15 +262,17 @@ int ap_test_sw_start(ap_test_sw_t *w, uint32_t i, uint32_t stage, double speed)
     v->moves = 0;
     ap_rt_t *rt = ap_sim_node(w->sim, v->node);
     const ap_codec_cfg_t raw = {.id = AP_CODEC_NONE};
+    char rb[RUNLEN];
+    const char *run = run_of(w, i, rb);
     int rc = join(w, v->node, &v->dht);
     if (!rc) rc = ap_swarm_server_new(rt, v->m, stage, w->c.compressed ? NULL : &raw, &v->s);
     if (!rc) {
         ap_swarm_server_on_backward(v->s, on_bwd, v->m);
-        rc = ap_swarm_server_announce(v->s, v->dht, RUN, w->c.announce_us, 0);
+        rc = ap_swarm_server_announce(v->s, v->dht, run, w->c.announce_us, 0);
     }
     if (!rc && w->c.rebalance) {
         ap_swarm_rebalance_opts_t o = {.period_us = w->c.rebalance_us};
-        rc = ap_swarm_rebalancer_new(rt, v->s, v->dht, RUN, w->c.stages, &o, on_move, v, &v->rb);
+        rc = ap_swarm_rebalancer_new(rt, v->s, v->dht, run, w->c.stages, &o, on_move, v, &v->rb);
     }
     v->up = true;
     set_speed(v);
@@ -313,7 +323,8 @@ int ap_test_sw_train(ap_test_sw_t *w)
         int rc = join(w, r->node, &r->dht);
         if (!rc)
             rc = ap_swarm_trainer_new(rt, w->c.stages, CW, w->c.compressed ? NULL : &raw, 0, &r->t);
-        if (!rc) rc = ap_swarm_trainer_watch(r->t, r->dht, RUN, 500000);
+        char rb[RUNLEN];
+        if (!rc) rc = ap_swarm_trainer_watch(r->t, r->dht, run_of(w, k, rb), 500000);
         if (rc) return rc;
         for (uint32_t j = 0; j < w->c.inflight; j++) submit(r);
     }

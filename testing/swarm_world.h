@@ -29,6 +29,8 @@ typedef struct ap_test_sw_cfg {
     uint64_t announce_us;  /* announcement period (default 1 s; records live 3) */
     bool hetero_links;     /* per-node latency 2..20 ms and bandwidth 50..1000 Mbit/s */
     bool compressed;       /* blockwise 8-bit activations (default float32) */
+    uint32_t pipelines;    /* 0 = one SWARM; K = K separate runs (fixed pipelines):
+                              slot i serves run i % K, trainer k drives run k % K */
     uint64_t seed;
 } ap_test_sw_cfg_t;
 

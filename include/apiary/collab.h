@@ -245,6 +245,9 @@ typedef struct ap_collab_stats {
     /* byzantine_tolerant: peers banned (convicted here or read from the
      * DHT), and gradient rounds dropped because their check failed */
     uint64_t peers_banned, btard_steps_dropped;
+    /* epochs stepped at once because no other peer of the run had a fresh
+     * record (no group to wait for: the matchmaking window was skipped) */
+    uint64_t lone_epochs;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */

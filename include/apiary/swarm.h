@@ -285,10 +285,15 @@ AP_EXPORT void ap_swarm_server_on_backward(ap_swarm_server_t *s, ap_swarm_backwa
 AP_EXPORT void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version);
 /* Serves another stage with another model (a rebalancing move; the caller
  * loaded m's state first). Queued calls get AP_EINVAL "wrong stage"; the
- * measured throughput starts again (the last measurement is announced as
- * the estimate until then); the record is stored under the new stage at
- * once. AP_EBUSY while a compute runs. */
+ * measured throughput starts again (the record says 0, unmeasured, until
+ * then) and the leaving mark is cleared; the record is stored under the new
+ * stage at once. AP_EBUSY while a compute runs. */
 AP_EXPORT int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage);
+/* Marks the server as leaving its stage (a move has begun) or not: its
+ * record then announces throughput 0, stored at once, so the other servers'
+ * rebalancing loops, which decide nothing while a server is unmeasured, wait
+ * for the move to finish instead of moving too. */
+AP_EXPORT void ap_swarm_server_leave(ap_swarm_server_t *s, bool leaving);
 /* Announces the server in dht: stores its record (ap_swarm_stage_key(run,
  * its stage), subkey "[owner:<its PeerID>]", value: throughput, queue length,
  * version) now and every period_us (>= 100 ms), each living 3 periods, so a
@@ -347,12 +352,16 @@ AP_EXPORT void ap_swarm_trainer_stats(const ap_swarm_trainer_t *t, ap_swarm_trai
  * peers, switches the server (ap_swarm_server_set_stage, which re-announces
  * under the new stage at once) and reports with ap_swarm_rebalancer_moved.
  * Trainers then route the server to its new stage only (its newest record).
- * Hysteresis: the plan's margin; no decision while any server in the view is
- * unmeasured (announces throughput 0); a server that has moved sits out
- * `cooldown` checks; a server never leaves a stage it serves alone (the half
- * of a swap whose partner has not moved yet waits). Every server computes
- * the same plan from the same view, and the randomised delays spread the
- * checks, so servers do not herd. */
+ * Hysteresis: the plan's margin; throughputs rounded to an eighth of an
+ * octave before planning, so measurement noise does not change the plan from
+ * one server's view to another's; no decision while any server in the view
+ * is unmeasured (announces throughput 0), and a mover marks itself leaving
+ * (ap_swarm_server_leave: its record says 0) from its decision until it is
+ * measured in its new stage, so the others wait for its move instead of
+ * moving too; a server that has moved sits out `cooldown` checks; a server
+ * never leaves a stage it serves alone (the half of a swap whose partner
+ * has not moved yet waits). With the randomised delays spreading the
+ * checks, servers do not herd. */
 
 typedef struct ap_swarm_rebalancer ap_swarm_rebalancer_t;
 

@@ -1,8 +1,8 @@
 """ctypes bindings to libapiary.so: the C structures and functions the package uses.
 
 The library is found, in this order, at $APIARY_LIB, next to the package in a
-build tree (../../build/libapiary.so), or by the dynamic loader (an installed
-libapiary.so). Every function that blocks is one of the C library's *_sync
+build tree (../../build/libapiary.so), in the library directory `make install`
+wrote into _installed.py, or by the dynamic loader. Every function that blocks is one of the C library's *_sync
 forms: they may be called from any Python thread, and ctypes releases the GIL
 while they run.
 """
@@ -22,6 +22,13 @@ def _find_library():
                  os.path.join(_here, "..", "..", "libapiary.so")):
         if os.path.exists(cand):
             return os.path.abspath(cand)
+    try:  # installed by make install, which writes _installed.py
+        from ._installed import LIBDIR
+    except ImportError:
+        LIBDIR = None
+    for name in ("libapiary.so", "libapiary.so.0"):
+        if LIBDIR and os.path.exists(os.path.join(LIBDIR, name)):
+            return os.path.join(LIBDIR, name)
     found = ctypes.util.find_library("apiary")
     return found or "libapiary.so"
 
@@ -205,7 +212,7 @@ class CollabStats(ctypes.Structure):
                [("refused", c_bool)] + \
                [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
                [("shut_out", c_bool)] + \
-               [(n, c_u64) for n in ("peers_banned", "btard_steps_dropped")]
+               [(n, c_u64) for n in ("peers_banned", "btard_steps_dropped", "lone_epochs")]
 
 
 def collab_protos(L):

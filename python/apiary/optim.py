@@ -120,7 +120,7 @@ class Optimizer(torch.optim.Optimizer):
                  load_state_timeout=None, delay_optimizer_step=False, average_state_every=1,
                  client_mode=None, auxiliary=False, grad_compression=NoCompression(),
                  state_averaging_compression=NoCompression(), verbose=False,
-                 max_local_samples=None, native_step=False, **kwargs):
+                 max_local_samples=None, native_step=False, dht_matchmaking=True, **kwargs):
         for k in kwargs:
             if k not in ("allreduce_timeout", "next_chunk_timeout", "reuse_grad_buffers",
                          "offload_optimizer", "delay_grad_averaging", "delay_state_averaging",
@@ -157,6 +157,8 @@ class Optimizer(torch.optim.Optimizer):
         if isinstance(average_state_every, bool) or not isinstance(average_state_every, int) \
                 or average_state_every < 0:
             raise ValueError("average_state_every must be an int >= 0")
+        if not isinstance(dht_matchmaking, bool):
+            raise TypeError("dht_matchmaking must be a bool")
         if max_local_samples is not None:
             _positive(max_local_samples, "max_local_samples", int, False)
         self.dht = dht
@@ -235,6 +237,7 @@ class Optimizer(torch.optim.Optimizer):
             cfg.download_timeout_us = int(load_state_timeout * 1e6)
         cfg.delayed_updates = self.delay_optimizer_step
         cfg.max_local_samples = max_local_samples or 0
+        cfg.dht_matchmaking = bool(dht_matchmaking)
         cfg.model_desc = self._model_desc
         self._cfg = cfg
         self._submit = L.ap_collab_submit_sync

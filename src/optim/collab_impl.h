@@ -149,6 +149,9 @@ struct ap_collab {
     view_seen_t *seen_prev; /* scratch: the previous view's, sorted by peer */
     int64_t report_ms;      /* the interval our records promise */
     uint64_t view_at_us;
+    /* the last view: others_seen_us != 0 if it had a fresh record of another
+     * peer; alone_since_us: when the views last turned to none */
+    uint64_t others_seen_us, alone_since_us;
     bool fetching;
     int64_t last_exp_ms;
     uint64_t last_report_us;

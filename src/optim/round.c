@@ -362,10 +362,35 @@ static void mm_tick(ap_rt_t *rt, void *arg)
     ap__collab_fetch(c, mm_decide);
 }
 
+/* No other peer of the run has had a fresh record (any role, any epoch)
+ * since this peer started, or since the last one was seen, for as long as a
+ * silent peer takes to count as gone (a peer starting with us has reported
+ * by then): no group can form, so there is no window to wait. A peer that
+ * joins later reads our record at its start and downloads; once we read its
+ * record, epochs wait for groups again. */
+static bool alone_in_run(ap_collab_t *c)
+{
+    if (c->cfg.role == AP_AVG_AUX || c->others_seen_us) return false;
+    uint64_t since = c->alone_since_us > c->started_us ? c->alone_since_us : c->started_us;
+    uint64_t grace = (uint64_t)(AP__REPORT_MISSED * c->report_ms + AP__REPORT_SLACK_MS) * 1000;
+    return ap_rt_now_us(c->rt) - since >= grace;
+}
+
 /* The epoch is due (or others are ap__collab_gathering): mark READY and wait the
- * matchmaking window (plus half of it for the others' stores to land). */
+ * matchmaking window (plus half of it for the others' stores to land); alone
+ * in the run, step at once. */
 void ap__collab_begin_averaging(ap_collab_t *c)
 {
+    if (alone_in_run(c)) {
+        c->st.lone_epochs++;
+        c->mark_ready_us = 0;
+        c->nmembers = 1;
+        c->members[0].id = *ap_rt_self(c->rt);
+        c->members[0].role = c->cfg.role;
+        c->round_samples = c->local_samples;
+        round_with_members(c); /* steps alone (the view was read just now) */
+        return;
+    }
     c->phase = PH_AVERAGING;
     c->mark_ready_us = ap_rt_now_us(c->rt);
     int64_t now = ap_rt_wall_ms(c->rt);

@@ -120,6 +120,15 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     if (c->has_token) p->token = c->token;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
+    /* Readers refuse more samples than 2·speed·(epoch time + 1 s) + 1
+     * (ap_progress_decode). The speed is a moving average over submits, so
+     * after a burst (a large batch, then small or slow ones) it can fall
+     * below half the epoch's mean rate though every sample is real: report
+     * at least that bound, the epoch's mean halved. */
+    double el = (double)(p->time_ms - p->epoch_start_ms) / 1000.0 + 1.0;
+    double floor_sps = (double)p->samples / (2.0 * el);
+    if (p->samples_per_s < floor_sps) p->samples_per_s = floor_sps;
+    if (p->samples_per_s > AP_PROGRESS_MAX_SPS) p->samples_per_s = AP_PROGRESS_MAX_SPS;
 }
 
 /* Keeps our own entry of the view current (the DHT read may lag our store). */
@@ -282,6 +291,15 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
     }
     c->nview = m;
     c->view_at_us = ap_rt_now_us(c->rt);
+    bool others = false;
+    for (size_t i = 0; i < m && !others; i++)
+        others = !ap__collab_is_self(c, &c->view[i].peer) && ap__collab_fresh(c, i, now);
+    if (others) {
+        c->others_seen_us = c->view_at_us;
+    } else if (c->others_seen_us) {
+        c->alone_since_us = c->others_seen_us; /* the last view that had one */
+        c->others_seen_us = 0;
+    }
     view_put_self(c);
     ap__collab_update_stats(c);
 }

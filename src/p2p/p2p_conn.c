@@ -4,8 +4,11 @@
 #include "apiary/log.h"
 #include "p2p/p2p_impl.h"
 
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static const char *const noise_list[] = {NOISE_PROTO};
@@ -35,10 +38,14 @@ typedef struct wblk {
 
 static void conn_drained(ap_p2p_conn_t *c);
 static void drain_check(ap_p2p_conn_t *c);
+static size_t queued(const ap_p2p_stream_t *s);
 
+/* Bytes written and not yet on the socket (for a relayed connection: in
+ * its carrier stream's queue). */
 static size_t unsent(const ap_p2p_conn_t *c)
 {
-    return c->tcp.write_queue_size + (c->cur ? c->cur->len : 0);
+    size_t q = c->car ? queued(c->car) : c->tcp.write_queue_size;
+    return q + (c->cur ? c->cur->len : 0);
 }
 
 size_t ap__p2p_conn_backlog(const ap_p2p_conn_t *c)
@@ -62,6 +69,7 @@ static void drain_check(ap_p2p_conn_t *c)
 
 static bool wq_full(const ap_p2p_conn_t *c)
 {
+    if (c->car) return unsent(c) > AP_P2P_CONN_WQ_MAX || wq_full(c->car->c);
     return unsent(c) > AP_P2P_CONN_WQ_MAX;
 }
 
@@ -98,6 +106,12 @@ void ap__p2p_conn_submit(ap_p2p_conn_t *c)
     wblk_t *b = c->cur;
     if (!b || b->len == 0 || c->closing) return;
     c->cur = NULL;
+    if (c->relayed) { /* the carrier stream copies it */
+        int rc = c->car ? ap__p2p_stream_queue(c->car, b->data, b->len) : AP_ECLOSED;
+        blk_put(c, b);
+        if (rc) ap__p2p_conn_fail(c, rc);
+        return;
+    }
     uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
     if (uv_write(&b->req, (uv_stream_t *)&c->tcp, &ub, 1, written) != 0) {
         free(b);
@@ -210,10 +224,12 @@ static ap_p2p_stream_t *stream_add(ap_p2p_conn_t *c, uint32_t id)
     return s;
 }
 
-static size_t queued(const ap_p2p_stream_t *s);
-
 static void stream_free(ap_p2p_stream_t *s)
 {
+    if (s->inner) { /* the carried connection ends with its carrier */
+        s->inner->car = NULL;
+        ap__p2p_conn_fail(s->inner, AP_ECLOSED);
+    }
     s->c->qbytes -= queued(s);
     ap__buf_free(&s->q);
     free(s);
@@ -258,6 +274,10 @@ static bool stream_flush(ap_p2p_stream_t *s)
     if (s->fin_pending && queued(s) == 0) {
         s->fin_pending = false;
         ap__yamux_close(&c->y, id); /* may finish s */
+        if (stream_of(c, id) != s) return false;
+    }
+    if (s->inner && s->inner->wq_blocked && !wq_full(s->inner)) {
+        conn_drained(s->inner);
         if (stream_of(c, id) != s) return false;
     }
     if (s->want_writable && queued(s) <= AP_P2P_STREAM_QUEUE_MAX / 2) {
@@ -322,8 +342,11 @@ static int y_open(void *arg, uint32_t id)
     ap_p2p_conn_t *c = arg;
     ap_p2p_stream_t *s = stream_add(c, id);
     if (!s) return AP_ENOMEM;
-    ap__mss_init(&s->mss, false, c->h->names, c->h->nprotos);
-    if (c->h->bridge) ap__mss_set_accept(&s->mss, c->h->bridge->serves, c->h->bridge_arg);
+    bool all = !c->relayed || c->h->relay_bulk;
+    ap__mss_init(&s->mss, false, all ? c->h->names : c->h->ctl_names,
+                 all ? c->h->nprotos : c->h->nctl);
+    if (c->h->bridge && !c->relayed)
+        ap__mss_set_accept(&s->mss, c->h->bridge->serves, c->h->bridge_arg);
     stream_flush_mss(s);
     return 0;
 }
@@ -369,12 +392,21 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
         n -= used;
     }
     if (n && !s->manual && !s->echo) ap__yamux_consume(&c->y, id, n);
-    if (n && s->proto->on_data) s->proto->on_data(s, p, n);
+    if (n && s->inner) {
+        ap_p2p_conn_t *in = s->inner;
+        if (ap__buf_append(&in->raw, p, n) != 0)
+            ap__p2p_conn_fail(in, AP_ENOMEM);
+        else
+            ap__p2p_conn_process(in);
+    } else if (n && s->proto->on_data) {
+        s->proto->on_data(s, p, n);
+    }
 }
 
 static void y_fin(void *arg, uint32_t id)
 {
     ap_p2p_stream_t *s = stream_of(arg, id);
+    if (s && s->inner) ap__p2p_conn_fail(s->inner, AP_ECLOSED);
     if (s && s->ready && s->proto->on_fin) s->proto->on_fin(s);
 }
 
@@ -398,11 +430,24 @@ static void y_goaway(void *arg, uint32_t code)
 static const ap_yamux_cbs_t ycbs = {y_write,    y_open,  y_data, y_fin,
                                     y_writable, y_close, NULL,   y_goaway};
 
+/* Whether name is one of h's bulk protocols (ap__p2p_host_serve_bulk). */
+static bool host_bulk(const ap_p2p_host_t *h, const char *name)
+{
+    for (size_t i = 0; i < h->nprotos; i++)
+        if (strcmp(h->names[i], name) == 0) {
+            for (size_t j = 0; j < h->nctl; j++)
+                if (h->ctl_names[j] == h->names[i]) return false;
+            return true;
+        }
+    return false;
+}
+
 int ap__p2p_stream_open(ap_p2p_conn_t *c, const ap_p2p_proto_t *proto, void *udata,
                         ap_p2p_stream_t **out)
 {
     if (!c->ready || c->closing) return AP_ESTATE;
     if (!c->y_init) return AP_ENOTSUP; /* the native muxer carries no libp2p streams */
+    if (c->relayed && !c->h->relay_bulk && host_bulk(c->h, proto->name)) return AP_EPERM;
     uint32_t id;
     int rc = ap__yamux_open(&c->y, &id);
     if (rc) return rc;
@@ -545,6 +590,12 @@ void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err)
     c->closing = true;
     c->status = err;
     c->phase = P_DEAD;
+    if (c->car) { /* the carrier ends once what we sent has left */
+        ap_p2p_stream_t *car = c->car;
+        c->car = NULL;
+        car->inner = NULL;
+        ap__p2p_stream_close(car);
+    }
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, conn_closed);
 }
@@ -636,6 +687,11 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
 {
     ap_p2p_host_t *h = c->h;
     bool native = strcmp(muxer, AP_P2P_NATIVE_MUX) == 0;
+    if (native && c->relayed) { /* a circuit carries libp2p streams only */
+        ap_warn("p2p", "peer %s: the native muxer over a circuit is not supported", who(c));
+        ap__p2p_conn_fail(c, AP_ENOTSUP);
+        return;
+    }
     if (native) {
         c->phase = P_NATIVE;
     } else {
@@ -645,7 +701,8 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
     }
     c->ready = true;
     ap_debug("p2p", "peer %s: connected (%s%s)", who(c), muxer, c->early ? ", early" : "");
-    if (!c->initiator && h->bridge && h->bridge->on_conn) h->bridge->on_conn(h->bridge_arg, c);
+    if (!c->initiator && !c->relayed && h->bridge && h->bridge->on_conn)
+        h->bridge->on_conn(h->bridge_arg, c);
     if (c->closing) return;
     if (c->cbs.on_ready) c->cbs.on_ready(c, c->arg);
 }
@@ -799,12 +856,12 @@ void ap__p2p_conn_start(ap_p2p_conn_t *c)
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
+    if (!c->relayed && uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0)
         ap_multiaddr_from_sockaddr(&c->remote, &ss);
     c->phase = P_MSS;
     ap__mss_init(&c->mss, c->initiator, noise_list, 1);
     flush_mss(c, false);
-    uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (!c->relayed) uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
 }
 
 ap_p2p_conn_t *ap__p2p_conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_id_t *expected)
@@ -838,17 +895,57 @@ static void connected(uv_connect_t *req, int status)
     ap__p2p_conn_start(c);
 }
 
+/* A TCP socket with SO_REUSEADDR and SO_REUSEPORT bound to port (the
+ * listen port, so that a dial leaves from it: hole punching). */
+static int reuse_socket(int family, uint16_t port, uv_os_sock_t *out)
+{
+    int one = 1, fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return AP_ESYS;
+    struct sockaddr_storage a = {.ss_family = (sa_family_t)family};
+    if (family == AF_INET)
+        ((struct sockaddr_in *)&a)->sin_port = htons(port);
+    else
+        ((struct sockaddr_in6 *)&a)->sin6_port = htons(port);
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&a,
+             family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0) {
+        int e = errno;
+        close(fd);
+        return e == EADDRINUSE ? AP_EBUSY : AP_ESYS;
+    }
+    *out = fd;
+    return 0;
+}
+
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out)
+{
+    return ap__p2p_dial_from(h, ma, 0, true, cbs, arg, out);
+}
+
+int ap__p2p_dial_from(ap_p2p_host_t *h, const ap_multiaddr_t *ma, uint16_t port, bool initiator,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out)
 {
     struct sockaddr_storage ss;
     int rc = ap_multiaddr_to_sockaddr(ma, &ss, sizeof ss);
     if (rc) return rc;
-    ap_p2p_conn_t *c = ap__p2p_conn_new(h, true, ma->has_peer ? &ma->peer : NULL);
-    if (!c) return AP_ENOMEM;
+    if (h->freeing) return AP_ESHUTDOWN;
+    uv_os_sock_t fd = -1;
+    if (port && (rc = reuse_socket(ss.ss_family, port, &fd)) != 0) return rc;
+    ap_p2p_conn_t *c = ap__p2p_conn_new(h, initiator, ma->has_peer ? &ma->peer : NULL);
+    if (!c) {
+        if (fd >= 0) close(fd);
+        return AP_ENOMEM;
+    }
     c->cbs = *cbs;
     c->arg = arg;
     c->creq.data = c;
+    if (fd >= 0 && uv_tcp_open(&c->tcp, fd) != 0) {
+        close(fd);
+        ap__p2p_conn_fail(c, AP_ESYS);
+        return 0;
+    }
     rc = uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&ss, connected);
     if (rc) {
         ap__p2p_conn_fail(c, ap_err_from_errno(rc));

@@ -103,15 +103,21 @@ void ap__p2p_conn_goaway(ap_p2p_conn_t *c);
 ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const char *agent);
 /* protos must outlive the host (at most 32). */
 int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto);
+/* Serves a bulk protocol (tensors, state download): refused over a relayed
+ * connection, as is opening one there (AP_EPERM), unless
+ * ap__p2p_host_relay_bulk allowed it (a relay carries control traffic). */
+int ap__p2p_host_serve_bulk(ap_p2p_host_t *h, const ap_p2p_proto_t *proto);
 /* Serves "/ipfs/id/1.0.0" and "/ipfs/ping/1.0.0". */
 int ap__p2p_host_serve_basics(ap_p2p_host_t *h);
-/* Serves AP_P2P_ECHO_PROTO (tests and benchmarks): every byte is sent back,
+/* Serves AP_P2P_ECHO_PROTO (tests and benchmarks; a bulk protocol): every
+ * byte is sent back,
  * the stream closed after the peer's FIN once all is sent; the peer's
  * window reopens only as the echoed bytes leave, so a peer that does not
  * read the echo is stopped. */
 #define AP_P2P_ECHO_PROTO "/echo/1.0.0"
 int ap__p2p_host_serve_echo(ap_p2p_host_t *h);
-/* Listens on ma (ip4/ip6 + tcp; port 0 picks one); *bound gets the address. */
+/* Listens on ma (ip4/ip6 + tcp; port 0 picks one; SO_REUSEPORT set, so
+ * ap__p2p_dial_from may dial from the port); *bound gets the address. */
 int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr_t *bound);
 /* Closes the listener and every connection; frees h once they are gone
  * (run the loop). */
@@ -130,11 +136,20 @@ const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);
  * bound, if any (an adopted connection's host has none). */
 typedef int (*ap_p2p_addrs_fn)(void *arg, ap_multiaddr_t *out, int max);
 void ap__p2p_host_set_addrs(ap_p2p_host_t *h, ap_p2p_addrs_fn fn, void *arg);
+/* The addresses identify announces now (at most max, into out). */
+int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max);
 
 /* Dials ma (ip4/ip6 + tcp; a /p2p/ part is the PeerID the remote must
  * prove, else AP_EAUTH). */
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out);
+/* As ap__p2p_dial, from a socket bound to port with SO_REUSEADDR and
+ * SO_REUSEPORT (the listen port: the host's listener sets both), and with
+ * the role given: initiator false runs multistream-select and Noise as the
+ * listening side although we dial (DCUtR's TCP simultaneous open fixes the
+ * roles). port 0: an ephemeral port. AP_EBUSY when port cannot be bound. */
+int ap__p2p_dial_from(ap_p2p_host_t *h, const ap_multiaddr_t *ma, uint16_t port, bool initiator,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out);
 void ap__p2p_conn_close(ap_p2p_conn_t *c);
 /* The address c's TCP connection comes from (ip4/ip6 + tcp), its host, and
  * the host's loop. */
@@ -185,5 +200,26 @@ const char *ap__p2p_stream_name(const ap_p2p_stream_t *s);
 uint32_t ap__p2p_stream_id(const ap_p2p_stream_t *s);
 /* The protocol the stream speaks (the one passed to open or served). */
 const ap_p2p_proto_t *ap__p2p_stream_proto(const ap_p2p_stream_t *s);
+
+/* A libp2p connection carried by the open stream carrier (a relayed
+ * circuit: the stream is a byte pipe to the far peer): the whole upgrade
+ * (multistream-select, Noise, muxer) runs inside it, end to end. pre holds
+ * the n bytes already read from carrier past the relay's messages. From
+ * here on the carrier's bytes go to the connection (not to its protocol's
+ * on_data); closing the connection half-closes the carrier, and the
+ * carrier's end (FIN, reset, close) closes the connection. remote is the
+ * circuit address the peer is reached at. On such a connection identify
+ * reports no observed address, and bulk protocols are refused (opening one
+ * is AP_EPERM, and the listening side answers "na"). */
+int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id_t *expected,
+                      const ap_multiaddr_t *remote, const uint8_t *pre, size_t n,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out);
+bool ap__p2p_conn_relayed(const ap_p2p_conn_t *c);
+void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow);
+/* A ready connection to peer: AP_P2P_FIND_ANY a direct one if any, else a
+ * relayed one; AP_P2P_FIND_DIRECT / _RELAYED only that kind. NULL when
+ * there is none. */
+enum { AP_P2P_FIND_ANY = 0, AP_P2P_FIND_DIRECT = 1, AP_P2P_FIND_RELAYED = 2 };
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, int which);
 
 #endif

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static const char *const muxer_list[] = {AP_YAMUX_PROTO};
@@ -48,21 +49,28 @@ static void id_open(ap_p2p_stream_t *s)
     memset(&info, 0, sizeof info);
     snprintf(info.protocol_version, sizeof info.protocol_version, "ipfs/0.1.0");
     snprintf(info.agent_version, sizeof info.agent_version, "%s", h->agent);
-    if (h->addrs_fn) {
-        int k = h->addrs_fn(h->addrs_arg, info.listen, AP_IDENTIFY_ADDRS_MAX);
-        info.nlisten = k < 0 ? 0 : k > AP_IDENTIFY_ADDRS_MAX ? AP_IDENTIFY_ADDRS_MAX : (size_t)k;
-        for (size_t i = 0; i < info.nlisten; i++) info.listen[i].has_peer = false;
-    } else if (h->listening) {
-        info.listen[0] = h->bound;
-        info.nlisten = 1;
-    }
-    info.has_observed = c->remote.host != AP_MA_HOST_NONE;
+    info.nlisten = (size_t)ap__p2p_host_addrs(h, info.listen, AP_IDENTIFY_ADDRS_MAX);
+    info.has_observed = c->remote.host != AP_MA_HOST_NONE && !c->relayed;
     info.observed = c->remote;
     for (size_t i = 0; i < h->nprotos; i++) info.protocols[i] = h->names[i];
     info.nprotocols = h->nprotos;
     int n = ap__identify_encode(&info, h->creds.id.pk, buf, sizeof buf);
     if (n > 0) ap__yamux_send(&c->y, s->id, buf, (size_t)n);
     ap__p2p_stream_close(s);
+}
+
+int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max)
+{
+    int k = 0;
+    if (h->addrs_fn) {
+        k = h->addrs_fn(h->addrs_arg, out, max);
+        k = k < 0 ? 0 : k > max ? max : k;
+    } else if (h->listening && max > 0) {
+        out[k++] = h->bound;
+    }
+    for (int i = 0; i < k; i++) /* a circuit keeps its relay's id */
+        if (!out[i].circuit) out[i].has_peer = false;
+    return k;
 }
 
 static const ap_p2p_proto_t ping_srv = {AP_PING_PROTO, echo_open, ping_data, ping_fin, NULL};
@@ -121,7 +129,15 @@ int ap__p2p_host_serve(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
     if (h->nprotos == PROTOS_MAX) return AP_ELIMIT;
     h->protos[h->nprotos] = proto;
     h->names[h->nprotos++] = proto->name;
+    h->ctl_names[h->nctl++] = proto->name;
     return 0;
+}
+
+int ap__p2p_host_serve_bulk(ap_p2p_host_t *h, const ap_p2p_proto_t *proto)
+{
+    int rc = ap__p2p_host_serve(h, proto);
+    if (rc == 0) h->nctl--;
+    return rc;
 }
 
 int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
@@ -132,7 +148,7 @@ int ap__p2p_host_serve_basics(ap_p2p_host_t *h)
 
 int ap__p2p_host_serve_echo(ap_p2p_host_t *h)
 {
-    return ap__p2p_host_serve(h, &echo_srv);
+    return ap__p2p_host_serve_bulk(h, &echo_srv);
 }
 
 static void on_conn(uv_stream_t *srv, int status)
@@ -156,6 +172,15 @@ int ap__p2p_host_listen(ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_multiaddr
     if ((rc = uv_tcp_init(h->loop, &h->listener)) != 0) return ap_err_from_errno(rc);
     h->listener.data = h;
     h->listening = true;
+    int one = 1, fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return AP_ESYS;
+    /* SO_REUSEPORT: dials may leave from this port (hole punching) */
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    if ((rc = uv_tcp_open(&h->listener, fd)) != 0) {
+        close(fd);
+        return ap_err_from_errno(rc);
+    }
     if ((rc = uv_tcp_bind(&h->listener, (struct sockaddr *)&ss, 0)) != 0 ||
         (rc = uv_listen((uv_stream_t *)&h->listener, 128, on_conn)) != 0)
         return ap_err_from_errno(rc);
@@ -214,4 +239,52 @@ int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, 
     c->batch--;
     ap__p2p_conn_submit(c);
     return 0;
+}
+
+/* ---- connections over a stream (relayed), lookup ------------------------------ */
+
+int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id_t *expected,
+                      const ap_multiaddr_t *remote, const uint8_t *pre, size_t n,
+                      const ap_p2p_conn_cbs_t *cbs, void *arg, ap_p2p_conn_t **out)
+{
+    ap_p2p_host_t *h = carrier->c->h;
+    if (h->freeing || carrier->inner || !carrier->ready) return AP_ESTATE;
+    ap_p2p_conn_t *c = ap__p2p_conn_new(h, initiator, expected);
+    if (!c) return AP_ENOMEM;
+    c->relayed = true;
+    c->car = carrier;
+    carrier->inner = c;
+    c->remote = *remote;
+    if (cbs) c->cbs = *cbs;
+    c->arg = arg;
+    if (out) *out = c;
+    ap__p2p_conn_start(c);
+    if (n > 0 && !c->closing) {
+        if (ap__buf_append(&c->raw, pre, n) != 0)
+            ap__p2p_conn_fail(c, AP_ENOMEM);
+        else
+            ap__p2p_conn_process(c);
+    }
+    return 0;
+}
+
+bool ap__p2p_conn_relayed(const ap_p2p_conn_t *c)
+{
+    return c->relayed;
+}
+
+void ap__p2p_host_relay_bulk(ap_p2p_host_t *h, bool allow)
+{
+    h->relay_bulk = allow;
+}
+
+ap_p2p_conn_t *ap__p2p_host_find(ap_p2p_host_t *h, const ap_peer_id_t *peer, int which)
+{
+    ap_p2p_conn_t *relayed = NULL;
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) {
+        if (!c->ready || c->closing || memcmp(&c->peer, peer, sizeof *peer) != 0) continue;
+        if (!c->relayed && which != AP_P2P_FIND_RELAYED) return c;
+        if (c->relayed && !relayed) relayed = c;
+    }
+    return which == AP_P2P_FIND_DIRECT ? NULL : relayed;
 }

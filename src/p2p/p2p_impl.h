@@ -24,6 +24,9 @@ struct ap_p2p_host {
     const ap_p2p_proto_t *protos[PROTOS_MAX];
     const char *names[PROTOS_MAX];
     size_t nprotos;
+    const char *ctl_names[PROTOS_MAX]; /* what a relayed connection may open */
+    size_t nctl;
+    bool relay_bulk; /* bulk protocols also over relayed connections */
     uv_tcp_t listener;
     bool listening, freeing;
     ap_multiaddr_t bound;
@@ -57,8 +60,10 @@ struct ap_p2p_conn {
     char peer_short[AP_PEER_SHORT_LEN];
     ap_multiaddr_t remote; /* the address the peer is seen at */
     bool wq_blocked;       /* a stream waits for the socket's queue to drain */
-    struct wblk *cur;      /* the open write block (not yet handed to libuv) */
-    struct wblk *spare;    /* blocks kept for reuse */
+    bool relayed;          /* over a circuit: car carries the bytes */
+    struct ap_p2p_stream *car;
+    struct wblk *cur;   /* the open write block (not yet handed to libuv) */
+    struct wblk *spare; /* blocks kept for reuse */
     int nspare, inflight;
     int batch;       /* inside a callback: the open block waits for its end */
     size_t qbytes;   /* bytes in the streams' send queues */
@@ -89,6 +94,7 @@ struct ap_p2p_stream {
     bool echo;          /* the echo server: credit goes back as bytes leave q */
     bool manual;        /* ap__p2p_stream_set_flow: the protocol consumes */
     void (*on_writable)(ap_p2p_stream_t *s);
+    ap_p2p_conn_t *inner; /* a connection carried by this stream */
 };
 
 /* p2p_conn.c */

@@ -370,3 +370,36 @@ size_t ap__relay_circuits(const ap_relay_t *r)
 {
     return r->ncirc;
 }
+
+int ap__relay_rd_feed(ap_relay_rd_t *r, bool stop, const uint8_t *p, size_t n, ap_relay_msg_t *m,
+                      size_t *used)
+{
+    size_t old = r->len, take = sizeof r->buf - r->len;
+    if (take > n) take = n;
+    if (take) memcpy(r->buf + r->len, p, take);
+    r->len += take;
+    *used = take;
+    size_t hl, bl;
+    int rc = ap__relay_frame(r->buf, r->len, &hl, &bl);
+    if (rc < 0) return rc;
+    if (rc == 0) return r->len == sizeof r->buf ? AP_EMSGSIZE : 0;
+    if (hl + bl > sizeof r->buf) return AP_EMSGSIZE;
+    if (r->len < hl + bl) return 0;
+    *used = hl + bl - old;
+    r->len = 0;
+    rc = ap__relay_decode(stop, r->buf + hl, bl, m);
+    return rc < 0 ? rc : 1;
+}
+
+size_t ap__relay_drop_if(ap_relay_t *r, bool (*gone)(void *arg, const ap_peer_id_t *peer),
+                         void *arg)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->nresv;)
+        if (gone(arg, &r->resv[i].peer)) {
+            r->resv[i] = r->resv[--r->nresv];
+            n++;
+        } else
+            i++;
+    return n;
+}

@@ -91,6 +91,19 @@ int ap__relay_decode(bool stop, const uint8_t *msg, size_t len, ap_relay_msg_t *
 int ap__relay_frame(const uint8_t *in, size_t len, size_t *hdr_len, size_t *body_len);
 const char *ap__relay_status_name(int status);
 
+/* Reads one length-prefixed message from a stream's bytes. */
+typedef struct ap_relay_rd {
+    uint8_t buf[AP_RELAY_MSG_MAX + 16];
+    size_t len;
+} ap_relay_rd_t;
+/* Takes bytes of p (n of them) until one message is complete: returns 1
+ * with it decoded into *m (a StopMessage if stop) and *used the bytes of p
+ * it took (the rest follows the message); 0 when all of p was taken and
+ * more is needed; a negative AP_E* code on a malformed or oversized
+ * message. */
+int ap__relay_rd_feed(ap_relay_rd_t *r, bool stop, const uint8_t *p, size_t n, ap_relay_msg_t *m,
+                      size_t *used);
+
 /* ---- the relay's bookkeeping --------------------------------------------------- */
 
 typedef struct ap_relay_limits {
@@ -147,6 +160,10 @@ int ap__relay_connect(ap_relay_t *r, const ap_peer_id_t *src, const ap_peer_id_t
  * over its bytes or duration (the caller resets it), AP_ENOTFOUND. */
 int ap__relay_account(ap_relay_t *r, uint64_t id, uint64_t n, uint64_t now_us);
 void ap__relay_circuit_end(ap_relay_t *r, uint64_t id);
+/* Drops the reservations of the peers for which gone(arg, peer) is true (a
+ * reservation ends with its holder's connection); returns how many. */
+size_t ap__relay_drop_if(ap_relay_t *r, bool (*gone)(void *arg, const ap_peer_id_t *peer),
+                         void *arg);
 size_t ap__relay_circuits(const ap_relay_t *r);
 
 #endif

@@ -6,6 +6,8 @@
 #include "apiary/log.h"
 #include "apiary/swarm.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +37,15 @@ struct ap_swarm_rebalancer {
 };
 
 static void arm(ap_swarm_rebalancer_t *rb);
+
+/* Throughputs rounded to an eighth of an octave (about 9 %) before
+ * planning: servers read their views at different moments, and measurement
+ * noise below that step then does not change the plan from one server's view
+ * to another's (the plan itself needs a 5 % gain). */
+static double coarse(double v)
+{
+    return exp2(round(log2(v) * 8.0) / 8.0);
+}
 
 static void destroy(ap_swarm_rebalancer_t *rb)
 {
@@ -66,17 +77,31 @@ static bool decide(ap_swarm_rebalancer_t *rb, const ap_dht_result_t *res, uint32
     }
     rb->m[self].stage = cur;
     if (thr > 0) rb->m[self].throughput = thr;
-    /* Decide only on measured records: an unmeasured server (throughput 0,
-     * e.g. one that just joined) would look like an empty place to fill. */
+    /* Decide only on measured records: an unmeasured server (throughput 0:
+     * one that just joined, or one moving) would look like an empty place to
+     * fill, and a move under way must finish before anyone plans again. */
     uint32_t per[AP_SWARM_STAGES_MAX] = {0};
     for (size_t i = 0; i < cnt; i++) {
         if (!(rb->m[i].throughput > 0)) {
             rb->st.skipped++;
             return false;
         }
+        rb->m[i].throughput = coarse(rb->m[i].throughput);
         per[rb->m[i].stage]++;
     }
     const double before = ap_swarm_pipeline_throughput(rb->m, NULL, cnt, rb->S);
+    if (AP_LOG_ENABLED(AP_LOG_DEBUG)) {
+        char line[256];
+        int len =
+            snprintf(line, sizeof line, "rebalancing: view of %zu servers, stage totals", cnt);
+        for (uint32_t t = 0; t < rb->S && len > 0 && (size_t)len < sizeof line; t++) {
+            double tot = 0;
+            for (size_t i = 0; i < cnt; i++)
+                if (rb->m[i].stage == t) tot += rb->m[i].throughput;
+            len += snprintf(line + len, sizeof line - (size_t)len, " %.0f/%u", tot, per[t]);
+        }
+        ap_debug(MOD, "%s", line);
+    }
     int movers = ap_swarm_rebalance_plan(rb->m, cnt, rb->S, rb->o.margin, rb->to);
     if (movers < 0) {
         rb->st.skipped++;
@@ -99,6 +124,7 @@ static bool decide(ap_swarm_rebalancer_t *rb, const ap_dht_result_t *res, uint32
     }
     ap_info(MOD, "rebalancing: moving from stage %u to stage %u (pipeline %.1f -> %.1f)", cur, to,
             before, rb->st.last_planned);
+    ap_swarm_server_leave(rb->s, true); /* the others hold off until the move is over */
     rb->moving = true;
     rb->st.moves++;
     rb->fn(rb, rb->arg, cur, to);
@@ -195,6 +221,7 @@ void ap_swarm_rebalancer_moved(ap_swarm_rebalancer_t *rb, int status)
     if (status) {
         rb->st.failed_moves++;
         ap_info(MOD, "rebalancing: the move failed (%s); staying", ap_err_name(status));
+        ap_swarm_server_leave(rb->s, false);
     }
     rb->cooldown = rb->o.cooldown;
     if (!rb->timer_id && !rb->in_cb) arm(rb);

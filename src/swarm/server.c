@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define MOD          "swarm"
-#define THR_EMA      0.25
+#define THR_EMA      0.05 /* slow: the announced figure feeds the rebalancing plan */
 #define TTL_PERIODS  3
 #define ANNOUNCE_MIN 100000 /* us */
 
@@ -40,7 +40,8 @@ struct ap_swarm_server {
     job_t *running;
     uint64_t started_us;
     bool paused, dying;
-    double thr; /* measured tokens/s, 0 = not yet */
+    bool leaving; /* a move is under way: announce no throughput */
+    double thr;   /* measured tokens/s, 0 = not yet */
     ap_swarm_backward_fn on_bwd;
     void *bwd_arg;
     /* announcements */
@@ -245,7 +246,8 @@ void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *
 
 double ap_swarm_server_throughput(const ap_swarm_server_t *s)
 {
-    return s ? (s->thr > 0 ? s->thr : s->initial_thr) : 0;
+    if (!s || s->leaving) return 0;
+    return s->thr > 0 ? s->thr : s->initial_thr;
 }
 
 uint32_t ap_swarm_server_stage(const ap_swarm_server_t *s)
@@ -297,8 +299,9 @@ int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t s
     s->stage = stage;
     s->last = c.head;
     s->nparams = ap_nn_model_params(m)->count;
-    if (s->thr > 0) s->initial_thr = s->thr; /* the estimate until measured again */
-    s->thr = 0;                              /* another stage: measure again */
+    s->thr = 0; /* another stage: measure again */
+    s->initial_thr = 0;
+    s->leaving = false;
     if (s->dht) announce_now(s);
     return 0;
 }
@@ -347,6 +350,13 @@ static void announce_now(ap_swarm_server_t *s)
         s->storing = false;
         s->st.announce_failures++;
     }
+}
+
+void ap_swarm_server_leave(ap_swarm_server_t *s, bool leaving)
+{
+    if (!s || s->leaving == leaving) return;
+    s->leaving = leaving;
+    if (s->dht) announce_now(s);
 }
 
 static void on_announce_timer(ap_rt_t *rt, void *arg)

@@ -42,6 +42,8 @@ static pid_t server(int i, const char *addr, const char *stage, char *log, size_
                   (char *)stage,
                   "--announce-period",
                   "1",
+                  "--rebalance-period",
+                  "0", /* this test keeps its stages; test_swarm_netns moves */
                   NULL};
     return spawn(name, av, log, n);
 }

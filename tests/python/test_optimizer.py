@@ -200,6 +200,7 @@ def test_bad_arguments(dht):
         (TypeError, "unexpected keyword", dict(bogus=1)),
         (TypeError, "scheduler", dict(scheduler=lambda o: None)),
         (ValueError, "matchmaking_time", dict(matchmaking_time=-1)),
+        (TypeError, "dht_matchmaking", dict(dht_matchmaking=1)),
     ]
     for exc, match, over in cases:
         args = dict(ok)
@@ -222,6 +223,32 @@ def test_bad_arguments(dht):
     with pytest.raises(RuntimeError, match="zero_grad"):
         opt.step()
     opt.shutdown()
+
+
+def test_lone_peer_does_not_wait_for_a_group(dht):
+    # alone in its run (no other record for the first seconds either), a peer steps as
+    # soon as its epoch is due: no matchmaking window per epoch, with either way of
+    # forming groups
+    for mm in (True, False):
+        m = make_model()
+        opt = apiary.Optimizer(dht=dht, run_id="lone_%d" % mm, target_batch_size=4,
+                               batch_size_per_step=4, optimizer=sgd, params=m.parameters(),
+                               matchmaking_time=3.0, dht_matchmaking=mm)
+        assert opt._cfg.dht_matchmaking is mm
+        x = torch.randn(4, 8)
+        waited = None
+        for k in range(12):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            opt.step()
+            st = opt.stats()
+            if st["lone_epochs"] and waited is None:
+                waited = st["group_wait_us"]
+        assert opt.local_epoch == 12
+        assert st["lone_epochs"] >= 8, st
+        assert st["group_wait_us"] == waited  # none since the first lone epoch
+        assert st["last_group_size"] == 1
+        opt.shutdown()
 
 
 def test_parameter_list_mismatch_is_refused(dht):

@@ -117,7 +117,7 @@ static void test_move_after_deaths(void **state)
 static void hetero(bool rebalance, double *over_opt, double *efficiency)
 {
     const uint32_t n = 12;
-    ap_test_sw_t *w = world(4, n, 8, 6, rebalance, true, 72);
+    ap_test_sw_t *w = world(4, n, 8, 8, rebalance, true, 72);
     uint64_t r = ap_test_seed(72) * 2654435761u + 7;
     for (uint32_t i = 0; i < n; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
@@ -128,7 +128,7 @@ static void hetero(bool rebalance, double *over_opt, double *efficiency)
     assert_ok(ap_test_sw_train(w));
     print_stages(w, n, "initial");
     const double start = ap_test_sw_assigned(w);
-    ap_test_sw_run(w, 30 * SEC);
+    ap_test_sw_run(w, 40 * SEC);
     const double rate = ap_test_sw_rate(w, 10 * SEC);
     const double assigned = ap_test_sw_assigned(w), opt = ap_test_sw_optimum(w);
     print_stages(w, n, rebalance ? "after rebalancing" : "without rebalancing");

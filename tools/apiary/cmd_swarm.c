@@ -36,7 +36,7 @@ typedef struct sopts {
     int stages, layers_per_stage, width, heads, ctx, batch;
     int inflight;
     long long steps, target;
-    double lr, period, duration;
+    double lr, period, duration, rebalance, margin;
     bool local, uncompressed;
     uint64_t seed;
 } sopts_t;
@@ -76,7 +76,14 @@ static void usage(FILE *f)
         "  --local                   no collaboration: every server steps plain SGD on its\n"
         "                            own gradients after each backward\n"
         "  --seed N                  parameter initialisation (default 42; the same on\n"
-        "                            every server of a stage)\n\n"
+        "                            every server of a stage)\n"
+        "  --rebalance-period S      seconds between rebalancing checks, randomised to\n"
+        "                            S/2..3S/2 (default 10; 0 = never move): a server of an\n"
+        "                            over-served stage moves to the bottleneck stage,\n"
+        "                            downloading that stage's state first\n"
+        "  --rebalance-margin X      relative gain of the pipeline's throughput a move\n"
+        "                            must bring (default 0.25: measured throughputs are\n"
+        "                            noisy on shared machines)\n\n"
         "trainer options:\n"
         "  --data PATH               text to train on (default: the shipped corpus)\n"
         "  --steps N                 micro-batches, then a summary and exit (default 0 =\n"
@@ -198,7 +205,12 @@ typedef struct srv {
     ap_nn_model_t *m;
     ap_swarm_server_t *s;
     ap_collab_t *c;
-    uint32_t stage;
+    ap_avg_service_t *svc;
+    ap_swarm_rebalancer_t *rb;
+    char crun[AP_COLLAB_RUN_ID_MAX + 1];
+    uint32_t stage, to;
+    uint64_t poll, moves;
+    ap_nn_model_t *next; /* the model of the stage being moved to */
     uint64_t acc_samples, steps;
     uint32_t acc_calls;
     bool stepping;
@@ -252,6 +264,113 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     }
 }
 
+/* The stage's collaboration: run <run>_stage<s>, Adam, shared by the
+ * stage's servers. */
+static void collab_cfg(srv_t *v, uint32_t stage, ap_nn_model_t *m, ap_collab_config_t *cfg)
+{
+    snprintf(v->crun, sizeof v->crun, "%s_stage%u", v->o->run_id, stage);
+    ap_collab_config_default(cfg);
+    cfg->run_id = v->crun;
+    cfg->target_batch_size = (uint64_t)v->o->target;
+    cfg->solver = ap_nn_solver_defaults(AP_NN_ADAM);
+    cfg->lr = (ap_nn_lr_schedule_t){
+        .kind = AP_NN_LR_CONSTANT, .base = (float)v->o->lr, .min = (float)v->o->lr};
+    cfg->model_kind = (uint32_t)ap_nn_model_kind(m);
+    ap_nn_model_shape(m, cfg->model_shape);
+    cfg->average_state_every = 5;
+    cfg->averaging_timeout_us = 10000000;
+    cfg->matchmaking_window_us = 500000;
+    cfg->delayed_updates = true;
+}
+
+/* A rebalancing move, on the loop thread: pause, wait for the compute and
+ * the optimizer step in progress, join the new stage's collaboration
+ * (which downloads its parameters and optimizer state from that stage's
+ * peers), then serve the new stage. */
+static void move_end(srv_t *v, int rc)
+{
+    if (!rc) rc = ap_swarm_server_set_stage(v->s, v->next, v->to);
+    if (rc) {
+        ap_warn("swarm", "rebalancing: cannot move to stage %u: %s; staying in stage %u", v->to,
+                ap_err_name(rc), v->stage);
+        ap_nn_model_free(v->next);
+    } else {
+        ap_collab_stats_t cs = {0};
+        if (v->c) ap_collab_get_stats(v->c, &cs);
+        printf("rebalancing: moved from stage %u to stage %u (%s, epoch %llu)\n", v->stage, v->to,
+               v->o->local ? "local SGD" : "its collaboration's state downloaded",
+               (unsigned long long)cs.epoch);
+        fflush(stdout);
+        ap_nn_model_free(v->m);
+        v->m = v->next;
+        v->stage = v->to;
+        v->moves++;
+        v->acc_samples = v->acc_calls = 0;
+    }
+    v->next = NULL;
+    ap_swarm_server_pause(v->s, false);
+    ap_swarm_rebalancer_moved(v->rb, rc);
+}
+
+static void on_joined(ap_rt_t *rt, void *arg, int status)
+{
+    (void)rt;
+    srv_t *v = arg;
+    if (status == AP_ECANCELED) return;
+    if (status && status != AP_ECONFIG)
+        ap_warn("swarm", "rebalancing: state download of stage %u: %s (serving anyway)", v->to,
+                ap_err_name(status));
+    ap_collab_stats_t st;
+    ap_collab_get_stats(v->c, &st);
+    ap_swarm_server_set_version(v->s, st.epoch);
+    move_end(v, status == AP_ECONFIG ? status : 0);
+}
+
+static void on_move_poll(ap_rt_t *rt, void *arg)
+{
+    srv_t *v = arg;
+    if (!ap_swarm_server_idle(v->s) || v->stepping) return;
+    ap_rt_timer_stop(rt, v->poll);
+    v->poll = 0;
+    int rc = stage_model(v->o, (int)v->to, &v->next);
+    if (rc) {
+        v->next = NULL;
+        move_end(v, rc);
+        return;
+    }
+    if (v->o->local) {
+        move_end(v, 0);
+        return;
+    }
+    /* leave the old stage's collaboration, join the new one's */
+    ap_collab_free(v->c);
+    v->c = NULL;
+    ap_collab_config_t cfg;
+    collab_cfg(v, v->to, v->next, &cfg);
+    ap_nn_params_t *p = ap_nn_model_params(v->next);
+    rc = ap_collab_new(rt, v->dht, v->svc, &cfg, p->data, p->count, p->views, p->nviews, &v->c);
+    if (!rc) rc = ap_collab_start(v->c, on_joined, v);
+    if (rc) {
+        ap_warn("swarm", "rebalancing: cannot join stage %u's collaboration: %s", v->to,
+                ap_err_name(rc));
+        move_end(v, rc);
+    }
+}
+
+static void on_move(ap_swarm_rebalancer_t *rb, void *arg, uint32_t from, uint32_t to)
+{
+    srv_t *v = arg;
+    printf("rebalancing: stage %u is the bottleneck; moving from stage %u\n", to, from);
+    fflush(stdout);
+    v->to = to;
+    ap_swarm_server_pause(v->s, true);
+    v->poll = ap_rt_timer_start(v->rt, 20000, 20000, on_move_poll, v);
+    if (!v->poll) {
+        ap_swarm_server_pause(v->s, false);
+        ap_swarm_rebalancer_moved(rb, AP_ENOMEM);
+    }
+}
+
 static void srv_start_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     srv_t *v = arg;
@@ -262,6 +381,12 @@ static void srv_start_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
         rc =
             ap_swarm_server_announce(v->s, v->dht, v->o->run_id, (uint64_t)(v->o->period * 1e6), 0);
     }
+    if (!rc && v->o->rebalance > 0) {
+        ap_swarm_rebalance_opts_t ro = {
+            .period_us = (uint64_t)(v->o->rebalance * 1e6), .margin = v->o->margin, .cooldown = 3};
+        rc = ap_swarm_rebalancer_new(rt, v->s, v->dht, v->o->run_id, (uint32_t)v->o->stages, &ro,
+                                     on_move, v, &v->rb);
+    }
     ap_sync_complete(done, rc);
 }
 
@@ -269,8 +394,14 @@ static void srv_stop_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     (void)rt;
     srv_t *v = arg;
+    ap_swarm_rebalancer_free(v->rb);
+    v->rb = NULL;
+    if (v->poll) { /* a move not begun: stay */
+        ap_rt_timer_stop(v->rt, v->poll);
+        v->poll = 0;
+    }
     ap_swarm_server_pause(v->s, true);
-    ap_sync_complete(done, ap_swarm_server_idle(v->s) && !v->stepping ? 0 : AP_EBUSY);
+    ap_sync_complete(done, ap_swarm_server_idle(v->s) && !v->stepping && !v->next ? 0 : AP_EBUSY);
 }
 
 static void srv_free_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
@@ -284,7 +415,8 @@ static void srv_free_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 
 typedef struct srv_status {
     ap_swarm_server_stats_t st;
-    uint64_t steps, epoch;
+    uint64_t steps, epoch, moves;
+    uint32_t stage;
 } srv_status_t;
 
 static srv_t *status_src;
@@ -294,6 +426,8 @@ static void srv_status_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     srv_status_t *out = arg;
     ap_swarm_server_stats(status_src->s, &out->st);
     out->steps = status_src->steps;
+    out->moves = status_src->moves;
+    out->stage = status_src->stage;
     ap_collab_stats_t cs = {0};
     if (status_src->c) ap_collab_get_stats(status_src->c, &cs);
     out->epoch = cs.epoch;
@@ -368,26 +502,12 @@ static int run_server(const sopts_t *o)
         return 1;
     }
     ap_nn_params_t *pr = ap_nn_model_params(v.m);
-    ap_avg_service_t *svc = NULL;
-    char crun[AP_COLLAB_RUN_ID_MAX + 1];
-    snprintf(crun, sizeof crun, "%s_stage%u", o->run_id, v.stage);
     if (!o->local) {
-        rc = ap_avg_service_new_sync(n.rt, &svc);
+        rc = ap_avg_service_new_sync(n.rt, &v.svc);
         ap_collab_config_t cfg;
-        ap_collab_config_default(&cfg);
-        cfg.run_id = crun;
-        cfg.target_batch_size = (uint64_t)o->target;
-        cfg.solver = ap_nn_solver_defaults(AP_NN_ADAM);
-        cfg.lr = (ap_nn_lr_schedule_t){
-            .kind = AP_NN_LR_CONSTANT, .base = (float)o->lr, .min = (float)o->lr};
-        cfg.model_kind = (uint32_t)ap_nn_model_kind(v.m);
-        ap_nn_model_shape(v.m, cfg.model_shape);
-        cfg.average_state_every = 5;
-        cfg.averaging_timeout_us = 10000000;
-        cfg.matchmaking_window_us = 500000;
-        cfg.delayed_updates = true;
+        collab_cfg(&v, v.stage, v.m, &cfg);
         if (!rc)
-            rc = ap_collab_new_sync(n.rt, n.dht, svc, &cfg, pr->data, pr->count, pr->views,
+            rc = ap_collab_new_sync(n.rt, n.dht, v.svc, &cfg, pr->data, pr->count, pr->views,
                                     pr->nviews, &v.c);
         if (!rc) {
             int lrc = ap_collab_start_sync(v.c);
@@ -417,10 +537,11 @@ static int run_server(const sopts_t *o)
             srv_status_t ss;
             ap_node_call_sync(n.rt, srv_status_fn, &ss);
             printf("stage %u: %llu forwards, %llu backwards, %llu refused, %.0f tokens/s, queue "
-                   "%u, %llu steps, epoch %llu\n",
-                   v.stage, (unsigned long long)ss.st.forwards, (unsigned long long)ss.st.backwards,
-                   (unsigned long long)ss.st.refused, ss.st.throughput, ss.st.queue,
-                   (unsigned long long)ss.steps, (unsigned long long)ss.epoch);
+                   "%u, %llu steps, epoch %llu, moves %llu\n",
+                   ss.stage, (unsigned long long)ss.st.forwards,
+                   (unsigned long long)ss.st.backwards, (unsigned long long)ss.st.refused,
+                   ss.st.throughput, ss.st.queue, (unsigned long long)ss.steps,
+                   (unsigned long long)ss.epoch, (unsigned long long)ss.moves);
             fflush(stdout);
         }
         fprintf(stderr, "apiary swarm server: %s, shutting down\n", ap_cli_stop_name());
@@ -431,15 +552,16 @@ static int run_server(const sopts_t *o)
         }
         srv_status_t ss;
         ap_node_call_sync(n.rt, srv_status_fn, &ss);
-        printf("stage %u summary: %llu forwards, %llu backwards, %llu steps\n", v.stage,
-               (unsigned long long)ss.st.forwards, (unsigned long long)ss.st.backwards,
-               (unsigned long long)ss.steps);
+        printf("stage %u summary: %llu forwards, %llu backwards, %llu steps, %llu moves\n",
+               ss.stage, (unsigned long long)ss.st.forwards, (unsigned long long)ss.st.backwards,
+               (unsigned long long)ss.steps, (unsigned long long)ss.moves);
     }
     if (v.s) ap_node_call_sync(n.rt, srv_free_fn, &v);
     if (v.c) ap_collab_free_sync(n.rt, v.c);
-    if (svc) ap_avg_service_free_sync(n.rt, svc);
+    if (v.svc) ap_avg_service_free_sync(n.rt, v.svc);
     node_close(&n);
     ap_nn_model_free(v.m);
+    ap_nn_model_free(v.next);
     return rc ? 1 : 0;
 }
 
@@ -654,6 +776,8 @@ static int swarm_main(int argc, char **argv)
                  .target = 64,
                  .lr = 0.003,
                  .period = 2,
+                 .rebalance = 10,
+                 .margin = 0.25,
                  .seed = 42};
     static const struct option lopts[] = {{"run-id", required_argument, NULL, 'R'},
                                           {"initial-peers", required_argument, NULL, 'P'},
@@ -672,6 +796,8 @@ static int swarm_main(int argc, char **argv)
                                           {"lr", required_argument, NULL, 'r'},
                                           {"local", no_argument, NULL, 'o'},
                                           {"seed", required_argument, NULL, 'e'},
+                                          {"rebalance-period", required_argument, NULL, 'b'},
+                                          {"rebalance-margin", required_argument, NULL, 'M'},
                                           {"data", required_argument, NULL, 'd'},
                                           {"steps", required_argument, NULL, 'n'},
                                           {"inflight", required_argument, NULL, 'f'},
@@ -737,6 +863,13 @@ static int swarm_main(int argc, char **argv)
             break;
         case 'o':
             o.local = true;
+            break;
+        case 'b':
+            if (!ap_cli_num("--rebalance-period", optarg, 0, 86400, &o.rebalance)) goto out;
+            if (o.rebalance > 0 && o.rebalance < 0.1) o.rebalance = 0.1;
+            break;
+        case 'M':
+            if (!ap_cli_num("--rebalance-margin", optarg, 0.001, 10, &o.margin)) goto out;
             break;
         case 'e':
             if (!ap_cli_int("--seed", optarg, 0, 1ll << 62, &v)) goto out;

@@ -1,10 +1,11 @@
 /* `apiary swarm demo`: SWARM on this machine, as real processes over TCP on
  * 127.0.0.1: a DHT bootstrap node, 3 pipeline stages served by unequal
- * numbers of `apiary swarm server` processes (2, 2, 1) and 2 `apiary swarm
- * trainer` processes. Midway one server is killed (SIGKILL); then a new
- * server starts with --stage auto and joins the stage with the least
- * announced throughput. Prints the trainers' status as it goes and a summary
- * (samples/s, servers per stage over time, bytes per sample, loss). */
+ * numbers of `apiary swarm server` processes (3, 2, 2) and 2 `apiary swarm
+ * trainer` processes. Midway a stage-2 server is killed (SIGKILL), leaving
+ * stage 2 the bottleneck; the servers' rebalancing loop moves one server
+ * there, which downloads the stage's state first. Prints the trainers'
+ * status and the moves as they happen and a summary (samples/s, servers per
+ * stage over time, bytes per sample, loss). */
 #include "cli.h"
 #include "proc.h"
 #include "swarm_cli.h"
@@ -21,13 +22,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NSRV 6
+#define NSRV 7
 #define NTRN 2
 
 typedef struct dproc {
     pid_t pid;
     char log[512];
     bool alive;
+    int moves; /* rebalancing lines printed */
 } dproc_t;
 
 static double now_s(void)
@@ -35,6 +37,25 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The k-th (from 0) line of a log starting with prefix, without its newline. */
+static bool nth_line(const char *path, const char *prefix, int k, char *out, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    char line[1024];
+    bool found = false;
+    const size_t pl = strlen(prefix);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, prefix, pl) || k-- > 0) continue;
+        line[strcspn(line, "\n")] = 0;
+        snprintf(out, n, "%s", line);
+        found = true;
+        break;
+    }
+    fclose(f);
+    return found;
 }
 
 static void reap(dproc_t *p)
@@ -70,10 +91,10 @@ int ap_swarm_demo_main(int argc, char **argv)
             if (!ap_cli_num("--duration", optarg, 20, 86400, &total)) return 2;
         } else {
             printf("usage: apiary swarm demo [--duration S]\n"
-                   "Runs a DHT bootstrap node, 3 pipeline stages served by 2, 2 and 1 `apiary\n"
+                   "Runs a DHT bootstrap node, 3 pipeline stages served by 3, 2 and 2 `apiary\n"
                    "swarm server` processes and 2 `apiary swarm trainer` processes on 127.0.0.1;\n"
-                   "kills a server midway, then starts a new one with --stage auto, which joins\n"
-                   "the stage with the least throughput. About two minutes (default 120 s).\n");
+                   "kills a stage-2 server midway; the servers' rebalancing moves one to the\n"
+                   "bottleneck. About two minutes (default 120 s).\n");
             return ch == 'h' ? 0 : 2;
         }
     }
@@ -112,9 +133,9 @@ int ap_swarm_demo_main(int argc, char **argv)
     printf("bootstrap node: %s\n", addr);
     const double t0 = now_s();
     dproc_t srv[NSRV] = {0}, trn[NTRN] = {0};
-    const char *stage_of[NSRV] = {"0", "0", "1", "1", "2", "auto"};
-    const double kill_at = total * 0.4, join_at = total * 0.5;
-    for (int i = 0; i < NSRV - 1; i++) {
+    const char *stage_of[NSRV] = {"0", "0", "0", "1", "1", "2", "2"};
+    const double kill_at = total * 0.4;
+    for (int i = 0; i < NSRV; i++) {
         snprintf(srv[i].log, sizeof srv[i].log, "%s/server%d.log", dir, i);
         char *av[] = {exe,
                       "swarm",
@@ -129,6 +150,8 @@ int ap_swarm_demo_main(int argc, char **argv)
                       "/ip4/127.0.0.1/tcp/0",
                       "--stage",
                       (char *)stage_of[i],
+                      "--rebalance-period",
+                      "6",
                       "--log-level",
                       "warn",
                       NULL};
@@ -152,7 +175,7 @@ int ap_swarm_demo_main(int argc, char **argv)
         printf("%5.1fs  started trainer%d, pid %d\n", now_s() - t0, i, (int)trn[i].pid);
     }
     fflush(stdout);
-    bool killed = false, joined = false;
+    bool killed = false;
     double last_print = 0;
     char over_time[4096] = "";
     while (!ap_cli_stop_signal()) {
@@ -161,33 +184,17 @@ int ap_swarm_demo_main(int argc, char **argv)
         for (int i = 0; i < NTRN; i++) reap(&trn[i]);
         const double t = now_s() - t0;
         if (!killed && t >= kill_at) {
-            kill(srv[3].pid, SIGKILL);
+            kill(srv[NSRV - 1].pid, SIGKILL);
             killed = true;
-            printf("%5.1fs  killed server3 (stage 1) with SIGKILL\n", t);
+            printf("%5.1fs  killed server%d (stage 2) with SIGKILL\n", t, NSRV - 1);
         }
-        if (!joined && t >= join_at) {
-            const int i = NSRV - 1;
-            snprintf(srv[i].log, sizeof srv[i].log, "%s/server%d.log", dir, i);
-            char *av[] = {exe,
-                          "swarm",
-                          "server",
-                          "--run-id",
-                          "demo",
-                          "--stages",
-                          "3",
-                          "--initial-peers",
-                          addr,
-                          "--listen",
-                          "/ip4/127.0.0.1/tcp/0",
-                          "--stage",
-                          "auto",
-                          "--log-level",
-                          "warn",
-                          NULL};
-            srv[i].pid = ap_proc_spawn_log(exe, av, srv[i].log);
-            srv[i].alive = srv[i].pid > 0;
-            joined = true;
-            printf("%5.1fs  started server%d (--stage auto)\n", t, i);
+        for (int i = 0; i < NSRV; i++) {
+            char line[1024];
+            if (srv[i].moves < 4 &&
+                nth_line(srv[i].log, "rebalancing:", srv[i].moves, line, sizeof line)) {
+                srv[i].moves++;
+                printf("%5.1fs  server%d: %s\n", t, i, line);
+            }
         }
         if (t - last_print >= 5) {
             last_print = t;
@@ -211,8 +218,9 @@ int ap_swarm_demo_main(int argc, char **argv)
     for (int i = 0; i < NSRV; i++) stop(&srv[i]);
     stop(&boot);
     char line[1024];
-    if (ap_proc_last_line(srv[NSRV - 1].log, "stage auto:", line, sizeof line))
-        printf("\nserver%d: %s\n", NSRV - 1, line);
+    for (int i = 0; i < NSRV; i++)
+        if (ap_proc_last_line(srv[i].log, "stage ", line, sizeof line))
+            printf("server%d: %s\n", i, line);
     printf("\nsummary:\n");
     int ok = 0;
     for (int i = 0; i < NTRN; i++) {
