@@ -243,6 +243,9 @@ void ap_test_sw_free(ap_test_sw_t *w)
     }
     for (uint32_t i = 0; i < w->c.slots && w->sim; i++) slot_down(&w->srv[i]);
     ap_dht_free(w->boot);
+    /* a server freed while its compute runs is freed by the compute's
+     * completion: let those complete before the simulator goes */
+    if (w->sim) ap_sim_run_for(w->sim, 120 * 1000000ull);
     ap_sim_free(w->sim);
     for (uint32_t i = 0; i < w->c.slots; i++) ap_nn_model_free(w->srv[i].m);
     free(w);

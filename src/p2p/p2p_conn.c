@@ -406,8 +406,12 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
 static void y_fin(void *arg, uint32_t id)
 {
     ap_p2p_stream_t *s = stream_of(arg, id);
-    if (s && s->inner) ap__p2p_conn_fail(s->inner, AP_ECLOSED);
-    if (s && s->ready && s->proto->on_fin) s->proto->on_fin(s);
+    if (!s) return;
+    if (s->inner) { /* the carried connection ends, and closing it may free s */
+        ap__p2p_conn_fail(s->inner, AP_ECLOSED);
+        return;
+    }
+    if (s->ready && s->proto->on_fin) s->proto->on_fin(s);
 }
 
 static void y_close(void *arg, uint32_t id, int st)

@@ -169,6 +169,7 @@ static void on_call(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     int rc = ap_swarm_req_decode(data, len, &j->q, &why);
     if (!rc && j->q.stage != s->stage) rc = AP_EINVAL, why = "wrong stage";
     if (rc) {
+        ap_swarm_req_clear(&j->q); /* a decoded request for another stage */
         free(j);
         refuse(s, req, rc, why);
         return;
@@ -212,7 +213,7 @@ int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage, const ap_
 
 static void server_destroy(ap_swarm_server_t *s)
 {
-    if (s->storing) return; /* the store's callback frees */
+    if (s->storing || s->running) return; /* the store's or the compute's completion frees */
     free(s);
 }
 
