@@ -247,29 +247,6 @@ static void run_client(ap_natns_t *ns, uint8_t seed, bool ask_third, unsigned po
 
 /* ---- the run --------------------------------------------------------------------------- */
 
-static bool read_within(int fd, void *p, size_t n, int ms)
-{
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd q = {.fd = fd, .events = POLLIN};
-        if (poll(&q, 1, ms) != 1) return false;
-        ssize_t r = read(fd, (char *)p + got, n - got);
-        if (r <= 0) return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
-static void kill_all(pid_t *pids, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], NULL, 0);
-            pids[i] = 0;
-        }
-}
-
 int ap_nat_autonat_run(ap_natns_t *ns, const ap_nat_where_t *where, size_t n, int limit_ms,
                        ap_nat_autonat_result_t *res, char *why, size_t wn)
 {
@@ -282,7 +259,7 @@ int ap_nat_autonat_run(ap_natns_t *ns, const ap_nat_where_t *where, size_t n, in
     for (size_t i = 0; i < NSRV; i++) {
         int p[2];
         if (pipe(p)) {
-            kill_all(pids, NSRV);
+            ap_natns_kill_all(pids, NSRV);
             snprintf(why, wn, "pipe failed");
             return AP_EIO;
         }
@@ -295,10 +272,10 @@ int ap_nat_autonat_run(ap_natns_t *ns, const ap_nat_where_t *where, size_t n, in
         close(p[1]);
         pids[i] = pid;
         char r;
-        bool ok = pid > 0 && read_within(p[0], &r, 1, 30000);
+        bool ok = pid > 0 && ap_natns_read_within(p[0], &r, 1, 30000);
         close(p[0]);
         if (!ok) {
-            kill_all(pids, NSRV);
+            ap_natns_kill_all(pids, NSRV);
             snprintf(why, wn, "AutoNAT server %zu did not start", i);
             return AP_ETIMEDOUT;
         }
@@ -326,13 +303,13 @@ int ap_nat_autonat_run(ap_natns_t *ns, const ap_nat_where_t *where, size_t n, in
         started++;
     }
     for (size_t k = 0; k < started; k++) {
-        bool ok = read_within(fds[k], &res[k], sizeof res[k], limit_ms);
+        bool ok = ap_natns_read_within(fds[k], &res[k], sizeof res[k], limit_ms);
         close(fds[k]);
         if (!ok && rc == 0) {
             snprintf(why, wn, "client %zu reported nothing within %d ms", k, limit_ms);
             rc = AP_ETIMEDOUT;
         }
     }
-    kill_all(pids, NSRV + n);
+    ap_natns_kill_all(pids, NSRV + n);
     return rc;
 }

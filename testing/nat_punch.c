@@ -50,29 +50,6 @@ static void listen_port(ap_p2p_host_t *h, int port)
     if (ap_multiaddr_parse(&any, t) || ap__p2p_host_listen(h, &any, NULL)) _exit(7);
 }
 
-static bool read_within(int fd, void *p, size_t n, int ms)
-{
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd q = {.fd = fd, .events = POLLIN};
-        if (poll(&q, 1, ms) != 1) return false;
-        ssize_t r = read(fd, (char *)p + got, n - got);
-        if (r <= 0) return false;
-        got += (size_t)r;
-    }
-    return true;
-}
-
-static void kill_all(pid_t *pids, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (pids[i] > 0) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], NULL, 0);
-            pids[i] = 0;
-        }
-}
-
 /* ---- the relay ------------------------------------------------------------------------ */
 
 static ap_multiaddr_t g_pub; /* the process's announced address */
@@ -419,7 +396,7 @@ static int start_relay(ap_natns_t *ns, size_t relay, pid_t *pid, char *why, size
     }
     close(p[1]);
     char r;
-    bool ok = *pid > 0 && read_within(p[0], &r, 1, 30000);
+    bool ok = *pid > 0 && ap_natns_read_within(p[0], &r, 1, 30000);
     close(p[0]);
     if (!ok) {
         int st = 0;
@@ -457,20 +434,20 @@ int ap_nat_punch_run(ap_natns_t *ns, size_t relay, size_t home_a, size_t home_b,
         return AP_EINVAL;
     }
     if ((rc = start_relay(ns, relay, &pids[0], why, wn)) != 0) {
-        kill_all(pids, 1);
+        ap_natns_kill_all(pids, 1);
         return rc;
     }
     pids[1] = start_peer(ns, relay, home_b, true, rounds, 0, 0, limit_ms, &fb);
     pids[2] = start_peer(ns, relay, home_a, false, rounds, 0, 0, limit_ms, &fa);
     rc = 0;
     for (int r = 0; r < rounds && rc == 0; r++)
-        if (fb < 0 || !read_within(fb, &res[r], sizeof res[r], limit_ms + 5000)) {
+        if (fb < 0 || !ap_natns_read_within(fb, &res[r], sizeof res[r], limit_ms + 5000)) {
             snprintf(why, wn, "B reported nothing for round %d within %d ms", r, limit_ms);
             rc = AP_ETIMEDOUT;
         }
     if (fa >= 0) close(fa);
     if (fb >= 0) close(fb);
-    kill_all(pids, 3);
+    ap_natns_kill_all(pids, 3);
     return rc;
 }
 
@@ -481,13 +458,13 @@ int ap_nat_relay_throughput(ap_natns_t *ns, size_t relay, size_t home_a, size_t 
     pid_t pids[3] = {0};
     int fa = -1, fb = -1, rc;
     if ((rc = start_relay(ns, relay, &pids[0], why, wn)) != 0) {
-        kill_all(pids, 1);
+        ap_natns_kill_all(pids, 1);
         return rc;
     }
     pids[1] = start_peer(ns, relay, home_b, true, 1, 1, bytes, 120000, &fb);
     pids[2] = start_peer(ns, relay, home_a, false, 2, 1, bytes, 120000, &fa);
     double Bps[2] = {0, 0};
-    if (fa < 0 || !read_within(fa, Bps, sizeof Bps, 120000)) {
+    if (fa < 0 || !ap_natns_read_within(fa, Bps, sizeof Bps, 120000)) {
         snprintf(why, wn, "A reported no throughput");
         rc = AP_ETIMEDOUT;
     }
@@ -495,6 +472,6 @@ int ap_nat_relay_throughput(ap_natns_t *ns, size_t relay, size_t home_a, size_t 
     *direct_Bps = Bps[1];
     if (fa >= 0) close(fa);
     if (fb >= 0) close(fb);
-    kill_all(pids, 3);
+    ap_natns_kill_all(pids, 3);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -640,4 +641,27 @@ bool ap_natns_upnp_log_has(const ap_natns_t *ns, size_t k, const char *needle)
 {
     if (!ns || k >= ns->nh || !rtr(ns, k)->upnp_log[0]) return false;
     return log_has(rtr(ns, k)->upnp_log, needle);
+}
+
+bool ap_natns_read_within(int fd, void *p, size_t n, int ms)
+{
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd q = {.fd = fd, .events = POLLIN};
+        if (poll(&q, 1, ms) != 1) return false;
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+void ap_natns_kill_all(pid_t *pids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+            pids[i] = 0;
+        }
 }

@@ -43,6 +43,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #define AP_NATNS_MAX_PUBLIC 16
 #define AP_NATNS_MAX_HOMES  16
@@ -105,5 +106,12 @@ const char *ap_natns_router_name(const ap_natns_t *ns, size_t k);
 int ap_natns_enter_public(const ap_natns_t *ns, size_t i);
 int ap_natns_enter_home(const ap_natns_t *ns, size_t k);
 int ap_natns_enter_router(const ap_natns_t *ns, size_t k);
+
+/* Reads exactly n bytes from fd (a child's result pipe), waiting at most
+ * ms for each read; false on timeout, EOF or error. */
+bool ap_natns_read_within(int fd, void *p, size_t n, int ms);
+/* SIGKILLs and reaps every pids[i] > 0 (the scenario's children), zeroing
+ * each. */
+void ap_natns_kill_all(pid_t *pids, size_t n);
 
 #endif
