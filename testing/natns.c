@@ -2,16 +2,15 @@
 #include "natns.h"
 
 #include "apiary/error.h"
+#include "nscmd.h"
 #include "nsguard.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +22,8 @@
 
 extern char **environ;
 
-#define NETNS_DIR "/var/run/netns"
 #define NAME_MAX_ 64
-#define PATH_MAX_ (sizeof NETNS_DIR + NAME_MAX_ + 2)
+#define PATH_MAX_ (sizeof AP_NSCMD_DIR + NAME_MAX_ + 2)
 #define NET_IP    "198.18.0.254"
 
 typedef struct ns_entry {
@@ -75,119 +73,18 @@ static void unmount_cb(void *arg)
 
 /* ---- running commands ------------------------------------------------------------ */
 
-/* Runs argv (argv[0] looked up in PATH) with stdin from in_path (NULL:
- * /dev/null), stdout+stderr captured. 0 if it exited 0; else AP_ESYS with
- * the command and its output in why. */
-static int run_out(char *const argv[], const char *in_path, char *why, size_t wn, char *res,
-                   size_t rn);
-
-static int run(char *const argv[], const char *in_path, char *why, size_t wn)
-{
-    return run_out(argv, in_path, why, wn, NULL, 0);
-}
-
-/* As run; the command's output (truncated) also goes to res when it is not NULL. */
-static int run_out(char *const argv[], const char *in_path, char *why, size_t wn, char *res,
-                   size_t rn)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC)) {
-        if (why) snprintf(why, wn, "pipe: %s", strerror(errno));
-        return AP_ESYS;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, in_path ? in_path : "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    char out[2048];
-    size_t got = 0;
-    if (rc == 0) {
-        for (;;) {
-            char tmp[512];
-            ssize_t r = read(p[0], tmp, sizeof tmp);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) break;
-            size_t take = (size_t)r < sizeof out - 1 - got ? (size_t)r : sizeof out - 1 - got;
-            memcpy(out + got, tmp, take);
-            got += take;
-        }
-    }
-    close(p[0]);
-    out[got] = 0;
-    if (res) snprintf(res, rn, "%s", out);
-    while (got && (out[got - 1] == '\n' || out[got - 1] == ' ')) out[--got] = 0;
-    char cmd[200] = "";
-    size_t at = 0;
-    for (int i = 0; argv[i] && at + 1 < sizeof cmd; i++) {
-        int w = snprintf(cmd + at, sizeof cmd - at, "%s%s", i ? " " : "", argv[i]);
-        if (w < 0) break;
-        at += (size_t)w;
-    }
-    if (rc) {
-        if (why) snprintf(why, wn, "cannot run `%s`: %s", cmd, strerror(rc));
-        return AP_ESYS;
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) {
-            if (why) snprintf(why, wn, "`%s`: waitpid: %s", cmd, strerror(errno));
-            return AP_ESYS;
-        }
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
-    if (why) snprintf(why, wn, "`%s` failed (status %d): %s", cmd, st, out);
-    return AP_ESYS;
-}
-
-static int runv(char *why, size_t wn, const char *a0, ...)
-{
-    char *argv[24];
-    int n = 0;
-    argv[n++] = (char *)a0;
-    va_list ap;
-    va_start(ap, a0);
-    const char *s;
-    while (n < 23 && (s = va_arg(ap, const char *))) argv[n++] = (char *)s;
-    va_end(ap);
-    argv[n] = NULL;
-    return run(argv, NULL, why, wn);
-}
-
 static int ns_add(ns_entry_t *e, char *why, size_t wn)
 {
-    int rc = runv(why, wn, "ip", "netns", "add", e->name, (char *)NULL);
+    int rc = ap_nscmd_add(e->name, true, why, wn);
     if (rc == 0) e->made = true;
-    if (rc == 0) rc = runv(why, wn, "ip", "-n", e->name, "link", "set", "lo", "up", (char *)NULL);
     return rc;
 }
 
 static void ns_del(ns_entry_t *e)
 {
     if (!e->made) return;
-    if (runv(NULL, 0, "ip", "netns", "del", e->name, (char *)NULL)) {
-        umount2(e->path, MNT_DETACH);
-        unlink(e->path);
-    }
+    ap_nscmd_del(e->name, e->path);
     e->made = false;
-}
-
-/* Removes apnat-<pid>-* namespaces whose creator no longer runs. */
-static void sweep_stale(void)
-{
-    DIR *d = opendir(NETNS_DIR);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        int pid = 0, len = 0;
-        if (sscanf(de->d_name, "apnat-%d-%n", &pid, &len) != 1 || len == 0 || pid <= 0) continue;
-        if (pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
-        runv(NULL, 0, "ip", "netns", "del", de->d_name, (char *)NULL);
-    }
-    closedir(d);
 }
 
 static bool log_has(const char *path, const char *needle)
@@ -369,13 +266,13 @@ static void stop_upnpd(ns_entry_t *r)
 
 static int setup_router(ns_entry_t *r, size_t k, ap_nat_kind_t kind, char *why, size_t wn)
 {
-    int rc = runv(why, wn, "ip", "netns", "exec", r->name, "sysctl", "-qw", "net.ipv4.ip_forward=1",
-                  (char *)NULL);
+    int rc = ap_nscmd_runv(why, wn, "ip", "netns", "exec", r->name, "sysctl", "-qw",
+                           "net.ipv4.ip_forward=1", (char *)NULL);
     char path[64];
     if (!rc) rc = write_rules(kind, path, sizeof path, why, wn);
     if (rc) return rc;
     char *argv[] = {"ip", "netns", "exec", (char *)r->name, "nft", "-f", path, NULL};
-    rc = run(argv, NULL, why, wn);
+    rc = ap_nscmd_run(argv, NULL, why, wn, NULL, 0);
     unlink(path);
     if (!rc && kind == AP_NAT_UPNP) rc = start_upnpd(r, k, why, wn);
     return rc;
@@ -386,7 +283,7 @@ static int setup_router(ns_entry_t *r, size_t k, ap_nat_kind_t kind, char *why, 
 static void set_entry(ns_entry_t *e, const char *name, const char *ip)
 {
     snprintf(e->name, sizeof e->name, "%s", name);
-    snprintf(e->path, sizeof e->path, "%s/%s", NETNS_DIR, name);
+    snprintf(e->path, sizeof e->path, "%s/%s", AP_NSCMD_DIR, name);
     snprintf(e->ip, sizeof e->ip, "%s", ip);
 }
 
@@ -407,16 +304,18 @@ static ns_entry_t *home(const ap_natns_t *ns, size_t k)
 static int link_to_net(const ns_entry_t *net, const ns_entry_t *b, const char *port,
                        const char *dev, char *why, size_t wn)
 {
-    return runv(why, wn, "ip", "-n", net->name, "link", "add", port, "master", "br0", "up", "type",
-                "veth", "peer", "name", dev, "netns", b->name, (char *)NULL);
+    return ap_nscmd_runv(why, wn, "ip", "-n", net->name, "link", "add", port, "master", "br0", "up",
+                         "type", "veth", "peer", "name", dev, "netns", b->name, (char *)NULL);
 }
 
 static int addr_up(const ns_entry_t *e, const char *dev, const char *ip, char *why, size_t wn)
 {
     char cidr[24];
     snprintf(cidr, sizeof cidr, "%s/24", ip);
-    int rc = runv(why, wn, "ip", "-n", e->name, "addr", "add", cidr, "dev", dev, (char *)NULL);
-    if (!rc) rc = runv(why, wn, "ip", "-n", e->name, "link", "set", dev, "up", (char *)NULL);
+    int rc =
+        ap_nscmd_runv(why, wn, "ip", "-n", e->name, "addr", "add", cidr, "dev", dev, (char *)NULL);
+    if (!rc)
+        rc = ap_nscmd_runv(why, wn, "ip", "-n", e->name, "link", "set", dev, "up", (char *)NULL);
     return rc;
 }
 
@@ -425,7 +324,8 @@ static int addr_up(const ns_entry_t *e, const char *dev, const char *ip, char *w
 /* A route to another /24 on the same bridge (the UPnP routers' wan0). */
 static int onlink(const ns_entry_t *e, const char *dev, const char *cidr, char *why, size_t wn)
 {
-    return runv(why, wn, "ip", "-n", e->name, "route", "add", cidr, "dev", dev, (char *)NULL);
+    return ap_nscmd_runv(why, wn, "ip", "-n", e->name, "route", "add", cidr, "dev", dev,
+                         (char *)NULL);
 }
 
 static int build(ap_natns_t *ns, char *why, size_t wn)
@@ -433,8 +333,8 @@ static int build(ap_natns_t *ns, char *why, size_t wn)
     const ns_entry_t *net = &ns->e[0];
     int rc = ns_add(&ns->e[0], why, wn);
     if (!rc)
-        rc = runv(why, wn, "ip", "-n", net->name, "link", "add", "br0", "type", "bridge",
-                  (char *)NULL);
+        rc = ap_nscmd_runv(why, wn, "ip", "-n", net->name, "link", "add", "br0", "type", "bridge",
+                           (char *)NULL);
     if (!rc) rc = addr_up(net, "br0", NET_IP, why, wn);
     char port[24];
     for (size_t i = 0; i < ns->np && !rc; i++) {
@@ -456,13 +356,13 @@ static int build(ap_natns_t *ns, char *why, size_t wn)
             rc = onlink(r, "wan0", ns->kinds[k] == AP_NAT_UPNP ? "198.18.0.0/24" : UPNP_CIDR, why,
                         wn);
         if (!rc)
-            rc = runv(why, wn, "ip", "-n", r->name, "link", "add", "lan0", "type", "veth", "peer",
-                      "name", "eth0", "netns", h->name, (char *)NULL);
+            rc = ap_nscmd_runv(why, wn, "ip", "-n", r->name, "link", "add", "lan0", "type", "veth",
+                               "peer", "name", "eth0", "netns", h->name, (char *)NULL);
         if (!rc) rc = addr_up(r, "lan0", r->lan, why, wn);
         if (!rc) rc = addr_up(h, "eth0", h->ip, why, wn);
         if (!rc)
-            rc = runv(why, wn, "ip", "-n", h->name, "route", "add", "default", "via", r->lan,
-                      (char *)NULL);
+            rc = ap_nscmd_runv(why, wn, "ip", "-n", h->name, "route", "add", "default", "via",
+                               r->lan, (char *)NULL);
         if (!rc) rc = setup_router(r, k, ns->kinds[k], why, wn);
     }
     return rc;
@@ -486,7 +386,7 @@ int ap_natns_new(size_t npublic, size_t nhomes, const ap_nat_kind_t *kinds, ap_n
         snprintf(why, wn, "network namespaces need root (euid %d)", (int)geteuid());
         return AP_EPERM;
     }
-    sweep_stale();
+    ap_nscmd_sweep("apnat");
     ap_natns_t *ns = calloc(1, sizeof *ns);
     if (!ns) return AP_ENOMEM;
     ns->np = npublic;
@@ -631,7 +531,7 @@ int ap_natns_upnp_mappings(const ap_natns_t *ns, size_t k)
     char out[2048];
     char *argv[] = {"ip",    "netns", "exec",  (char *)rtr(ns, k)->name, "nft", "list",
                     "chain", "inet",  "apnat", "prerouting_miniupnpd",   NULL};
-    if (run_out(argv, NULL, NULL, 0, out, sizeof out)) return AP_ESYS;
+    if (ap_nscmd_run(argv, NULL, NULL, 0, out, sizeof out)) return AP_ESYS;
     int n = 0;
     for (const char *p = out; (p = strstr(p, " dnat ")); p++) n++;
     return n;

@@ -2,10 +2,10 @@
 #include "netns.h"
 
 #include "apiary/error.h"
+#include "nscmd.h"
 #include "nsguard.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,8 +13,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,11 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
-
-#define NETNS_DIR "/var/run/netns"
 #define NAME_MAX_ 48
-#define PATH_MAX_ (sizeof NETNS_DIR + NAME_MAX_ + 2)
+#define PATH_MAX_ (sizeof AP_NSCMD_DIR + NAME_MAX_ + 2)
 #define BRIDGE    "br0"
 #define HOST_DEV  "eth0"
 #define MTU_FRAME 1514.0
@@ -70,86 +65,9 @@ static void unmount_cb(void *arg)
 
 /* ---- running ip and tc -------------------------------------------------------- */
 
-static void join_argv(char *const argv[], char *out, size_t n)
-{
-    size_t at = 0;
-    out[0] = 0;
-    for (int i = 0; argv[i] && at + 1 < n; i++) {
-        int w = snprintf(out + at, n - at, "%s%s", i ? " " : "", argv[i]);
-        if (w < 0) break;
-        at += (size_t)w;
-    }
-}
-
-/* Runs argv (argv[0] looked up in PATH), stdout+stderr captured. 0 if it
- * exited 0; else AP_ESYS with the command and its output in why. */
-static int run(char *const argv[], char *why, size_t wn)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC)) {
-        if (why) snprintf(why, wn, "pipe: %s", strerror(errno));
-        return AP_ESYS;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    char out[512];
-    size_t got = 0;
-    if (rc == 0) {
-        for (;;) {
-            char tmp[512];
-            ssize_t r = read(p[0], tmp, sizeof tmp);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) break;
-            size_t take = (size_t)r < sizeof out - 1 - got ? (size_t)r : sizeof out - 1 - got;
-            memcpy(out + got, tmp, take);
-            got += take;
-        }
-    }
-    close(p[0]);
-    out[got] = 0;
-    while (got && (out[got - 1] == '\n' || out[got - 1] == ' ')) out[--got] = 0;
-    char cmd[256];
-    join_argv(argv, cmd, sizeof cmd);
-    if (rc) {
-        if (why) snprintf(why, wn, "cannot run `%s`: %s", cmd, strerror(rc));
-        return AP_ESYS;
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) {
-            if (why) snprintf(why, wn, "`%s`: waitpid: %s", cmd, strerror(errno));
-            return AP_ESYS;
-        }
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
-    if (why) snprintf(why, wn, "`%s` failed (status %d): %s", cmd, st, out);
-    return AP_ESYS;
-}
-
-/* run() with a NULL-terminated list of arguments. */
-static int runv(char *why, size_t wn, const char *a0, ...)
-{
-    char *argv[24];
-    int n = 0;
-    argv[n++] = (char *)a0;
-    va_list ap;
-    va_start(ap, a0);
-    const char *s;
-    while (n < 23 && (s = va_arg(ap, const char *))) argv[n++] = (char *)s;
-    va_end(ap);
-    argv[n] = NULL;
-    return run(argv, why, wn);
-}
-
 static int ns_add(ns_entry_t *e, char *why, size_t wn)
 {
-    int rc = runv(why, wn, "ip", "netns", "add", e->name, (char *)NULL);
+    int rc = ap_nscmd_add(e->name, false, why, wn);
     if (rc == 0) e->made = true;
     return rc;
 }
@@ -157,26 +75,8 @@ static int ns_add(ns_entry_t *e, char *why, size_t wn)
 static void ns_del(ns_entry_t *e)
 {
     if (!e->made) return;
-    if (runv(NULL, 0, "ip", "netns", "del", e->name, (char *)NULL)) {
-        umount2(e->path, MNT_DETACH);
-        unlink(e->path);
-    }
+    ap_nscmd_del(e->name, e->path);
     e->made = false;
-}
-
-/* Removes apiary-<pid>-* namespaces whose creator no longer runs. */
-static void sweep_stale(void)
-{
-    DIR *d = opendir(NETNS_DIR);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        int pid = 0, len = 0;
-        if (sscanf(de->d_name, "apiary-%d-%n", &pid, &len) != 1 || len == 0 || pid <= 0) continue;
-        if (pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
-        runv(NULL, 0, "ip", "netns", "del", de->d_name, (char *)NULL);
-    }
-    closedir(d);
 }
 
 /* ---- shaping ------------------------------------------------------------------ */
@@ -189,7 +89,7 @@ static void sweep_stale(void)
 static int shape_dev(const char *ns, const char *dev, double bps, char *why, size_t wn)
 {
     if (bps <= 0) {
-        runv(NULL, 0, "tc", "-n", ns, "qdisc", "del", "dev", dev, "root", (char *)NULL);
+        ap_nscmd_runv(NULL, 0, "tc", "-n", ns, "qdisc", "del", "dev", dev, "root", (char *)NULL);
         return 0;
     }
     double Bps = bps / 8;
@@ -202,15 +102,15 @@ static int shape_dev(const char *ns, const char *dev, double bps, char *why, siz
     snprintf(rate, sizeof rate, "%.0fbit", bps);
     snprintf(bs, sizeof bs, "%u", burst);
     snprintf(lim, sizeof lim, "%u", limit);
-    int rc = runv(why, wn, "tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle",
-                  "1:", "htb", "default", "1", (char *)NULL);
+    int rc = ap_nscmd_runv(why, wn, "tc", "-n", ns, "qdisc", "replace", "dev", dev, "root",
+                           "handle", "1:", "htb", "default", "1", (char *)NULL);
     if (!rc)
-        rc = runv(why, wn, "tc", "-n", ns, "class", "replace", "dev", dev, "parent",
-                  "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate, "burst", bs, "cburst",
-                  bs, "quantum", "60000", (char *)NULL);
+        rc = ap_nscmd_runv(why, wn, "tc", "-n", ns, "class", "replace", "dev", dev, "parent",
+                           "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate, "burst", bs,
+                           "cburst", bs, "quantum", "60000", (char *)NULL);
     if (!rc)
-        rc = runv(why, wn, "tc", "-n", ns, "qdisc", "replace", "dev", dev, "parent", "1:1",
-                  "handle", "10:", "pfifo", "limit", lim, (char *)NULL);
+        rc = ap_nscmd_runv(why, wn, "tc", "-n", ns, "qdisc", "replace", "dev", dev, "parent", "1:1",
+                           "handle", "10:", "pfifo", "limit", lim, (char *)NULL);
     return rc;
 }
 
@@ -230,7 +130,7 @@ int ap_netns_shape(ap_netns_t *ns, size_t i, const ap_netns_link_t *l, char *why
 static void set_entry(ns_entry_t *e, const char *name, const char *ip)
 {
     snprintf(e->name, sizeof e->name, "%s", name);
-    snprintf(e->path, sizeof e->path, "%s/%s", NETNS_DIR, name);
+    snprintf(e->path, sizeof e->path, "%s/%s", AP_NSCMD_DIR, name);
     snprintf(e->ip, sizeof e->ip, "%s", ip);
 }
 
@@ -245,7 +145,7 @@ int ap_netns_new(size_t n, const ap_netns_link_t *links, ap_netns_t **out, char 
         snprintf(why, wn, "network namespaces need root (euid %d)", (int)geteuid());
         return AP_EPERM;
     }
-    sweep_stale();
+    ap_nscmd_sweep("apiary");
     ap_netns_t *ns = calloc(1, sizeof *ns);
     if (!ns) return AP_ENOMEM;
     ns->n = n;
@@ -273,13 +173,15 @@ int ap_netns_new(size_t n, const ap_netns_link_t *links, ap_netns_t **out, char 
 
     const char *hub = ns->e[n].name;
     int rc = ns_add(&ns->e[n], why, wn);
-    if (!rc) rc = runv(why, wn, "ip", "-n", hub, "link", "set", "lo", "up", (char *)NULL);
+    if (!rc) rc = ap_nscmd_runv(why, wn, "ip", "-n", hub, "link", "set", "lo", "up", (char *)NULL);
     if (!rc)
-        rc = runv(why, wn, "ip", "-n", hub, "link", "add", BRIDGE, "type", "bridge", (char *)NULL);
+        rc = ap_nscmd_runv(why, wn, "ip", "-n", hub, "link", "add", BRIDGE, "type", "bridge",
+                           (char *)NULL);
     if (!rc)
-        rc = runv(why, wn, "ip", "-n", hub, "addr", "add", AP_NETNS_HUB_IP "/24", "dev", BRIDGE,
-                  (char *)NULL);
-    if (!rc) rc = runv(why, wn, "ip", "-n", hub, "link", "set", BRIDGE, "up", (char *)NULL);
+        rc = ap_nscmd_runv(why, wn, "ip", "-n", hub, "addr", "add", AP_NETNS_HUB_IP "/24", "dev",
+                           BRIDGE, (char *)NULL);
+    if (!rc)
+        rc = ap_nscmd_runv(why, wn, "ip", "-n", hub, "link", "set", BRIDGE, "up", (char *)NULL);
     for (size_t i = 0; i < n && !rc; i++) {
         const char *h = ns->e[i].name;
         char hdev[24], cidr[24];
@@ -287,12 +189,16 @@ int ap_netns_new(size_t n, const ap_netns_link_t *links, ap_netns_t **out, char 
         snprintf(cidr, sizeof cidr, "%s/24", ns->e[i].ip);
         rc = ns_add(&ns->e[i], why, wn);
         if (!rc)
-            rc = runv(why, wn, "ip", "-n", hub, "link", "add", hdev, "master", BRIDGE, "up", "type",
-                      "veth", "peer", "name", HOST_DEV, "netns", h, (char *)NULL);
-        if (!rc) rc = runv(why, wn, "ip", "-n", h, "link", "set", "lo", "up", (char *)NULL);
+            rc =
+                ap_nscmd_runv(why, wn, "ip", "-n", hub, "link", "add", hdev, "master", BRIDGE, "up",
+                              "type", "veth", "peer", "name", HOST_DEV, "netns", h, (char *)NULL);
         if (!rc)
-            rc = runv(why, wn, "ip", "-n", h, "addr", "add", cidr, "dev", HOST_DEV, (char *)NULL);
-        if (!rc) rc = runv(why, wn, "ip", "-n", h, "link", "set", HOST_DEV, "up", (char *)NULL);
+            rc = ap_nscmd_runv(why, wn, "ip", "-n", h, "link", "set", "lo", "up", (char *)NULL);
+        if (!rc)
+            rc = ap_nscmd_runv(why, wn, "ip", "-n", h, "addr", "add", cidr, "dev", HOST_DEV,
+                               (char *)NULL);
+        if (!rc)
+            rc = ap_nscmd_runv(why, wn, "ip", "-n", h, "link", "set", HOST_DEV, "up", (char *)NULL);
         if (!rc && links) rc = ap_netns_shape(ns, i, &links[i], why, wn);
     }
     if (rc) {
