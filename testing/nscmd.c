@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -125,4 +126,16 @@ void ap_nscmd_sweep(const char *prefix)
         ap_nscmd_runv(NULL, 0, "ip", "netns", "del", de->d_name, (char *)NULL);
     }
     closedir(d);
+}
+
+int ap_nscmd_enter(const char *name)
+{
+    char path[sizeof AP_NSCMD_DIR + 256];
+    if (!name || snprintf(path, sizeof path, "%s/%s", AP_NSCMD_DIR, name) >= (int)sizeof path)
+        return AP_EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return AP_ESYS;
+    int rc = setns(fd, CLONE_NEWNET);
+    close(fd);
+    return rc ? AP_ESYS : 0;
 }

@@ -27,6 +27,9 @@ int ap_nscmd_add(const char *name, bool lo_up, char *why, size_t wn);
  * of path (the namespace's bind mount) and unlink. */
 void ap_nscmd_del(const char *name, const char *path);
 
+/* Moves the calling thread into the network namespace called name. */
+int ap_nscmd_enter(const char *name);
+
 /* Removes the namespaces named "<prefix>-<pid>-..." whose creating process
  * no longer runs (left behind by a test that was killed). */
 void ap_nscmd_sweep(const char *prefix);

@@ -24,18 +24,10 @@
 
 #define NH 4
 
+/* Runs the CLI with argv in host i's namespace, output to log. */
 static pid_t spawn_in(const ap_netns_t *ns, size_t host, char *const argv[], const char *log)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (ap_netns_enter(ns, host) != 0) _exit(126);
-        FILE *f = freopen(log, "w", stdout);
-        if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
-        execv(ap_test_cli(), argv);
-        _exit(127);
-    }
-    return pid;
+    return ap_test_spawn_in_ns(ap_netns_name(ns, host), argv, log);
 }
 
 /* Runs the CLI (no namespace needed: keys and tokens are offline) and

@@ -39,26 +39,8 @@ static int teardown(void **state)
 
 static pid_t spawn_in(bool home, size_t idx, char *const argv[], const char *log)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int rc = home ? ap_natns_enter_home(g_ns, idx) : ap_natns_enter_public(g_ns, idx);
-        if (rc) _exit(126);
-        FILE *f = freopen(log, "w", stdout);
-        if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
-        execv(ap_test_cli(), argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static bool wait_line(const char *log, const char *needle, char *out, size_t n, int seconds)
-{
-    for (int i = 0; i < seconds * 10; i++) {
-        if (ap_proc_grep_file(log, needle, out, n)) return true;
-        ap_proc_sleep_ms(100);
-    }
-    return false;
+    const char *name = home ? ap_natns_home_name(g_ns, idx) : ap_natns_public_name(g_ns, idx);
+    return ap_test_spawn_in_ns(name, argv, log);
 }
 
 static void test_train_behind_nat(void **state)
@@ -81,7 +63,7 @@ static void test_train_behind_nat(void **state)
         g_pids[i] = spawn_in(false, i, argv, logs[i]);
         char want[64];
         snprintf(want, sizeof want, "  /ip4/%s/tcp/", ap_natns_public_ip(g_ns, i));
-        if (!wait_line(logs[i], want, line, sizeof line, 20))
+        if (!ap_test_wait_line(logs[i], want, line, sizeof line, 20))
             fail_msg("seed %zu did not print its address %s", i, want);
         line[strcspn(line, "\n")] = 0;
         size_t at = strlen(seeds);

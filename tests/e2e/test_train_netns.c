@@ -22,28 +22,10 @@
 
 #define NH 3
 
-/* Forks, enters host i's namespace and runs the CLI with argv, output to log. */
+/* Runs the CLI with argv in host i's namespace, output to log. */
 static pid_t spawn_in(const ap_netns_t *ns, size_t host, char *const argv[], const char *log)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (ap_netns_enter(ns, host) != 0) _exit(126);
-        FILE *f = freopen(log, "w", stdout);
-        if (!f || dup2(fileno(stdout), 2) < 0) _exit(126);
-        execv(ap_test_cli(), argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static void wait_line(const char *log, const char *needle, char *out, size_t n, int seconds)
-{
-    out[0] = 0;
-    for (int i = 0; i < seconds * 10 && !out[0]; i++) {
-        if (ap_proc_grep_file(log, needle, out, n)) break;
-        ap_proc_sleep_ms(100);
-    }
+    return ap_test_spawn_in_ns(ap_netns_name(ns, host), argv, log);
 }
 
 static void test_train_across_hosts(void **state)
@@ -65,7 +47,7 @@ static void test_train_across_hosts(void **state)
     pid_t boot = spawn_in(ns, 0, bargv, blog);
     char want[64];
     snprintf(want, sizeof want, "  /ip4/%s/tcp/", ap_netns_ip(ns, 0));
-    wait_line(blog, want, line, sizeof line, 10);
+    ap_test_wait_line(blog, want, line, sizeof line, 10);
     if (!line[0]) {
         kill(boot, SIGKILL);
         ap_netns_free(ns);
