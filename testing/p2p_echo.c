@@ -3,10 +3,55 @@
 
 #include "apiary/error.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CHUNK (64u << 10)
+#define TAB   (64u << 10)
+
+/* tab[r] = (r ^ r >> 8) & 0xff: byte i of stream k is tab[i % 64 Ki] ^
+ * ((i >> 16 ^ 37k) & 0xff) */
+static uint8_t tab[TAB];
+static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
+
+static void tab_init(void)
+{
+    for (uint32_t r = 0; r < TAB; r++) tab[r] = (uint8_t)((r ^ (r >> 8)) & 0xff);
+}
+
+void ap_echo_fill(uint32_t k, uint64_t off, uint8_t *out, size_t n)
+{
+    pthread_once(&tab_once, tab_init);
+    while (n) {
+        size_t r = (size_t)(off % TAB), m = TAB - r < n ? TAB - r : n, j = 0;
+        uint8_t c = (uint8_t)(((off >> 16) ^ (k * 37u)) & 0xff);
+        uint64_t c8 = c * 0x0101010101010101ull, w;
+        for (; j + 8 <= m; j += 8) {
+            memcpy(&w, tab + r + j, 8);
+            w ^= c8;
+            memcpy(out + j, &w, 8);
+        }
+        for (; j < m; j++) out[j] = tab[r + j] ^ c;
+        out += m;
+        off += m;
+        n -= m;
+    }
+}
+
+bool ap_echo_check(uint32_t k, uint64_t off, const uint8_t *p, size_t n)
+{
+    uint8_t want[4096];
+    while (n) {
+        size_t m = n < sizeof want ? n : sizeof want;
+        ap_echo_fill(k, off, want, m);
+        if (memcmp(want, p, m) != 0) return false;
+        p += m;
+        off += m;
+        n -= m;
+    }
+    return true;
+}
 
 typedef struct ap_echo_stream {
     ap_echo_run_t *r;
@@ -22,7 +67,7 @@ static void pump(ap_p2p_stream_t *s)
     size_t size = e->r->size;
     while (e->sent < size) {
         size_t n = size - e->sent < CHUNK ? size - e->sent : CHUNK;
-        for (size_t i = 0; i < n; i++) buf[i] = ap_echo_byte(e->k, e->sent + i);
+        ap_echo_fill(e->k, e->sent, buf, n);
         int rc = ap__p2p_stream_write(s, buf, n);
         if (rc == AP_EAGAIN) return; /* on_writable follows */
         if (rc) {
@@ -48,7 +93,7 @@ static void on_open(ap_p2p_stream_t *s)
 static void on_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
 {
     es_t *e = ap__p2p_stream_udata(s);
-    for (size_t i = 0; i < n && !e->bad; i++) e->bad = p[i] != ap_echo_byte(e->k, e->back + i);
+    if (!e->bad) e->bad = !ap_echo_check(e->k, e->back, p, n);
     e->back += n;
     e->r->bytes_back += n;
 }

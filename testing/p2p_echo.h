@@ -19,6 +19,12 @@ static inline uint8_t ap_echo_byte(uint32_t k, uint64_t i)
     return (uint8_t)((i ^ (i >> 8) ^ (i >> 16) ^ (k * 37u)) & 0xff);
 }
 
+/* out[j] = ap_echo_byte(k, off + j) for j < n, eight bytes at a time (the
+ * pattern is a 64 KiB table XOR one byte per 64 KiB block). */
+void ap_echo_fill(uint32_t k, uint64_t off, uint8_t *out, size_t n);
+/* Whether p[j] == ap_echo_byte(k, off + j) for every j < n. */
+bool ap_echo_check(uint32_t k, uint64_t off, const uint8_t *p, size_t n);
+
 typedef struct ap_echo_run {
     int nstreams;
     size_t size;

@@ -18,180 +18,16 @@ static const char *who(ap_p2p_conn_t *c)
     return c->peer_short[0] ? c->peer_short : "(handshake)";
 }
 
-/* ---- raw and encrypted writes ------------------------------------------------ */
-
-/* Output goes into write blocks: every Noise message (and, before the
- * handshake, every raw write) is sealed straight into the open block, which
- * is handed to libuv when it is full, or at the end of the callback that
- * produced it (a read, a write completion), or at once when written from
- * outside a callback. So a burst of yamux frames costs one uv_write, and the
- * blocks are reused instead of allocated per frame. */
-#define WBLK_CAP    (256u * 1024u + 4096u)
-#define WBLK_SPARES 2
-
-typedef struct wblk {
-    uv_write_t req;
-    struct wblk *next;
-    size_t len;
-    uint8_t data[WBLK_CAP];
-} wblk_t;
-
-static void conn_drained(ap_p2p_conn_t *c);
-static void drain_check(ap_p2p_conn_t *c);
 static size_t queued(const ap_p2p_stream_t *s);
-
-/* Bytes written and not yet on the socket (for a relayed connection: in
- * its carrier stream's queue). */
-static size_t unsent(const ap_p2p_conn_t *c)
-{
-    size_t q = c->car ? queued(c->car) : c->tcp.write_queue_size;
-    return q + (c->cur ? c->cur->len : 0);
-}
-
-size_t ap__p2p_conn_backlog(const ap_p2p_conn_t *c)
-{
-    return unsent(c) + c->qbytes;
-}
-
-void ap__p2p_conn_want_drain(ap_p2p_conn_t *c, size_t low)
-{
-    c->drain_owed = true;
-    c->drain_low = low;
-}
-
-/* Loop callbacks end here: an owed on_drain. */
-static void drain_check(ap_p2p_conn_t *c)
-{
-    if (c->closing || !c->drain_owed || ap__p2p_conn_backlog(c) > c->drain_low) return;
-    c->drain_owed = false;
-    if (c->x.on_drain) c->x.on_drain(c, c->arg);
-}
-
-static bool wq_full(const ap_p2p_conn_t *c)
-{
-    if (c->car) return unsent(c) > AP_P2P_CONN_WQ_MAX || wq_full(c->car->c);
-    return unsent(c) > AP_P2P_CONN_WQ_MAX;
-}
-
-static void blk_put(ap_p2p_conn_t *c, wblk_t *b)
-{
-    if (c->nspare < WBLK_SPARES && !c->closing) {
-        b->next = c->spare;
-        c->spare = b;
-        c->nspare++;
-    } else {
-        free(b);
-    }
-}
-
-static void written(uv_write_t *req, int status)
-{
-    wblk_t *b = (wblk_t *)req;
-    ap_p2p_conn_t *c = req->handle->data;
-    (void)status; /* a failed write shows up as a read error */
-    c->inflight--;
-    blk_put(c, b);
-    if (!c->closing && c->wq_blocked && unsent(c) <= AP_P2P_CONN_WQ_MAX / 2) {
-        c->batch++;
-        conn_drained(c);
-        c->batch--;
-        ap__p2p_conn_submit(c);
-    }
-    drain_check(c);
-}
-
-/* Hands the open block to libuv. */
-void ap__p2p_conn_submit(ap_p2p_conn_t *c)
-{
-    wblk_t *b = c->cur;
-    if (!b || b->len == 0 || c->closing) return;
-    c->cur = NULL;
-    if (c->relayed) { /* the carrier stream copies it */
-        int rc = c->car ? ap__p2p_stream_queue(c->car, b->data, b->len) : AP_ECLOSED;
-        blk_put(c, b);
-        if (rc) ap__p2p_conn_fail(c, rc);
-        return;
-    }
-    uv_buf_t ub = uv_buf_init((char *)b->data, (unsigned)b->len);
-    if (uv_write(&b->req, (uv_stream_t *)&c->tcp, &ub, 1, written) != 0) {
-        free(b);
-        ap__p2p_conn_fail(c, AP_ECLOSED);
-        return;
-    }
-    c->inflight++;
-}
-
-/* Room for need (<= WBLK_CAP) bytes at the end of the open block. */
-static uint8_t *out_room(ap_p2p_conn_t *c, size_t need)
-{
-    if (c->cur && WBLK_CAP - c->cur->len < need) ap__p2p_conn_submit(c);
-    if (c->closing) return NULL;
-    if (!c->cur) {
-        wblk_t *b = c->spare;
-        if (b) {
-            c->spare = b->next;
-            c->nspare--;
-        } else if (!(b = malloc(sizeof *b))) {
-            ap__p2p_conn_fail(c, AP_ENOMEM);
-            return NULL;
-        }
-        b->len = 0;
-        c->cur = b;
-    }
-    return c->cur->data + c->cur->len;
-}
-
-static void out_done(ap_p2p_conn_t *c, size_t n)
-{
-    c->cur->len += n;
-    if (c->batch == 0 || c->cur->len > WBLK_CAP - 2048) ap__p2p_conn_submit(c);
-}
-
-static void raw_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
-{
-    while (n && !c->closing) {
-        size_t k = n < AP_NOISE_MSG_MAX + 2 ? n : AP_NOISE_MSG_MAX + 2;
-        uint8_t *dst = out_room(c, k);
-        if (!dst) return;
-        memcpy(dst, p, k);
-        out_done(c, k);
-        p += k;
-        n -= k;
-    }
-}
-
-/* Encrypts a then b into Noise transport messages (2-byte length,
- * ciphertext), sealed in place in the open write block. */
-static void secure_write2(ap_p2p_conn_t *c, const uint8_t *a, size_t an, const uint8_t *b,
-                          size_t bn)
-{
-    size_t total = an + bn, done = 0;
-    while (done < total && !c->closing) {
-        size_t n = total - done < AP_NOISE_PLAIN_MAX ? total - done : AP_NOISE_PLAIN_MAX;
-        uint8_t *o = out_room(c, 2 + n + AP_NOISE_TAGLEN);
-        if (!o) return;
-        uint8_t *dst = o + 2;
-        size_t from_a = done < an ? (an - done < n ? an - done : n) : 0; /* gather a, then b */
-        if (from_a) memcpy(dst, a + done, from_a);
-        if (n > from_a) memcpy(dst + from_a, b + (done + from_a - an), n - from_a);
-        if (ap__noise_cs_encrypt(&c->tx, NULL, 0, dst, n, dst) != 0) {
-            ap__p2p_conn_fail(c, AP_ELIMIT);
-            return;
-        }
-        ap__put_be16(o, (uint16_t)(n + AP_NOISE_TAGLEN));
-        out_done(c, 2 + n + AP_NOISE_TAGLEN);
-        done += n;
-    }
-}
 
 static void flush_mss(ap_p2p_conn_t *c, bool secure)
 {
     size_t n;
     const uint8_t *o = ap__mss_output(&c->mss, &n);
     if (secure)
-        secure_write2(c, o, n, NULL, 0);
+        ap__p2p_secure_write(c, o, n, NULL, 0);
     else
-        raw_write(c, o, n);
+        ap__p2p_raw_write(c, o, n);
     ap__mss_output_done(&c->mss);
 }
 
@@ -247,7 +83,7 @@ static bool stream_flush(ap_p2p_stream_t *s)
     ap_p2p_conn_t *c = s->c;
     uint32_t id = s->id;
     while (queued(s) && !c->closing) {
-        if (wq_full(c)) {
+        if (ap__p2p_wq_full(c)) {
             c->wq_blocked = true;
             break;
         }
@@ -276,8 +112,8 @@ static bool stream_flush(ap_p2p_stream_t *s)
         ap__yamux_close(&c->y, id); /* may finish s */
         if (stream_of(c, id) != s) return false;
     }
-    if (s->inner && s->inner->wq_blocked && !wq_full(s->inner)) {
-        conn_drained(s->inner);
+    if (s->inner && s->inner->wq_blocked && !ap__p2p_wq_full(s->inner)) {
+        ap__p2p_conn_drained(s->inner);
         if (stream_of(c, id) != s) return false;
     }
     if (s->want_writable && queued(s) <= AP_P2P_STREAM_QUEUE_MAX / 2) {
@@ -289,7 +125,7 @@ static bool stream_flush(ap_p2p_stream_t *s)
 }
 
 /* The socket's queue drained: every stream with queued bytes goes on. */
-static void conn_drained(ap_p2p_conn_t *c)
+void ap__p2p_conn_drained(ap_p2p_conn_t *c)
 {
     c->wq_blocked = false;
     size_t pos = 0, n = 0;
@@ -312,7 +148,7 @@ static void conn_drained(ap_p2p_conn_t *c)
 int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
 {
     ap_p2p_conn_t *c = s->c;
-    if (queued(s) == 0 && !wq_full(c)) {
+    if (queued(s) == 0 && !ap__p2p_wq_full(c)) {
         long k = ap__yamux_send(&c->y, s->id, p, n);
         if (k < 0) return (int)k;
         if (s->echo && k > 0) ap__yamux_consume(&c->y, s->id, (size_t)k);
@@ -322,7 +158,7 @@ int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
     }
     if (ap__buf_append(&s->q, p, n) != 0) return AP_ENOMEM;
     c->qbytes += n;
-    if (wq_full(c)) c->wq_blocked = true;
+    if (ap__p2p_wq_full(c)) c->wq_blocked = true;
     return 0;
 }
 
@@ -334,7 +170,7 @@ static void y_writable(void *arg, uint32_t id)
 
 static void y_write(void *arg, const uint8_t hdr[AP_YAMUX_HDR_LEN], const uint8_t *p, size_t n)
 {
-    secure_write2(arg, hdr, AP_YAMUX_HDR_LEN, p, n);
+    ap__p2p_secure_write(arg, hdr, AP_YAMUX_HDR_LEN, p, n);
 }
 
 static int y_open(void *arg, uint32_t id)
@@ -577,12 +413,7 @@ static void conn_closed(uv_handle_t *hd)
     ap__noise_cs_clear(&c->tx);
     ap__noise_cs_clear(&c->rx);
     ap__buf_free(&c->raw);
-    free(c->cur);
-    while (c->spare) {
-        struct wblk *b = c->spare;
-        c->spare = b->next;
-        free(b);
-    }
+    ap__p2p_wblocks_free(c);
     free(c);
     h->nconns--;
     if (h->freeing && h->nconns == 0 && !h->listening) ap__p2p_host_release(h);
@@ -651,7 +482,7 @@ bool ap__p2p_conn_native(const ap_p2p_conn_t *c)
 int ap__p2p_conn_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
 {
     if (c->closing || c->phase != P_NATIVE) return AP_ECLOSED;
-    secure_write2(c, p, n, NULL, 0);
+    ap__p2p_secure_write(c, p, n, NULL, 0);
     return c->closing ? AP_ECLOSED : 0;
 }
 
@@ -722,7 +553,7 @@ static void noise_step(ap_p2p_conn_t *c)
             return;
         }
         ap__put_be16(msg, (uint16_t)n);
-        raw_write(c, msg, n + 2);
+        ap__p2p_raw_write(c, msg, n + 2);
     }
     if (!ap__noise_hs_done(&c->hs.noise)) return;
     c->peer = *ap__secure_remote(&c->hs);
@@ -853,7 +684,7 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     ap__p2p_conn_process(c);
     c->batch--;
     ap__p2p_conn_submit(c);
-    drain_check(c);
+    ap__p2p_drain_check(c);
 }
 
 void ap__p2p_conn_start(ap_p2p_conn_t *c)

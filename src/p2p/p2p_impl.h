@@ -1,5 +1,6 @@
 /* Internals of libp2p connections, shared by their files:
- *   p2p_conn.c  writes, streams, the upgrade, reading
+ *   p2p_wire.c  raw and sealed writes, write blocks, when they leave
+ *   p2p_conn.c  streams, the upgrade, reading
  *   p2p_host.c  the host: protocols served (identify, ping, echo), listening,
  *               adopting sockets, freeing
  * The API is p2p/p2p_conn.h. */
@@ -65,6 +66,8 @@ struct ap_p2p_conn {
     struct wblk *cur;   /* the open write block (not yet handed to libuv) */
     struct wblk *spare; /* blocks kept for reuse */
     int nspare, inflight;
+    bool msg_open;  /* cur ends in a Noise message still gathering bytes ... */
+    size_t msg_len; /* ... of msg_len plaintext bytes (at cur->len + 2) */
     int batch;       /* inside a callback: the open block waits for its end */
     size_t qbytes;   /* bytes in the streams' send queues */
     bool drain_owed; /* on_drain once the backlog is down to drain_low */
@@ -97,15 +100,31 @@ struct ap_p2p_stream {
     ap_p2p_conn_t *inner; /* a connection carried by this stream */
 };
 
+/* p2p_wire.c */
+/* Bytes before the handshake's keys (multistream-select, Noise handshake
+ * messages), as they are. */
+void ap__p2p_raw_write(ap_p2p_conn_t *c, const uint8_t *p, size_t n);
+/* a (an bytes) then b (bn bytes) into Noise transport messages. */
+void ap__p2p_secure_write(ap_p2p_conn_t *c, const uint8_t *a, size_t an, const uint8_t *b,
+                          size_t bn);
+/* The open write block goes to libuv (end of a batch). */
+void ap__p2p_conn_submit(ap_p2p_conn_t *c);
+/* More than AP_P2P_CONN_WQ_MAX bytes wait for the socket (or the carrier). */
+bool ap__p2p_wq_full(const ap_p2p_conn_t *c);
+/* An owed on_drain, if the backlog is down to its mark (ends loop callbacks). */
+void ap__p2p_drain_check(ap_p2p_conn_t *c);
+/* Frees the open block and the spares (the connection is gone). */
+void ap__p2p_wblocks_free(ap_p2p_conn_t *c);
+
 /* p2p_conn.c */
+/* The socket's queue drained: every stream with queued bytes goes on. */
+void ap__p2p_conn_drained(ap_p2p_conn_t *c);
 ap_p2p_conn_t *ap__p2p_conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_id_t *expected);
 /* Starts the upgrade on a connected socket. */
 void ap__p2p_conn_start(ap_p2p_conn_t *c);
 void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err);
 /* Handles the bytes in c->raw (an adopted socket's first bytes). */
 void ap__p2p_conn_process(ap_p2p_conn_t *c);
-/* The open write block goes to libuv (end of a batch). */
-void ap__p2p_conn_submit(ap_p2p_conn_t *c);
 /* Appends to s's queue (no cap) and sends what can go. */
 int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
 /* p2p_host.c: frees h once its listener and connections are gone. */
