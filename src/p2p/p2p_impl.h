@@ -66,8 +66,8 @@ struct ap_p2p_conn {
     struct wblk *cur;   /* the open write block (not yet handed to libuv) */
     struct wblk *spare; /* blocks kept for reuse */
     int nspare, inflight;
-    bool msg_open;  /* cur ends in a Noise message still gathering bytes ... */
-    size_t msg_len; /* ... of msg_len plaintext bytes (at cur->len + 2) */
+    bool msg_open;   /* cur ends in a Noise message still gathering bytes ... */
+    size_t msg_len;  /* ... of msg_len plaintext bytes (at cur->len + 2) */
     int batch;       /* inside a callback: the open block waits for its end */
     size_t qbytes;   /* bytes in the streams' send queues */
     bool drain_owed; /* on_drain once the backlog is down to drain_low */
