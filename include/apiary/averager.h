@@ -99,6 +99,12 @@ AP_EXPORT int ap_averager_step(ap_averager_t *av, ap_avg_matchmaker_t *mm, const
                                ap_averager_step_t **out);
 /* The group the step ran in (valid once RUNNING; NULL before): its size. */
 AP_EXPORT size_t ap_averager_step_group_size(const ap_averager_step_t *st);
+/* The members of the group of this averager's latest step that began a
+ * round (in the group's order; a failed search leaves the previous one):
+ * copies up to cap of them into out (may be NULL) and returns how many there
+ * are (0 before the first round). Loop thread, or the user thread of the
+ * *_sync forms between its steps. */
+AP_EXPORT size_t ap_averager_last_group(const ap_averager_t *av, ap_avg_member_t *out, size_t cap);
 
 /* Blocking form of ap_averager_step for a user thread (NOT the loop thread)
  * of a node of the real driver: looks for a group and averages in it, then

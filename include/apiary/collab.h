@@ -98,8 +98,10 @@ typedef struct ap_collab_config {
     double up, down;               /* declared bandwidth, bytes/s (0 = averager's estimate) */
     uint64_t averaging_timeout_us; /* cap on one averaging round (0 = 30 s) */
     uint32_t chunk_elems;          /* all-reduce chunk (0 = 16384) */
-    uint8_t codec; /* gradient rounds' codec (ap_avg_codec_t, the same on every peer; state
-                      rounds always use float32) */
+    uint8_t codec;       /* gradient rounds' codec (ap_avg_codec_t, the same on every peer) */
+    uint8_t state_codec; /* state rounds' codec (average_state_every; parameters and optimizer
+                            state; 0 = float32; the same on every peer). State downloads are
+                            always float32 */
     uint64_t matchmaking_window_us; /* gathering READY peers (0 = 1 s) */
     /* Progress tracking. */
     int64_t progress_ttl_ms; /* expiration of a record (0 = 60 s) */

@@ -41,6 +41,7 @@ typedef struct ap_run_config {
     bool exact, dht_matchmaking;
     bool byzantine_tolerant; /* apiary/collab.h: ButterflyClip rounds, checked */
     double btard_tau;        /* their CenteredClip radius (0 unless byzantine_tolerant) */
+    uint32_t state_codec;    /* ap_avg_codec_t of the state rounds */
 } ap_run_config_t;
 
 /* BLAKE2b-128 of the configuration's canonical encoding. */

@@ -13,7 +13,7 @@ from .compression import (BFloat16Compression, BlockwiseQuantization, Compressio
 
 try:  # torch is optional: the DHT works without it
     from .optim import Optimizer
-    from .averager import DecentralizedAverager
+    from .averager import AveragingStage, DecentralizedAverager, StepControl
 except ImportError as _e:  # pragma: no cover
     _torch_error = _e
 
@@ -21,9 +21,10 @@ except ImportError as _e:  # pragma: no cover
         def __init__(self, *a, **k):
             raise ImportError("apiary.Optimizer needs torch (python3-torch): %s" % _torch_error)
 
-    DecentralizedAverager = Optimizer
+    DecentralizedAverager = StepControl = AveragingStage = Optimizer
 
 __all__ = ["DHT", "PeerID", "ValueWithExpiration", "get_dht_time", "ApiaryError", "Optimizer", "DecentralizedAverager",
+           "StepControl", "AveragingStage",
            "CompressionBase", "NoCompression", "Float16Compression", "ScaledFloat16Compression",
            "BFloat16Compression", "Uniform8BitQuantization", "BlockwiseQuantization"]
 __version__ = "0.1.0"

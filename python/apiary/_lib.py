@@ -185,6 +185,7 @@ class CollabConfig(ctypes.Structure):
                 ("model_kind", c_u32), ("model_shape", c_u32 * AP_NN_SHAPE_WORDS),
                 ("average_state_every", c_u32), ("up", c_double), ("down", c_double),
                 ("averaging_timeout_us", c_u64), ("chunk_elems", c_u32), ("codec", c_u8),
+                ("state_codec", c_u8),
                 ("matchmaking_window_us", c_u64), ("progress_ttl_ms", c_i64),
                 ("stale_ms", c_i64), ("max_skew_ms", c_i64), ("min_refresh_us", c_u64),
                 ("max_refresh_us", c_u64), ("max_donors", c_int),
@@ -245,6 +246,22 @@ class AvgMatch(ctypes.Structure):
                 ("answer_grace_us", c_u64), ("exclude", c_void_p), ("exclude_arg", c_void_p)]
 
 
+class AllreduceOpts(ctypes.Structure):
+    _fields_ = [("chunk_elems", c_u32), ("codec", c_u8), ("min_share", c_double),
+                ("deadline_factor", c_double), ("deadline_slack_us", c_u64),
+                ("stall_min_us", c_u64), ("stall_factor", c_double),
+                ("connect_grace_us", c_u64), ("deadline_at_us", c_u64),
+                ("max_lead_chunks", c_u32), ("reduce", c_void_p), ("reduce_arg", c_void_p)]
+
+
+class AveragerOpts(ctypes.Structure):
+    _fields_ = [("role", c_int), ("up", c_double), ("down", c_double), ("round", AllreduceOpts)]
+
+
+class AvgMember(ctypes.Structure):
+    _fields_ = [("id", PeerIdC), ("role", c_int), ("up", c_double), ("down", c_double)]
+
+
 def averager_protos(L):
     if getattr(L, "_avg_ready", False):
         return
@@ -257,4 +274,7 @@ def averager_protos(L):
     _proto(L, "ap_averager_tensor", P(c_float), c_void_p, c_size_t, P(c_size_t))
     _proto(L, "ap_averager_step_sync", c_int, c_void_p, c_void_p, c_void_p, P(AvgMatch), c_u64,
            c_double, c_void_p, P(c_size_t))
+    _proto(L, "ap_averager_last_group", c_size_t, c_void_p, P(AvgMember), c_size_t)
+    _proto(L, "ap_averager_member", None, c_void_p, P(AvgMember))
+    _proto(L, "ap_averager_bandwidth", None, c_void_p, P(c_double), P(c_double))
     L._avg_ready = True

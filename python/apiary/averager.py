@@ -5,15 +5,110 @@ hivemind.averaging.DecentralizedAverager's API.
 The tensors live in the averager's own buffer (allocated by libapiary); get_tensors()
 yields torch views of it (no copies), as hivemind's get_tensors() yields its shared
 buffers."""
+import concurrent.futures
 import contextlib
 import ctypes
+import enum
+import math
 import threading
+import time
 
 import torch
 
 from . import _lib as C
 from .compression import NoCompression, codec_of
-from .dht import DHT
+from .dht import DHT, PeerID
+
+# A search shorter than this cannot meet anyone (the DHT round trips of matchmaking).
+_MIN_LOOK_S = 0.1
+
+
+class AveragingStage(enum.Enum):
+    """Where a step is (hivemind.averaging.control.AveragingStage)."""
+    IDLE = 0
+    LOOKING_FOR_GROUP = 1
+    AWAITING_TRIGGER = 2
+    RUNNING_ALLREDUCE = 3
+    FINISHED = 4
+
+
+class StepControl(concurrent.futures.Future):
+    """A step running in the background (DecentralizedAverager.step(wait=False)), as
+    hivemind's StepControl: result() is the step's return value (the group, or None when
+    it failed); cancel() ends it at the end of the running attempt (a search of at most
+    min_matchmaking_time, or its round); with require_trigger=True the step begins once
+    allow_allreduce() is called."""
+
+    def __init__(self, scheduled_time, deadline, allow_retries, weight, require_trigger):
+        super().__init__()
+        self._scheduled_time = float(scheduled_time)
+        self._deadline = float(deadline)
+        self._allow_retries = bool(allow_retries)
+        self._weight = float(weight)
+        self._trigger = threading.Event()
+        if not require_trigger:
+            self._trigger.set()
+        self._stage = AveragingStage.IDLE
+        self._began = False
+
+    @property
+    def scheduled_time(self):
+        return self._scheduled_time
+
+    @scheduled_time.setter
+    def scheduled_time(self, t):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TypeError("scheduled_time must be a finite number (DHT time)")
+        self._scheduled_time = float(t)
+
+    @property
+    def deadline(self):
+        return self._deadline
+
+    def get_timeout(self):
+        return max(0.0, self._deadline - time.time())
+
+    @property
+    def allow_retries(self):
+        return self._allow_retries
+
+    @property
+    def weight(self):
+        return self._weight
+
+    @weight.setter
+    def weight(self, w):
+        self._weight = _check_weight(w)
+
+    @property
+    def stage(self):
+        return self._stage
+
+    @property
+    def began_allreduce(self):
+        return self._began
+
+    @property
+    def triggered(self):
+        return self._trigger.is_set()
+
+    def allow_allreduce(self):
+        """Lets a step made with require_trigger=True begin."""
+        self._trigger.set()
+
+    def cancel(self):
+        if self.done():
+            return False
+        self._trigger.set()  # a step waiting for its trigger sees the cancel at once
+        return concurrent.futures.Future.cancel(self)
+
+
+def _check_weight(w):
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        raise TypeError("weight must be a number, not %s" % type(w).__name__)
+    if not (w >= 0 and math.isfinite(w)):
+        raise ValueError("weight must be finite and >= 0, got %r" % (w,))
+    return float(w)
 
 
 class DecentralizedAverager:
@@ -41,14 +136,24 @@ class DecentralizedAverager:
                 raise TypeError("%s must be an int" % name)
             if not lo <= v <= 256:
                 raise ValueError("%s must be in %d..256, got %d" % (name, lo, v))
+        if min_group_size is None:
+            min_group_size = 2
         if target_group_size is not None and target_group_size < min_group_size:
             raise ValueError("target_group_size is below min_group_size")
         if isinstance(min_matchmaking_time, bool) or \
-                not isinstance(min_matchmaking_time, (int, float)) or not min_matchmaking_time > 0:
-            raise ValueError("min_matchmaking_time must be a number > 0")
-        codec_of(compression, "compression")
-        if compression is not None and codec_of(compression, "compression") != 0:
-            raise ValueError("the averager averages float32 only (NoCompression)")
+                not isinstance(min_matchmaking_time, (int, float)):
+            raise TypeError("min_matchmaking_time must be a number")
+        if not min_matchmaking_time > 0 or not math.isfinite(min_matchmaking_time):
+            raise ValueError("min_matchmaking_time must be finite and > 0")
+        if allreduce_timeout is not None:
+            if isinstance(allreduce_timeout, bool) or \
+                    not isinstance(allreduce_timeout, (int, float)):
+                raise TypeError("allreduce_timeout must be a number")
+            if not allreduce_timeout > 0:
+                raise ValueError("allreduce_timeout must be > 0")
+        if not isinstance(start, bool):
+            raise TypeError("start must be a bool")
+        codec = codec_of(compression, "compression")
         try:
             tensors = list(averaged_tensors)
         except TypeError:
@@ -71,20 +176,30 @@ class DecentralizedAverager:
         self.target_group_size = target_group_size or 0
         self.min_group_size = min_group_size
         self.min_matchmaking_time = float(min_matchmaking_time)
+        self.allreduce_timeout = allreduce_timeout
+        self.compression = compression
         self.client_mode = dht.client_mode if client_mode is None else bool(client_mode)
         self.auxiliary = bool(auxiliary)
+        if self.auxiliary and client_mode:
+            raise ValueError("an auxiliary averager cannot be in client mode")
         self._closed = False
         self._av = None
         self._lock = threading.Lock()
+        self._steps = set()  # background steps (StepControl) still running
         L = C.lib()
         C.averager_protos(L)
         self._rt = dht._c_handles()[1]
         self._svc = dht._avg_service()
         self._mm = dht._matchmaker()
+        o = C.AveragerOpts()
+        o.role = C.AP_AVG_AUX if self.auxiliary else (
+            C.AP_AVG_CLIENT if self.client_mode else C.AP_AVG_NORMAL)
+        o.round.codec = codec
+        self._opts = o
         sizes = (C.c_size_t * len(tensors))(*[t.numel() for t in tensors])
         av = C.c_void_p()
-        C.check(L.ap_averager_new_sync(self._rt, self._svc, sizes, len(tensors), None,
-                                       ctypes.byref(av)), "creating the averager")
+        C.check(L.ap_averager_new_sync(self._rt, self._svc, sizes, len(tensors),
+                                       ctypes.byref(o), ctypes.byref(av)), "creating the averager")
         self._av = av
         self._views = []
         for i, t in enumerate(tensors):
@@ -97,10 +212,19 @@ class DecentralizedAverager:
             self._views.append(view)
         dht._dependents.append(self)
 
+    @property
+    def peer_id(self):
+        return self.dht.peer_id
+
+    @property
+    def mode(self):
+        """"aux", "client" or "node" (hivemind's AveragingMode names, lower case)."""
+        return "aux" if self.auxiliary else ("client" if self.client_mode else "node")
+
     @contextlib.contextmanager
     def get_tensors(self):
         """The averaged tensors (views of the averager's buffer): read and write them here,
-        not while a step runs."""
+        not while a step runs (this waits for a running step's attempt to end)."""
         with self._lock:
             self._check()
             yield self._views
@@ -109,24 +233,66 @@ class DecentralizedAverager:
         if self._closed:
             raise RuntimeError("DecentralizedAverager is shut down")
 
-    def step(self, gather=None, weight=None, timeout=None, allow_retries=True, wait=True,
-             **kwargs):
-        """Finds a group (within min_matchmaking_time) and averages the tensors with it,
-        in place. Returns a dict {peer index: None} of the group's members, or None when no
-        group formed or the round failed (the tensors then keep their local values, partly
-        averaged if the round failed midway)."""
+    def step(self, gather=None, scheduled_time=None, weight=None, timeout=None,
+             allow_retries=True, require_trigger=False, wait=True):
+        """Looks for a group and averages the tensors with it, in place (hivemind's
+        semantics: the search runs until scheduled_time, by default min_matchmaking_time
+        from now; a failed attempt is retried while allow_retries and timeout allow it,
+        for ever with timeout=None).
+
+        Returns {PeerID: None} with one entry per group member (this peer included), or
+        None when the step failed (no group within timeout, or allow_retries=False and the
+        attempt failed). wait=False returns a StepControl (a concurrent.futures.Future)
+        at once; its result() is that value."""
         self._check()
-        if not wait:
-            raise ValueError("wait=False is not supported: step blocks (the GIL is released)")
+        if gather is not None:
+            raise ValueError("gather is not supported: libapiary's groups carry no user data "
+                             "(pass gather=None; docs/python.md)")
+        for name, v in (("allow_retries", allow_retries), ("require_trigger", require_trigger),
+                        ("wait", wait)):
+            if not isinstance(v, bool):
+                raise TypeError("%s must be a bool" % name)
+        if require_trigger and wait:
+            raise ValueError("require_trigger=True needs wait=False (the step waits for "
+                             "allow_allreduce() of the StepControl it returns)")
         if weight is None:
-            weight = 1.0
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise TypeError("weight must be a number")
-        if not weight > 0 or weight != weight or weight == float("inf"):
-            raise ValueError("weight must be finite and > 0")
-        look = self.min_matchmaking_time if timeout is None else float(timeout)
-        if not look > 0:
-            raise ValueError("timeout must be > 0")
+            weight = 0.0 if self.auxiliary else 1.0
+        weight = _check_weight(weight)
+        if weight == 0 and not self.auxiliary:
+            raise ValueError("weight must be > 0 for a peer that averages its tensors (a "
+                             "weight-0 member stalls libapiary's round; use auxiliary=True)")
+        now = time.time()
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError("timeout must be a number")
+            if not timeout > 0 or timeout != timeout:
+                raise ValueError("timeout must be > 0")
+        deadline = now + timeout if timeout is not None else math.inf
+        if scheduled_time is None:
+            scheduled_time = now + self.min_matchmaking_time
+            if scheduled_time > deadline:
+                scheduled_time = deadline
+        else:
+            if isinstance(scheduled_time, bool) or not isinstance(scheduled_time, (int, float)) \
+                    or not math.isfinite(scheduled_time):
+                raise TypeError("scheduled_time must be a finite number (DHT time, "
+                                "apiary.get_dht_time())")
+            if scheduled_time > deadline:
+                raise ValueError("scheduled_time is after the deadline (now + timeout)")
+        ctl = StepControl(scheduled_time, deadline, allow_retries, weight, require_trigger)
+        if wait:
+            self._run(ctl)
+            return ctl.result()
+        with self._lock:
+            self._check()
+            self._steps.add(ctl)
+        threading.Thread(target=self._run, args=(ctl,), daemon=True,
+                         name="apiary-averager-step").start()
+        return ctl
+
+    def _attempt(self, look_s, weight):
+        """One search of look_s seconds and, if a group formed, its round: the group's
+        PeerIDs, or None."""
         L = C.lib()
         kbuf = C.u8buf(self._key)
         m = C.AvgMatch()
@@ -138,22 +304,73 @@ class DecentralizedAverager:
         with self._lock:
             self._check()
             rc = L.ap_averager_step_sync(self._rt, self._av, self._mm, ctypes.byref(m),
-                                         int(look * 1e6), float(weight), None,
+                                         max(1, int(look_s * 1e6)), weight, None,
                                          ctypes.byref(gsize))
-        if rc < 0:
-            if C.err_name(rc) in ("ESHUTDOWN",):
-                C.check(rc, "step")
-            return None
-        return {i: None for i in range(gsize.value)}
+            members = None
+            if rc == 0:
+                n = int(L.ap_averager_last_group(self._av, None, 0))
+                arr = (C.AvgMember * max(n, 1))()
+                n = min(n, int(L.ap_averager_last_group(self._av, arr, n)))
+                buf = ctypes.create_string_buffer(C.AP_PEER_ID_STR_MAX)
+                members = []
+                for i in range(n):
+                    L.ap_peer_id_str(ctypes.byref(arr[i].id), buf)
+                    members.append(PeerID(buf.value.decode()))
+        if rc < 0 and C.err_name(rc) == "ESHUTDOWN":
+            C.check(rc, "step")
+        return members
+
+    def _run(self, ctl):
+        try:
+            while not ctl.cancelled():
+                if not ctl.triggered:
+                    ctl._stage = AveragingStage.AWAITING_TRIGGER
+                    while not ctl._trigger.wait(0.1):
+                        if self._closed:
+                            break
+                    continue
+                if self._closed:
+                    raise RuntimeError("DecentralizedAverager is shut down")
+                now = time.time()
+                if now >= ctl.deadline:
+                    break
+                look = max(min(ctl.scheduled_time, ctl.deadline) - now, _MIN_LOOK_S)
+                ctl._stage = AveragingStage.LOOKING_FOR_GROUP
+                members = self._attempt(look, ctl.weight)
+                if members is not None:
+                    ctl._began = True
+                    ctl._stage = AveragingStage.FINISHED
+                    if not ctl.cancelled():
+                        ctl.set_result({p: None for p in members})
+                    return
+                if not ctl.allow_retries:
+                    break
+                ctl._scheduled_time = time.time() + self.min_matchmaking_time
+            ctl._stage = AveragingStage.FINISHED
+            if not ctl.done():
+                ctl.set_result(None)
+        except BaseException as e:
+            ctl._stage = AveragingStage.FINISHED
+            if not ctl.done():
+                ctl.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            self._steps.discard(ctl)
 
     def shutdown(self):
+        """Stops the averager: background steps end (a running attempt first finishes);
+        later calls raise RuntimeError. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._av:
-            C.lib().ap_averager_free_sync(self._rt, self._av)
-            self._av = None
-        self._views = []
+        for ctl in list(self._steps):
+            ctl.cancel()
+        with self._lock:  # waits for a running attempt
+            if self._av:
+                C.lib().ap_averager_free_sync(self._rt, self._av)
+                self._av = None
+            self._views = []
         try:
             self.dht._dependents.remove(self)
         except ValueError:

@@ -228,7 +228,7 @@ class Optimizer(torch.optim.Optimizer):
         cfg.lr.min = lr
         cfg.average_state_every = average_state_every
         cfg.codec = codec_of(grad_compression, "grad_compression")
-        codec_of(state_averaging_compression, "state_averaging_compression")
+        cfg.state_codec = codec_of(state_averaging_compression, "state_averaging_compression")
         if matchmaking_time:
             cfg.matchmaking_window_us = int(matchmaking_time * 1e6)
         if averaging_timeout:

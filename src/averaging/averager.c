@@ -29,6 +29,8 @@ struct ap_averager {
     uint64_t *off, *len;
     double up_est, down_est;
     ap_averager_step_t *running;
+    ap_avg_member_t *group; /* the last step's group (group_cap entries allocated) */
+    size_t group_n, group_cap;
 };
 
 struct ap_averager_step {
@@ -91,8 +93,31 @@ int ap_averager_free(ap_averager_t *av)
     ap__big_free(av->buf, av->bytes);
     free(av->off);
     free(av->len);
+    free(av->group);
     free(av);
     return 0;
+}
+
+size_t ap_averager_last_group(const ap_averager_t *av, ap_avg_member_t *out, size_t cap)
+{
+    if (!av) return 0;
+    if (out)
+        for (size_t i = 0; i < av->group_n && i < cap; i++) out[i] = av->group[i];
+    return av->group_n;
+}
+
+/* Keeps a copy of the group a step runs in (ap_averager_last_group). */
+static void remember_group(ap_averager_t *av, const ap_avg_group_t *g)
+{
+    av->group_n = 0;
+    if (g->n > av->group_cap) {
+        ap_avg_member_t *m = realloc(av->group, g->n * sizeof *m);
+        if (!m) return; /* informational only: the step runs without it */
+        av->group = m;
+        av->group_cap = g->n;
+    }
+    memcpy(av->group, g->members, g->n * sizeof *g->members);
+    av->group_n = g->n;
 }
 
 float *ap_averager_tensor(ap_averager_t *av, size_t i, size_t *n_elems)
@@ -175,6 +200,7 @@ int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double we
     }
     av->running = st;
     st->group_n = g->n;
+    remember_group(av, g);
     *out = st;
     return 0;
 }
@@ -212,6 +238,7 @@ static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_
     }
     st->stage = AP_AVERAGER_STAGE_RUNNING;
     st->group_n = g->n;
+    remember_group(av, g);
     bool aux = av->o.role == AP_AVG_AUX;
     int rc = ap_allreduce_start(av->svc, g, aux ? NULL : av->buf, av->total, aux ? 0 : st->weight,
                                 &av->o.round, step_done, st, &st->ar);

@@ -12,7 +12,7 @@
 #include <sodium.h>
 #include <string.h>
 
-#define CONFIG_PACKED_MAX 512 /* a packed RunConfig: model < 64 bytes + 15 scalars */
+#define CONFIG_PACKED_MAX 512 /* a packed RunConfig: model < 64 bytes + 18 scalars */
 
 void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m)
 {
@@ -35,6 +35,7 @@ void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m
     m->dht_matchmaking = rc->dht_matchmaking;
     m->byzantine_tolerant = rc->byzantine_tolerant;
     m->btard_tau = rc->btard_tau;
+    m->state_codec = rc->state_codec;
 }
 
 int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
@@ -66,6 +67,7 @@ int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *r
     rc->dht_matchmaking = m->dht_matchmaking;
     rc->byzantine_tolerant = m->byzantine_tolerant;
     rc->btard_tau = isfinite(m->btard_tau) ? m->btard_tau : -1;
+    rc->state_codec = m->state_codec;
     return 0;
 }
 

@@ -62,7 +62,7 @@ static int start_round(ap_collab_t *c, const char *what, float *data, double wei
     form_group(c, &g, what, false);
     ap_allreduce_opts_t o = {0};
     o.chunk_elems = c->cfg.chunk_elems;
-    o.codec = strcmp(what, "grad") == 0 ? c->cfg.codec : (uint8_t)AP_AVG_CODEC_F32;
+    o.codec = strcmp(what, "grad") == 0 ? c->cfg.codec : c->cfg.state_codec;
     if (c->cfg.byzantine_tolerant) o.codec = AP_AVG_CODEC_F32; /* the check hashes exact floats */
     o.deadline_at_us = ap_rt_now_us(c->rt) + c->cfg.averaging_timeout_us;
     uint64_t elems = strcmp(what, "grad") == 0 ? c->n : c->total;

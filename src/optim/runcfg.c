@@ -64,6 +64,7 @@ void ap__collab_make_run_config(const ap_collab_t *c, ap_run_config_t *rc)
     rc->n_params = c->n;
     rc->state_count = c->opt->state_count;
     rc->codec = c->cfg.codec;
+    rc->state_codec = c->cfg.state_codec;
     rc->target_batch_size = c->cfg.target_batch_size;
     rc->solver = (uint32_t)c->cfg.solver.kind;
     rc->lr_kind = (uint32_t)c->cfg.lr.kind;
@@ -140,6 +141,7 @@ int ap_run_config_diff(const ap_run_config_t *a, const char *a_name, const ap_ru
     FLAG(dht_matchmaking, "dht matchmaking")
     FLAG(byzantine_tolerant, "byzantine-tolerant")
     NUM(btard_tau, "btard tau")
+    NAMED(state_codec, "state compression", codec_name)
 #undef U64
 #undef NUM
 #undef NAMED

@@ -271,3 +271,35 @@ def test_parameter_list_mismatch_is_refused(dht):
             other.shutdown()
     finally:
         a.shutdown()
+
+
+def test_state_averaging_compression_is_the_runs(dht):
+    # the state rounds' codec is part of the run's configuration: a peer with another one
+    # is refused, the difference named
+    m = make_model()
+    a = apiary.Optimizer(dht=dht, run_id="sac", target_batch_size=8, batch_size_per_step=4,
+                         optimizer=sgd, params=m.parameters(), matchmaking_time=0.1,
+                         state_averaging_compression=apiary.Float16Compression())
+    assert a._cfg.state_codec == apiary.Float16Compression.codec
+    assert a._cfg.codec == apiary.NoCompression.codec
+    try:
+        other = apiary.DHT(initial_peers=dht.get_visible_maddrs(), host_maddrs=LOOP)
+        try:
+            m2 = make_model()
+            with pytest.raises(ValueError, match="state compression: none"):
+                b = apiary.Optimizer(dht=other, run_id="sac", target_batch_size=8,
+                                     batch_size_per_step=4, optimizer=sgd,
+                                     params=m2.parameters(), matchmaking_time=0.1)
+                x = torch.randn(4, 8)
+                for _ in range(3):
+                    b.zero_grad()
+                    m2(x).sum().backward()
+                    b.step()
+        finally:
+            other.shutdown()
+    finally:
+        a.shutdown()
+    with pytest.raises(TypeError, match="state_averaging_compression"):
+        apiary.Optimizer(dht=dht, run_id="sac2", target_batch_size=8, batch_size_per_step=4,
+                         optimizer=sgd, params=make_model().parameters(),
+                         state_averaging_compression="fp16")

@@ -9,7 +9,9 @@
 #define NPEERS 4
 #define B      16
 
-static bool use_dht_mm; /* groups from the averaging module's DHT matchmaker */
+static bool use_dht_mm;     /* groups from the averaging module's DHT matchmaker */
+static uint8_t state_codec; /* the state rounds' codec */
+static double max_dparam;   /* the last run's largest parameter difference */
 
 static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, double tol_param,
                        double tol_loss, const double *flops)
@@ -25,6 +27,7 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
     cfg.averaging_timeout_us = 5000000;
     cfg.load_state_on_start = true;
     cfg.codec = codec;
+    cfg.state_codec = state_codec;
     /* speeds differ: exact mode (one batch per peer per epoch, then wait) */
     if (flops) cfg.max_local_samples = B;
     cfg.dht_matchmaking = use_dht_mm;
@@ -71,6 +74,7 @@ static void run_equiv2(uint64_t epochs, uint32_t state_every, uint8_t codec, dou
     for (int i = 0; i < NPEERS; i++) {
         ap_nn_params_t *pp = ap_nn_model_params(e.p[i].model);
         double d = oh_max_diff(pp->data, rp->data, rp->count);
+        if (d > max_dparam) max_dparam = d;
         double l = oh_eval(pp->data, pp->count);
         print_message("peer %d: loss %.6f vs reference %.6f (initial %.6f), max |dparam| %.2e\n", i,
                       l, lref, loss0, d);
@@ -138,6 +142,27 @@ static void test_equivalence_fp16(void **state)
 {
     (void)state;
     run_equiv(ap_test_sanitized() ? 6 : 12, 0, AP_AVG_CODEC_FP16, 2e-2, 0.10);
+}
+
+/* bf16 state rounds (state_codec) every epoch: the parameters and Adam's
+ * moments travel as bfloat16, so the run stays within its rounding of the
+ * reference, and no closer than float32 state rounds (the codec is applied).
+ * fp16 would flush Adam's small second moments to zero (a few parameters
+ * then jump). */
+static void test_state_compression(void **state)
+{
+    (void)state;
+    uint64_t epochs = ap_test_sanitized() ? 4 : 8;
+    max_dparam = 0;
+    run_equiv(epochs, 1, AP_AVG_CODEC_F32, 1e-4, 1e-3);
+    double f32 = max_dparam;
+    max_dparam = 0;
+    state_codec = AP_AVG_CODEC_BF16;
+    run_equiv(epochs, 1, AP_AVG_CODEC_F32, 2e-2, 0.02);
+    state_codec = AP_AVG_CODEC_F32;
+    print_message("max |dparam|: %.2e with float32 state rounds, %.2e with bf16\n", f32,
+                  max_dparam);
+    assert_true(max_dparam > 10 * f32 && max_dparam > 1e-4);
 }
 
 /* Three trainers and one auxiliary peer (averages, trains nothing): the aux
@@ -209,6 +234,7 @@ int main(void)
         cmocka_unit_test(test_equivalence_dht_matchmaking),
         cmocka_unit_test(test_equivalence_with_state_averaging),
         cmocka_unit_test(test_equivalence_fp16),
+        cmocka_unit_test(test_state_compression),
         cmocka_unit_test(test_auxiliary_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -122,6 +122,7 @@ static void test_run_config_roundtrip(void **state)
     p.has_config = true;
     p.config = run_cfg();
     p.config.exact = true;
+    p.config.state_codec = AP_AVG_CODEC_BF16;
     uint8_t buf[512];
     int len = ap_progress_encode(&p, buf, sizeof buf);
     assert_true(len > 0);
@@ -130,6 +131,7 @@ static void test_run_config_roundtrip(void **state)
     assert_string_equal(q.config.model, p.config.model);
     assert_int_equal(q.config.n_params, 1000);
     assert_true(q.config.exact);
+    assert_int_equal(q.config.state_codec, AP_AVG_CODEC_BF16);
     uint8_t d[AP_RUN_CONFIG_DIGEST_LEN];
     ap_run_config_digest(&p.config, d);
     assert_memory_equal(d, q.config_digest, sizeof d);
@@ -194,6 +196,10 @@ static void test_run_config_diff_names_field(void **state)
     b.exact = true;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
     assert_string_equal(why, "exact mode: off here, on at X");
+    b = run_cfg();
+    b.state_codec = AP_AVG_CODEC_UNIFORM8;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "state compression: none here, uniform8 at X");
     b = run_cfg();
     b.lr = 1e-3f;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);

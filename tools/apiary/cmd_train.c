@@ -64,6 +64,8 @@ static void usage(void)
         "  --bandwidth MBIT[:MBIT]   declared upload[:download] bandwidth in Mbit/s\n"
         "  --compression CODEC       gradient averaging codec: none (float32, default), fp16,\n"
         "                            bf16, uniform8, blockwise8 (same on every peer)\n"
+        "  --state-compression CODEC state averaging codec (--average-state-every), the\n"
+        "                            same names (default none; same on every peer)\n"
         "  --checkpoint-dir DIR      save every epoch, resume from it at start; a checkpoint\n"
         "                            that cannot be loaded stops the peer (file untouched)\n"
         "  --fresh                   with --checkpoint-dir: move a checkpoint that cannot be\n"
@@ -140,12 +142,36 @@ typedef struct topts {
     ap_nn_solver_kind_t optim;
     ap_nn_lr_kind_t sched;
     uint64_t decay_epochs;
-    uint8_t codec;
+    uint8_t codec, state_codec;
     uint32_t state_every;
     uint64_t seed;
     uint64_t max_local_batches;
     uint32_t shard, nshards;
 } topts_t;
+
+/* --compression / --state-compression: a codec the averaging module carries. */
+static bool parse_codec(const char *opt, const char *arg, uint8_t *out)
+{
+    static const struct {
+        const char *name;
+        uint8_t codec;
+    } codecs[] = {{"none", AP_AVG_CODEC_F32},
+                  {"fp16", AP_AVG_CODEC_FP16},
+                  {"bf16", AP_AVG_CODEC_BF16},
+                  {"uniform8", AP_AVG_CODEC_UNIFORM8},
+                  {"blockwise8", AP_AVG_CODEC_BLOCKWISE8}};
+    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) {
+        if (strcmp(arg, codecs[i].name) == 0) {
+            *out = codecs[i].codec;
+            return true;
+        }
+    }
+    fprintf(stderr,
+            "apiary train: %s %s: use none, fp16, bf16, uniform8 or blockwise8 (the codecs "
+            "the averaging module carries)\n",
+            opt, arg);
+    return false;
+}
 
 static void rtstats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
@@ -438,6 +464,7 @@ static int run(const topts_t *o)
     cfg.averaging_timeout_us = 20000000;
     cfg.matchmaking_window_us = (uint64_t)(o->mm_window * 1e6);
     cfg.codec = o->codec;
+    cfg.state_codec = o->state_codec;
     cfg.delayed_updates = o->delayed;
     cfg.max_local_samples = o->max_local_batches * (uint64_t)o->batch;
     cfg.dht_matchmaking = o->dhtmm;
@@ -794,7 +821,8 @@ static int train_main(int argc, char **argv)
         O_TAU,
         O_ATTACK,
         O_OWNER,
-        O_TOKEN
+        O_TOKEN,
+        O_STATE_CODEC
     };
     static const struct option lopts[] = {
         {"run-id", required_argument, NULL, 'r'},
@@ -811,6 +839,7 @@ static int train_main(int argc, char **argv)
         {"auxiliary", no_argument, NULL, 'a'},
         {"bandwidth", required_argument, NULL, 'B'},
         {"compression", required_argument, NULL, 'C'},
+        {"state-compression", required_argument, NULL, O_STATE_CODEC},
         {"checkpoint-dir", required_argument, NULL, 'k'},
         {"lr", required_argument, NULL, 'l'},
         {"average-state-every", required_argument, NULL, 's'},
@@ -910,23 +939,10 @@ static int train_main(int argc, char **argv)
             break;
         }
         case 'C':
-            if (strcmp(optarg, "none") == 0)
-                o.codec = AP_AVG_CODEC_F32;
-            else if (strcmp(optarg, "fp16") == 0)
-                o.codec = AP_AVG_CODEC_FP16;
-            else if (strcmp(optarg, "bf16") == 0)
-                o.codec = AP_AVG_CODEC_BF16;
-            else if (strcmp(optarg, "uniform8") == 0)
-                o.codec = AP_AVG_CODEC_UNIFORM8;
-            else if (strcmp(optarg, "blockwise8") == 0)
-                o.codec = AP_AVG_CODEC_BLOCKWISE8;
-            else {
-                fprintf(stderr,
-                        "apiary train: --compression %s: use none, fp16, bf16, uniform8 or "
-                        "blockwise8 (the codecs the averaging module carries)\n",
-                        optarg);
-                return 2;
-            }
+            if (!parse_codec("--compression", optarg, &o.codec)) return 2;
+            break;
+        case O_STATE_CODEC:
+            if (!parse_codec("--state-compression", optarg, &o.state_codec)) return 2;
             break;
         case 'k':
             o.ckdir = optarg;
