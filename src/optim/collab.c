@@ -5,6 +5,7 @@
 #include "collab_impl.h"
 
 #include "apiary/log.h"
+#include "averaging/avg_codec.h"
 #include "base/arena.h"
 
 #include <math.h>
@@ -128,12 +129,6 @@ int ap_collab_new(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc, const ap_co
     return ap__collab_create(rt, dht, svc, cfg, params, n, views, nviews, SIZE_MAX, out);
 }
 
-static bool codec_known(uint8_t c)
-{
-    return c == AP_AVG_CODEC_F32 || c == AP_AVG_CODEC_FP16 || c == AP_AVG_CODEC_BF16 ||
-           c == AP_AVG_CODEC_UNIFORM8 || c == AP_AVG_CODEC_BLOCKWISE8;
-}
-
 int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
                       const ap_collab_config_t *cfg, float *params, size_t n,
                       const ap_nn_view_t *views, size_t nviews, size_t state_count,
@@ -147,7 +142,7 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
         ap_warn(OPT_MOD, "collab: bad configuration (run id, target batch size, role or size)");
         return AP_EINVAL;
     }
-    if (!codec_known(cfg->codec) || !codec_known(cfg->state_codec)) {
+    if (!ap__avg_codec_get(cfg->codec) || !ap__avg_codec_get(cfg->state_codec)) {
         ap_warn(OPT_MOD, "collab: unknown codec %u (gradients) or %u (state)", cfg->codec,
                 cfg->state_codec);
         return AP_EINVAL;

@@ -8,6 +8,7 @@
 
 #include "apiary/avg.h"
 #include "apiary/collab.h"
+#include "apiary/compress.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
 #include "apiary/host.h"
@@ -19,6 +20,7 @@
 #include "apiary/node.h"
 #include "apiary/run_config.h"
 #include "apiary/sync.h"
+#include "averaging/avg_codec.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -152,19 +154,10 @@ typedef struct topts {
 /* --compression / --state-compression: a codec the averaging module carries. */
 static bool parse_codec(const char *opt, const char *arg, uint8_t *out)
 {
-    static const struct {
-        const char *name;
-        uint8_t codec;
-    } codecs[] = {{"none", AP_AVG_CODEC_F32},
-                  {"fp16", AP_AVG_CODEC_FP16},
-                  {"bf16", AP_AVG_CODEC_BF16},
-                  {"uniform8", AP_AVG_CODEC_UNIFORM8},
-                  {"blockwise8", AP_AVG_CODEC_BLOCKWISE8}};
-    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) {
-        if (strcmp(arg, codecs[i].name) == 0) {
-            *out = codecs[i].codec;
-            return true;
-        }
+    ap_codec_id_t id;
+    if (ap_codec_parse(arg, &id) == 0 && ap__avg_codec_get((uint32_t)id)) {
+        *out = (uint8_t)id;
+        return true;
     }
     fprintf(stderr,
             "apiary train: %s %s: use none, fp16, bf16, uniform8 or blockwise8 (the codecs "
