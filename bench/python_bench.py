@@ -157,44 +157,51 @@ def main():
     L = C.lib()
     c = opt._c
     gptr = ctypes.cast(opt.flat_gradients.data_ptr(), C.P(C.c_float))
-    # Paired blocks, order alternating, so that a change of load hits both sides of a
-    # pair alike; the figure is the median of the pairs' ratios. CPU time of the process
-    # (every thread: the Python layer's work plus libapiary's) is reported alongside:
-    # it does not count waiting for a CPU that other jobs hold.
-    steps = 20
-    rounds = 10 if quick else 41
-    ratios, cratios, t_py, t_c = [], [], [], []
-
-    def block(fn):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
-
-    def py_block():
-        for _ in range(steps):
-            opt.step()
-
-    def c_block():
-        for _ in range(steps):
-            submit(c, gptr, 1, 0.0)
-
+    # Paired single steps, order alternating: each pair is one Optimizer.step() and one
+    # direct call, back to back (a few milliseconds apart), so a change of load hits both
+    # sides of a pair alike; the figure is the median of the pairs' ratios. An A/A figure
+    # (the direct call against itself, paired the same way) gives the method's own spread.
+    # CPU time of the process (every thread: the Python layer's work plus libapiary's) is
+    # reported alongside: it does not count waiting for a CPU that other jobs hold.
+    pairs = 200 if quick else 1000
     submit = L.ap_collab_submit_sync
-    for r in range(rounds):
+    clock, cpu = time.perf_counter, time.process_time
+
+    def one(fn):
+        c0, t0 = cpu(), clock()
+        fn()
+        return clock() - t0, cpu() - c0
+
+    def py_step():
+        opt.step()
+
+    def c_step():
+        submit(c, gptr, 1, 0.0)
+
+    for _ in range(20):  # warm both paths
+        py_step()
+        c_step()
+    ratios, aa, t_py, t_c, cp_sum, cc_sum = [], [], [], [], 0.0, 0.0
+    for r in range(pairs):
         if r % 2:
-            (wc, cc), (wp, cp) = block(c_block), block(py_block)
+            (wc, cc), (wp, cp) = one(c_step), one(py_step)
         else:
-            (wp, cp), (wc, cc) = block(py_block), block(c_block)
+            (wp, cp), (wc, cc) = one(py_step), one(c_step)
+        (wa, _), (wb, _) = one(c_step), one(c_step)
         ratios.append(wp / wc)
-        cratios.append(cp / cc if cc > 0 else 1.0)
+        aa.append(wa / wb if r % 2 else wb / wa)
         t_py.append(wp)
         t_c.append(wc)
+        cp_sum += cp
+        cc_sum += cc
 
     def med(v):
         return sorted(v)[len(v) // 2]
 
     py, cc = med(t_py), med(t_c)
     emit(js, "python_step_overhead", med(ratios), "ratio", params=n, python_step_s=py,
-         c_step_s=cc, cpu_ratio=round(med(cratios), 4), pairs=rounds)
+         c_step_s=cc, cpu_ratio=round(cp_sum / cc_sum if cc_sum > 0 else 1.0, 4),
+         aa_ratio=round(med(aa), 4), pairs=pairs)
     emit(js, "python_step_s", py, "s", baseline=cc, params=n)
     # The Python layer alone: Optimizer.step() with the C call replaced by a no-op (best
     # of 5 runs of 2,000 steps), and the overhead it implies on the C step measured above.

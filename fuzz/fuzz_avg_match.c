@@ -12,7 +12,8 @@
 static void check_member(const ap__mm_member_t *m)
 {
     if (m->role > AP_AVG_AUX || !isfinite(m->up) || !isfinite(m->down) || !(m->up > 0) ||
-        !(m->down > 0) || m->naddrs < 0 || m->naddrs > AP__MM_ADDRS_MAX)
+        !(m->down > 0) || m->naddrs < 0 || m->naddrs > AP__MM_ADDRS_MAX ||
+        m->gather_len > AP__MM_GATHER_MAX)
         abort();
     for (int i = 0; i < m->naddrs; i++)
         if (!m->addrs[i][0] || !memchr(m->addrs[i], 0, AP_RT_ADDR_MAX)) abort();
@@ -30,6 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ap__mm_member_t m, m2;
         if (ap__mm_decl_decode(b, n, &m)) break;
         check_member(&m);
+        if (m.gather_len) abort(); /* gathered bytes never come from the DHT */
         if (ap__mm_decl_encode(&m, &enc, &len)) abort();
         if (ap__mm_decl_decode(enc, len, &m2) || memcmp(&m, &m2, sizeof m)) abort();
         free(enc);

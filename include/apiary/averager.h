@@ -105,10 +105,15 @@ AP_EXPORT size_t ap_averager_step_group_size(const ap_averager_step_t *st);
  * are (0 before the first round). Loop thread, or the user thread of the
  * *_sync forms between its steps. */
 AP_EXPORT size_t ap_averager_last_group(const ap_averager_t *av, ap_avg_member_t *out, size_t cap);
+/* What member i of that group gave its group (ap_avg_match_t.gather;
+ * nothing for a group not made by matchmaking): copies up to cap bytes into
+ * out (may be NULL) and returns their length (0..AP_AVG_GATHER_MAX), or
+ * AP_EINVAL if i is not a member's index. Same threads as above. */
+AP_EXPORT int ap_averager_last_gather(const ap_averager_t *av, size_t i, uint8_t *out, size_t cap);
 
 /* Blocking form of ap_averager_step for a user thread (NOT the loop thread)
  * of a node of the real driver: looks for a group and averages in it, then
- * returns. m is copied (its key must stay valid until this returns). If
+ * returns. m is copied (its key and gather must stay valid until this returns). If
  * look_us > 0 the search's deadline is look_us after the step starts on the
  * loop (m->deadline_at_us is then ignored: a user thread cannot read the
  * loop's clock); else m->deadline_at_us is used as given. Returns the start

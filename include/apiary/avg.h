@@ -105,11 +105,25 @@ typedef struct ap_avg_member {
     double up, down; /* bytes/s, as declared by the peer (measured in rounds) */
 } ap_avg_member_t;
 
+/* Most bytes a peer may give its group (ap_avg_match_t.gather). */
+#define AP_AVG_GATHER_MAX 512
+
+/* One member's gathered bytes (len 0: it gave none). */
+typedef struct ap_avg_gather {
+    const uint8_t *data;
+    size_t len;
+} ap_avg_gather_t;
+
 /* A group as the leader announced it: every member holds the same copy. */
 typedef struct ap_avg_group {
     uint8_t id[AP_AVG_GROUP_ID_LEN];
     const ap_avg_member_t *members; /* ordered; borrowed for the call only */
     size_t n;
+    /* Set by matchmaking in the group it hands its callback: n entries, in
+     * the members' order, what each member gave as ap_avg_match_t.gather
+     * (borrowed for the call only). Never read from a group given to
+     * ap_allreduce_start or ap_averager_step_group (it may be left unset). */
+    const ap_avg_gather_t *gather;
 } ap_avg_group_t;
 
 /* Chunk codecs (the wire's codec byte; the same numbers as apiary/compress.h).
@@ -194,6 +208,12 @@ typedef struct ap_avg_match {
      * loop thread; arg borrowed for the search's lifetime. */
     bool (*exclude)(void *arg, const ap_peer_id_t *peer);
     void *exclude_arg;
+    /* This peer's bytes for its group (hivemind's gather): every member of
+     * the group it joins receives them (ap_avg_group_t.gather); they never go
+     * to the DHT. Up to AP_AVG_GATHER_MAX bytes (AP_EINVAL above); copied at
+     * start. NULL / 0: none. */
+    const uint8_t *gather;
+    size_t gather_len;
 } ap_avg_match_t;
 
 /* The matchmaker of one node: registers AP_AVG_MATCH_PROTO on the service's

@@ -243,7 +243,11 @@ def collab_protos(L):
 class AvgMatch(ctypes.Structure):
     _fields_ = [("key", P(c_u8)), ("key_len", c_size_t), ("target_group_size", c_u32),
                 ("min_group_size", c_u32), ("deadline_at_us", c_u64), ("poll_us", c_u64),
-                ("answer_grace_us", c_u64), ("exclude", c_void_p), ("exclude_arg", c_void_p)]
+                ("answer_grace_us", c_u64), ("exclude", c_void_p), ("exclude_arg", c_void_p),
+                ("gather", P(c_u8)), ("gather_len", c_size_t)]
+
+
+AVG_GATHER_MAX = 512  # AP_AVG_GATHER_MAX
 
 
 class AllreduceOpts(ctypes.Structure):
@@ -275,6 +279,7 @@ def averager_protos(L):
     _proto(L, "ap_averager_step_sync", c_int, c_void_p, c_void_p, c_void_p, P(AvgMatch), c_u64,
            c_double, c_void_p, P(c_size_t))
     _proto(L, "ap_averager_last_group", c_size_t, c_void_p, P(AvgMember), c_size_t)
+    _proto(L, "ap_averager_last_gather", c_int, c_void_p, c_size_t, P(c_u8), c_size_t)
     _proto(L, "ap_averager_member", None, c_void_p, P(AvgMember))
     _proto(L, "ap_averager_bandwidth", None, c_void_p, P(c_double), P(c_double))
     L._avg_ready = True

@@ -13,6 +13,7 @@ import math
 import threading
 import time
 
+import msgpack
 import torch
 
 from . import _lib as C
@@ -21,6 +22,17 @@ from .dht import DHT, PeerID
 
 # A search shorter than this cannot meet anyone (the DHT round trips of matchmaking).
 _MIN_LOOK_S = 0.1
+
+
+def _ungather(b):
+    """A member's gathered bytes as the object it gave (None when it gave nothing, or
+    gave bytes that are not msgpack: a peer of another implementation)."""
+    if not b:
+        return None
+    try:
+        return msgpack.unpackb(b, raw=False)
+    except Exception:  # noqa: BLE001 - another peer's bytes; never fail the step for them
+        return None
 
 
 class AveragingStage(enum.Enum):
@@ -240,14 +252,19 @@ class DecentralizedAverager:
         from now; a failed attempt is retried while allow_retries and timeout allow it,
         for ever with timeout=None).
 
-        Returns {PeerID: None} with one entry per group member (this peer included), or
+        Returns {PeerID: gathered} with one entry per group member (this peer included): what
+        each member gave as gather (msgpack-serialisable, at most 512 bytes serialised), or
         None when the step failed (no group within timeout, or allow_retries=False and the
         attempt failed). wait=False returns a StepControl (a concurrent.futures.Future)
         at once; its result() is that value."""
         self._check()
-        if gather is not None:
-            raise ValueError("gather is not supported: libapiary's groups carry no user data "
-                             "(pass gather=None; docs/python.md)")
+        try:
+            gathered = msgpack.packb(gather, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TypeError("gather must be msgpack-serialisable: %s" % e) from None
+        if len(gathered) > C.AVG_GATHER_MAX:
+            raise ValueError("gather takes %d bytes serialised, more than the %d a group "
+                             "member may give" % (len(gathered), C.AVG_GATHER_MAX))
         for name, v in (("allow_retries", allow_retries), ("require_trigger", require_trigger),
                         ("wait", wait)):
             if not isinstance(v, bool):
@@ -280,6 +297,7 @@ class DecentralizedAverager:
             if scheduled_time > deadline:
                 raise ValueError("scheduled_time is after the deadline (now + timeout)")
         ctl = StepControl(scheduled_time, deadline, allow_retries, weight, require_trigger)
+        ctl._gather = gathered
         if wait:
             self._run(ctl)
             return ctl.result()
@@ -290,9 +308,9 @@ class DecentralizedAverager:
                          name="apiary-averager-step").start()
         return ctl
 
-    def _attempt(self, look_s, weight):
-        """One search of look_s seconds and, if a group formed, its round: the group's
-        PeerIDs, or None."""
+    def _attempt(self, look_s, weight, gathered=b""):
+        """One search of look_s seconds and, if a group formed, its round: {PeerID: what
+        that member gave as gather}, in the group's order, or None."""
         L = C.lib()
         kbuf = C.u8buf(self._key)
         m = C.AvgMatch()
@@ -300,6 +318,10 @@ class DecentralizedAverager:
         m.key_len = len(self._key)
         m.target_group_size = self.target_group_size
         m.min_group_size = self.min_group_size
+        gbuf = C.u8buf(gathered) if gathered else None
+        if gbuf is not None:
+            m.gather = ctypes.cast(gbuf, C.P(C.c_u8))
+            m.gather_len = len(gathered)
         gsize = C.c_size_t(0)
         with self._lock:
             self._check()
@@ -312,10 +334,13 @@ class DecentralizedAverager:
                 arr = (C.AvgMember * max(n, 1))()
                 n = min(n, int(L.ap_averager_last_group(self._av, arr, n)))
                 buf = ctypes.create_string_buffer(C.AP_PEER_ID_STR_MAX)
-                members = []
+                gb = (C.c_u8 * C.AVG_GATHER_MAX)()
+                members = {}
                 for i in range(n):
                     L.ap_peer_id_str(ctypes.byref(arr[i].id), buf)
-                    members.append(PeerID(buf.value.decode()))
+                    gl = int(L.ap_averager_last_gather(self._av, i, gb, C.AVG_GATHER_MAX))
+                    members[PeerID(buf.value.decode())] = _ungather(bytes(gb[:gl]) if gl > 0
+                                                                    else b"")
         if rc < 0 and C.err_name(rc) == "ESHUTDOWN":
             C.check(rc, "step")
         return members
@@ -336,12 +361,12 @@ class DecentralizedAverager:
                     break
                 look = max(min(ctl.scheduled_time, ctl.deadline) - now, _MIN_LOOK_S)
                 ctl._stage = AveragingStage.LOOKING_FOR_GROUP
-                members = self._attempt(look, ctl.weight)
+                members = self._attempt(look, ctl.weight, ctl._gather)
                 if members is not None:
                     ctl._began = True
                     ctl._stage = AveragingStage.FINISHED
                     if not ctl.cancelled():
-                        ctl.set_result({p: None for p in members})
+                        ctl.set_result(members)
                     return
                 if not ctl.allow_retries:
                     break

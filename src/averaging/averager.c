@@ -31,6 +31,8 @@ struct ap_averager {
     ap_averager_step_t *running;
     ap_avg_member_t *group; /* the last step's group (group_cap entries allocated) */
     size_t group_n, group_cap;
+    uint8_t *gather;    /* group_cap x AP_AVG_GATHER_MAX: each member's gathered bytes */
+    size_t *gather_len; /* group_cap */
 };
 
 struct ap_averager_step {
@@ -94,6 +96,8 @@ int ap_averager_free(ap_averager_t *av)
     free(av->off);
     free(av->len);
     free(av->group);
+    free(av->gather);
+    free(av->gather_len);
     free(av);
     return 0;
 }
@@ -106,17 +110,44 @@ size_t ap_averager_last_group(const ap_averager_t *av, ap_avg_member_t *out, siz
     return av->group_n;
 }
 
-/* Keeps a copy of the group a step runs in (ap_averager_last_group). */
-static void remember_group(ap_averager_t *av, const ap_avg_group_t *g)
+int ap_averager_last_gather(const ap_averager_t *av, size_t i, uint8_t *out, size_t cap)
+{
+    if (!av || i >= av->group_n) return AP_EINVAL;
+    size_t n = av->gather_len[i];
+    if (out) memcpy(out, av->gather + i * AP_AVG_GATHER_MAX, n < cap ? n : cap);
+    return (int)n;
+}
+
+/* Keeps a copy of the group a step runs in (ap_averager_last_group) and of
+ * what its members gathered (ap_averager_last_gather). */
+static void remember_group(ap_averager_t *av, const ap_avg_group_t *g, bool matched)
 {
     av->group_n = 0;
     if (g->n > av->group_cap) {
-        ap_avg_member_t *m = realloc(av->group, g->n * sizeof *m);
-        if (!m) return; /* informational only: the step runs without it */
+        ap_avg_member_t *m = malloc(g->n * sizeof *m);
+        uint8_t *ga = malloc(g->n * AP_AVG_GATHER_MAX);
+        size_t *gl = malloc(g->n * sizeof *gl);
+        if (!m || !ga || !gl) { /* informational only: the step runs without it */
+            free(m);
+            free(ga);
+            free(gl);
+            return;
+        }
+        free(av->group);
+        free(av->gather);
+        free(av->gather_len);
         av->group = m;
+        av->gather = ga;
+        av->gather_len = gl;
         av->group_cap = g->n;
     }
     memcpy(av->group, g->members, g->n * sizeof *g->members);
+    for (size_t i = 0; i < g->n; i++) {
+        size_t n =
+            matched && g->gather && g->gather[i].len <= AP_AVG_GATHER_MAX ? g->gather[i].len : 0;
+        if (n) memcpy(av->gather + i * AP_AVG_GATHER_MAX, g->gather[i].data, n);
+        av->gather_len[i] = n;
+    }
     av->group_n = g->n;
 }
 
@@ -200,7 +231,7 @@ int ap_averager_step_group(ap_averager_t *av, const ap_avg_group_t *g, double we
     }
     av->running = st;
     st->group_n = g->n;
-    remember_group(av, g);
+    remember_group(av, g, false);
     *out = st;
     return 0;
 }
@@ -238,7 +269,7 @@ static void step_matched(ap_rt_t *rt, void *arg, int status, const ap_avg_group_
     }
     st->stage = AP_AVERAGER_STAGE_RUNNING;
     st->group_n = g->n;
-    remember_group(av, g);
+    remember_group(av, g, true);
     bool aux = av->o.role == AP_AVG_AUX;
     int rc = ap_allreduce_start(av->svc, g, aux ? NULL : av->buf, av->total, aux ? 0 : st->weight,
                                 &av->o.round, step_done, st, &st->ar);

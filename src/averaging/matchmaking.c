@@ -51,6 +51,10 @@ static void member_to_pb(const ap__mm_member_t *m, bool with_id, Apiary__Mm__Mem
     for (int i = 0; i < m->naddrs; i++) addrs[i] = (char *)m->addrs[i];
     pb->n_addrs = (size_t)m->naddrs;
     pb->addrs = addrs;
+    if (with_id && m->gather_len) {
+        pb->gather.data = (uint8_t *)m->gather;
+        pb->gather.len = m->gather_len;
+    }
 }
 
 static int member_from_pb(const Apiary__Mm__Member *pb, bool with_id, ap__mm_member_t *m)
@@ -72,6 +76,9 @@ static int member_from_pb(const Apiary__Mm__Member *pb, bool with_id, ap__mm_mem
         memcpy(m->addrs[i], pb->addrs[i], n + 1);
     }
     m->naddrs = (int)pb->n_addrs;
+    if (pb->gather.len > AP__MM_GATHER_MAX || (!with_id && pb->gather.len)) return AP_ECORRUPT;
+    if (pb->gather.len) memcpy(m->gather, pb->gather.data, pb->gather.len);
+    m->gather_len = pb->gather.len;
     m->role = (ap_avg_role_t)pb->role;
     m->up = pb->up;
     m->down = pb->down;
@@ -399,6 +406,37 @@ static void to_avg_member(const ap__mm_member_t *m, ap_avg_member_t *out)
     out->down = m->down;
 }
 
+/* The group handed to the callback: members and their gathered bytes, both
+ * pointing into mm (valid while mm is). */
+static int to_avg_group(const ap__mm_member_t *mm, size_t n, const uint8_t id[AP_AVG_GROUP_ID_LEN],
+                        ap_avg_group_t *g)
+{
+    ap_avg_member_t *am = calloc(n, sizeof *am);
+    ap_avg_gather_t *ga = calloc(n, sizeof *ga);
+    if (!am || !ga) {
+        free(am);
+        free(ga);
+        return AP_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        to_avg_member(&mm[i], &am[i]);
+        ga[i].data = mm[i].gather_len ? mm[i].gather : NULL;
+        ga[i].len = mm[i].gather_len;
+    }
+    memset(g, 0, sizeof *g);
+    memcpy(g->id, id, AP_AVG_GROUP_ID_LEN);
+    g->members = am;
+    g->n = n;
+    g->gather = ga;
+    return 0;
+}
+
+static void free_avg_group(ap_avg_group_t *g)
+{
+    free((void *)g->members);
+    free((void *)g->gather);
+}
+
 static void closed_stored(ap_dht_t *dht, void *arg, int status, int nstored)
 {
     (void)dht, (void)status, (void)nstored;
@@ -413,6 +451,7 @@ static void declare_closed(ap_avg_search_t *s)
 {
     ap__mm_member_t d = s->self;
     d.closed = true;
+    d.gather_len = 0;
     uint8_t *b;
     size_t n;
     if (ap__mm_decl_encode(&d, &b, &n)) return;
@@ -438,17 +477,19 @@ static void begin(ap_avg_search_t *s)
     ap_rt_rand_bytes(rt, r.group_id, sizeof r.group_id);
     qsort(s->fol, s->nfol, sizeof *s->fol, fol_cmp);
     r.members = calloc(n, sizeof *r.members);
-    ap_avg_member_t *am = calloc(n, sizeof *am);
-    if (!r.members || !am) {
-        free(r.members);
-        free(am);
+    if (!r.members) {
         finish(s, AP_ENOMEM, NULL);
         return;
     }
     r.n = n;
     r.members[0] = s->self;
     for (size_t i = 0; i < s->nfol; i++) r.members[1 + i] = s->fol[i].m;
-    for (size_t i = 0; i < n; i++) to_avg_member(&r.members[i], &am[i]);
+    ap_avg_group_t g;
+    if (to_avg_group(r.members, n, r.group_id, &g)) {
+        free(r.members);
+        finish(s, AP_ENOMEM, NULL);
+        return;
+    }
     uint8_t *b;
     size_t len;
     int rc = ap__mm_resp_encode(&r, &b, &len);
@@ -464,10 +505,8 @@ static void begin(ap_avg_search_t *s)
     ap_log(AP_LOG_DEBUG, MOD, "leader %s begins a group of %zu", ap_peer_id_short(&s->self.id, sid),
            n);
     declare_closed(s);
-    ap_avg_group_t g = {.members = am, .n = n};
-    memcpy(g.id, r.group_id, sizeof g.id);
     finish(s, rc, rc ? NULL : &g);
-    free(am);
+    free_avg_group(&g);
     free(r.members);
 }
 
@@ -565,21 +604,17 @@ static void join_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, s
             try_next(s);
             return;
         }
-        ap_avg_member_t *am = calloc(r.n, sizeof *am);
-        if (!am) {
+        ap_avg_group_t g;
+        if (to_avg_group(r.members, r.n, r.group_id, &g)) {
             free(r.members);
             finish(s, AP_ENOMEM, NULL);
             return;
         }
-        for (size_t i = 0; i < r.n; i++) {
-            to_avg_member(&r.members[i], &am[i]);
+        for (size_t i = 0; i < r.n; i++)
             if (i != me) add_addrs(rt, &r.members[i]);
-        }
-        ap_avg_group_t g = {.members = am, .n = r.n};
-        memcpy(g.id, r.group_id, sizeof g.id);
         declare_closed(s);
         finish(s, 0, &g);
-        free(am);
+        free_avg_group(&g);
         free(r.members);
         return;
     }
@@ -866,6 +901,7 @@ int ap_avg_match_start(ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
     if (target > AP__MM_GROUP_MAX || min < 2 || min > target) return AP_EINVAL;
     uint64_t now = ap_rt_now_us(mm->rt);
     if (m->deadline_at_us <= now) return AP_EINVAL;
+    if (m->gather_len > AP_AVG_GATHER_MAX || (m->gather_len && !m->gather)) return AP_EINVAL;
     if (find_search(mm, m->key, m->key_len)) return AP_EBUSY;
     ap_avg_search_t *s = calloc(1, sizeof *s);
     if (!s) return AP_ENOMEM;
@@ -881,6 +917,8 @@ int ap_avg_match_start(ap_avg_matchmaker_t *mm, const ap_avg_match_t *m,
     s->self.up = self->up;
     s->self.down = self->down;
     s->self.exp_ms = ap_rt_wall_ms(mm->rt) + (int64_t)((m->deadline_at_us - now) / 1000);
+    if (m->gather_len) memcpy(s->self.gather, m->gather, m->gather_len);
+    s->self.gather_len = m->gather_len;
     char(*addrs)[AP_RT_ADDR_MAX] = s->self.addrs;
     int na = ap_rt_listen_addrs(mm->rt, addrs, AP__MM_ADDRS_MAX, false);
     s->self.naddrs = na < 0 ? 0 : na > AP__MM_ADDRS_MAX ? AP__MM_ADDRS_MAX : na;

@@ -14,6 +14,7 @@
 #define AP__MM_REDIRECT   3
 #define AP__MM_FULL       4
 #define AP__MM_REASON_MAX 128
+#define AP__MM_GATHER_MAX AP_AVG_GATHER_MAX
 
 typedef struct ap__mm_member {
     ap_peer_id_t id; /* zero in a declaration */
@@ -23,6 +24,8 @@ typedef struct ap__mm_member {
     bool closed;
     int naddrs;
     char addrs[AP__MM_ADDRS_MAX][AP_RT_ADDR_MAX];
+    size_t gather_len; /* never in a declaration */
+    uint8_t gather[AP__MM_GATHER_MAX];
 } ap__mm_member_t;
 
 typedef struct ap__mm_resp {

@@ -39,14 +39,15 @@ def test_two_peers_average_weighted(dhts):
     out = [None, None]
 
     def run(i, w):
-        out[i] = avs[i].step(weight=w)
+        # hivemind's gather: a's metadata reaches the whole group, b gives none (None)
+        out[i] = avs[i].step(weight=w, gather={"samples": 32, "name": "a"} if i == 0 else None)
 
     ths = [threading.Thread(target=run, args=(0, 1.0)), threading.Thread(target=run, args=(1, 3.0))]
     [t.start() for t in ths]
     [t.join() for t in ths]
-    # hivemind's return value: the group, {PeerID: gathered data (None)}, both peers in it
+    # hivemind's return value: the group, {PeerID: gathered data}, both peers in it
     for o in out:
-        assert o == {a.peer_id: None, b.peer_id: None}
+        assert o == {a.peer_id: {"samples": 32, "name": "a"}, b.peer_id: None}
     for av in avs:
         with av.get_tensors() as ts:
             assert torch.allclose(ts[0], torch.tensor([2.5, 5.0, 6.0]))
@@ -176,7 +177,8 @@ def test_bad_arguments(dhts):
         (ValueError, "weight", dict(weight=float("nan"))),
         (ValueError, "weight", dict(weight=0)),
         (TypeError, "weight", dict(weight="1")),
-        (ValueError, "gather", dict(gather={"batch": 3})),
+        (ValueError, "gather", dict(gather=b"x" * 600)),
+        (TypeError, "gather", dict(gather=object())),
         (ValueError, "require_trigger", dict(require_trigger=True)),
         (TypeError, "wait", dict(wait=1)),
         (ValueError, "timeout", dict(timeout=0)),

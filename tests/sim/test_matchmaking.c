@@ -1,8 +1,9 @@
 /* Matchmaking over the DHT on the simulator: groups at target size, min size
  * at the deadline, a dead leader, many concurrent searchers with crashes
  * (everyone ends in a group or fails cleanly by its deadline, and every
- * member of a group holds the same group), and a full ap_averager_step that
- * finds its group and gives the exact weighted mean. */
+ * member of a group holds the same group), every member's gathered bytes
+ * reaching the whole group (and never the DHT), and a full ap_averager_step
+ * that finds its group and gives the exact weighted mean. */
 #include "aptest.h"
 
 #include "apiary/averager.h"
@@ -13,6 +14,7 @@
 #include "apiary/sim.h"
 #include "averaging/allreduce.h"
 #include "averaging/matchmaking.h"
+#include "matchmaking.pb-c.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +37,9 @@ typedef struct node {
     uint8_t gid[AP_AVG_GROUP_ID_LEN];
     ap_avg_member_t mem[MAXN];
     size_t n;
+    bool has_gather;
+    size_t glen[MAXN];
+    uint8_t gather[MAXN][AP_AVG_GATHER_MAX];
 } node_t;
 
 typedef struct env {
@@ -115,6 +120,12 @@ static void on_match(ap_rt_t *rt, void *arg, int status, const ap_avg_group_t *g
         memcpy(d->gid, g->id, sizeof d->gid);
         memcpy(d->mem, g->members, g->n * sizeof *g->members);
         d->n = g->n;
+        d->has_gather = g->gather != NULL;
+        for (size_t k = 0; g->gather && k < g->n; k++) {
+            assert_true(g->gather[k].len <= AP_AVG_GATHER_MAX);
+            d->glen[k] = g->gather[k].len;
+            if (d->glen[k]) memcpy(d->gather[k], g->gather[k].data, d->glen[k]);
+        }
     }
 }
 
@@ -503,6 +514,61 @@ static void test_bad_joins(void **state)
     env_free(&e);
 }
 
+/* Each of 6 peers gives its group bytes of its own (peer 5 none, peer 4 the
+ * most there may be): every member of both groups gets every member's bytes,
+ * in the group's order; the DHT's declarations carry none of them. */
+static void test_gather(void **state)
+{
+    (void)state;
+    env_t e;
+    env_init(&e, 6, ap_test_seed(608));
+    static uint8_t g[6][AP_AVG_GATHER_MAX];
+    size_t gl[6];
+    for (int i = 0; i < 6; i++) {
+        gl[i] = i == 4 ? AP_AVG_GATHER_MAX : i == 5 ? 0 : (size_t)(3 + 40 * i);
+        for (size_t k = 0; k < gl[i]; k++) g[i][k] = (uint8_t)(i * 31 + k);
+    }
+    for (int i = 0; i < 6; i++) {
+        node_t *d = &e.nd[i];
+        ap_rt_t *rt = ap_sim_node(e.sim, i);
+        ap_avg_member_t me = {
+            .id = *ap_rt_self(rt), .role = AP_AVG_NORMAL, .up = 1e6 * (1 + i), .down = 2e6};
+        ap_avg_match_t m = {.key = KEY,
+                            .key_len = sizeof KEY - 1,
+                            .target_group_size = 3,
+                            .min_group_size = 2,
+                            .deadline_at_us = ap_rt_now_us(rt) + 5 * SEC + (uint64_t)i * 10000,
+                            .gather = gl[i] ? g[i] : NULL,
+                            .gather_len = gl[i]};
+        if (i == 0) { /* more than a member may give, or a length without bytes */
+            m.gather_len = AP_AVG_GATHER_MAX + 1;
+            assert_int_equal(ap_avg_match_start(d->mm, &m, &me, on_match, d, NULL), AP_EINVAL);
+            m.gather = NULL;
+            m.gather_len = 1;
+            assert_int_equal(ap_avg_match_start(d->mm, &m, &me, on_match, d, NULL), AP_EINVAL);
+            m.gather = g[i];
+            m.gather_len = gl[i];
+        }
+        d->searching = true;
+        assert_ok(ap_avg_match_start(d->mm, &m, &me, on_match, d, &d->search));
+        ap_sim_run_for(e.sim, 1000);
+    }
+    uint64_t t0 = ap_sim_now_us(e.sim);
+    assert_true(ap_sim_run_until(e.sim, all_ended, &e, t0 + 10 * SEC));
+    assert_int_equal(check_groups(&e, 3, 3), 2);
+    for (int i = 0; i < 6; i++) {
+        node_t *d = &e.nd[i];
+        assert_int_equal(d->status, 0);
+        assert_true(d->has_gather);
+        for (size_t k = 0; k < d->n; k++) {
+            int j = index_of(&e, &d->mem[k].id);
+            assert_int_equal(d->glen[k], gl[j]);
+            if (gl[j]) assert_memory_equal(d->gather[k], g[j], gl[j]);
+        }
+    }
+    env_free(&e);
+}
+
 /* ---- a full step ------------------------------------------------------------- */
 
 #define NT 2
@@ -637,6 +703,7 @@ static void test_wire(void **state)
     assert_int_equal(kl, sizeof KEY - 1);
     assert_memory_equal(&d, &a, sizeof d);
     assert_false(leave);
+    assert_int_equal(d.gather_len, 0);
     for (size_t cut = 0; cut < n; cut++) /* truncations never decode into garbage */
         if (ap__mm_req_decode(b, cut, key, &kl, &d, &leave) == 0)
             assert_memory_equal(&d, &a, sizeof d);
@@ -647,6 +714,44 @@ static void test_wire(void **state)
     assert_true(leave);
     assert_memory_equal(&d, &a, sizeof d);
     free(b);
+    /* gathered bytes travel in a request and in a begin, never in a declaration */
+    a.gather_len = AP_AVG_GATHER_MAX;
+    memset(a.gather, 0xa5, a.gather_len);
+    assert_ok(ap__mm_req_encode(KEY, sizeof KEY - 1, &a, false, &b, &n));
+    assert_ok(ap__mm_req_decode(b, n, key, &kl, &d, &leave));
+    assert_memory_equal(&d, &a, sizeof d);
+    free(b);
+    assert_ok(ap__mm_decl_encode(&a, &b, &n));
+    assert_ok(ap__mm_decl_decode(b, n, &d));
+    assert_int_equal(d.gather_len, 0);
+    free(b);
+    {
+        /* a member giving more than AP_AVG_GATHER_MAX, or a declaration with
+         * gathered bytes, is refused */
+        static uint8_t big[AP_AVG_GATHER_MAX + 1];
+        Apiary__Mm__Member pm = APIARY__MM__MEMBER__INIT;
+        pm.peer.data = a.id.b;
+        pm.peer.len = AP_PEER_ID_LEN;
+        pm.up = pm.down = 1e6;
+        pm.gather.data = big;
+        pm.gather.len = sizeof big;
+        Apiary__Mm__JoinRequest pr = APIARY__MM__JOIN_REQUEST__INIT;
+        pr.group_key.data = (uint8_t *)KEY;
+        pr.group_key.len = sizeof KEY - 1;
+        pr.self = &pm;
+        uint8_t raw[2048];
+        size_t rn = apiary__mm__join_request__pack(&pr, raw);
+        assert_int_equal(ap__mm_req_decode(raw, rn, key, &kl, &d, &leave), AP_ECORRUPT);
+        pm.gather.len = AP_AVG_GATHER_MAX;
+        rn = apiary__mm__join_request__pack(&pr, raw);
+        assert_ok(ap__mm_req_decode(raw, rn, key, &kl, &d, &leave));
+        pm.peer.len = 0;
+        pm.gather.len = 1;
+        rn = apiary__mm__member__pack(&pm, raw);
+        assert_int_equal(ap__mm_decl_decode(raw, rn, &d), AP_ECORRUPT);
+    }
+    a.gather_len = 0;
+    memset(a.gather, 0, sizeof a.gather);
     /* begin with a duplicate member is refused */
     ap__mm_member_t two[2] = {a, a};
     ap__mm_resp_t r = {.code = AP__MM_BEGIN, .members = two, .n = 2};
@@ -687,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_follower_leaves),
         cmocka_unit_test(test_bad_joins),
+        cmocka_unit_test(test_gather),
         cmocka_unit_test(test_averager_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
