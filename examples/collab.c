@@ -12,6 +12,7 @@
 #include <apiary/node.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +26,9 @@ typedef struct peer {
     const char *bootstrap; /* NULL for the first peer */
     int index;
     int rc;
-    float first_loss, last_loss;
+    float first_loss, last_loss; /* on the same held-out batch: before and after */
     uint64_t epoch;
+    pthread_barrier_t *done; /* both peers' loops ended: only then do they leave */
 } peer_t;
 
 /* Mean gradient and loss of 0.5 (w·x - y)^2 over a batch, y = w*·x with
@@ -45,6 +47,16 @@ static float compute_batch(const float *w, float *grad, unsigned *seed)
         loss += 0.5f * err * err / BATCH;
     }
     return loss;
+}
+
+/* The loss of w on a fixed held-out batch (the same for every peer): a peer
+ * that joins late downloads trained parameters, so its own first training
+ * batch would tell nothing. */
+static float eval_loss(const float *w)
+{
+    unsigned seed = 12345;
+    float grad[DIM];
+    return compute_batch(w, grad, &seed);
 }
 
 static void *peer_main(void *arg)
@@ -68,16 +80,19 @@ static void *peer_main(void *arg)
     cfg.lr.base = 0.5f;
     cfg.matchmaking_window_us = 200000;
     if (rc == 0) rc = ap_collab_new_sync(p->rt, dht, svc, &cfg, params, DIM, NULL, 0, &c);
+    p->first_loss = eval_loss(params);
     if (rc == 0) ap_collab_start_sync(c); /* downloads the state if peers exist */
     for (int i = 0; rc == 0 && p->epoch < EPOCHS && i < 1000; i++) {
-        float loss = compute_batch(params, grad, &seed); /* params are ours between submits */
-        if (i == 0) p->first_loss = loss;
-        p->last_loss = loss;
+        float loss = compute_batch(params, grad, &seed);  /* params are ours between submits */
         rc = ap_collab_submit_sync(c, grad, BATCH, loss); /* may step params */
         ap_collab_stats_t st;
         if (rc == 0) rc = ap_collab_get_stats_sync(c, &st);
         if (rc == 0) p->epoch = st.epoch;
     }
+    p->last_loss = eval_loss(params);
+    /* A peer that finishes first stays (serving the DHT and its state) until
+     * the other is done too: a late joiner must find it to download from. */
+    pthread_barrier_wait(p->done);
     ap_collab_free_sync(p->rt, c);
     ap_avg_service_free_sync(p->rt, svc);
     ap_dht_free_sync(dht);
@@ -98,6 +113,10 @@ int main(void)
     char addr[1][AP_RT_ADDR_MAX] = {""}; /* the first peer's, with /p2p/<id> */
     if (rc == 0 && ap_node_listen_addrs_sync(peers[0].rt, addr, 1, true) < 1) rc = AP_ESTATE;
     peers[1].bootstrap = addr[0];
+    pthread_barrier_t done;
+    bool barrier = rc == 0 && pthread_barrier_init(&done, NULL, 2) == 0;
+    if (!barrier && rc == 0) rc = AP_ENOMEM;
+    peers[0].done = peers[1].done = &done;
     pthread_t th[2];
     int started = 0;
     for (int i = 0; i < 2 && rc == 0; i++) {
@@ -106,10 +125,12 @@ int main(void)
         else
             started++;
     }
+    if (started == 1) pthread_barrier_wait(&done); /* let the one started peer leave */
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (barrier) pthread_barrier_destroy(&done);
     int ok = rc == 0 && started == 2;
     for (int i = 0; i < started; i++) {
-        printf("peer %d: %s, epoch %llu, loss %.4f -> %.4f\n", i, ap_strerror(peers[i].rc),
+        printf("peer %d: %s, epoch %llu, held-out loss %.4f -> %.4f\n", i, ap_strerror(peers[i].rc),
                (unsigned long long)peers[i].epoch, peers[i].first_loss, peers[i].last_loss);
         ok = ok && peers[i].rc == 0 && peers[i].epoch >= EPOCHS &&
              peers[i].last_loss < peers[i].first_loss;
