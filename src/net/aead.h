@@ -8,8 +8,10 @@
  * its provider offers the cipher (checked once per process); otherwise, or
  * after ap__aead_use_openssl(false), libsodium's.
  *
- * Thread-safe: each thread uses its own OpenSSL context (created on first use,
- * freed at thread exit). Keys are never stored beyond one call. */
+ * Thread-safe: each thread keeps its own OpenSSL contexts, a few per
+ * direction, each bound to the last keys it used, so that a message under a
+ * key already bound sets only its nonce (created on first use; freed and the
+ * key copies zeroed at thread exit). A failed call unbinds its context. */
 #ifndef AP_NET_AEAD_H
 #define AP_NET_AEAD_H
 

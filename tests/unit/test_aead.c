@@ -189,14 +189,54 @@ static void test_threads(void **state)
     }
 }
 
+/* Each thread binds a context to the keys it used last: messages under more
+ * keys than it keeps, interleaved in both directions, with nonces changing and
+ * forged messages in between, give libsodium's bytes each time, and a forged
+ * message never spoils the next genuine one under its key. */
+static void test_bound_keys(void **state)
+{
+    (void)state;
+    enum { K = 7, LEN = 200 };
+    uint8_t keys[K][32], plain[LEN], ad[13];
+    randombytes_buf(keys, sizeof keys);
+    randombytes_buf(plain, sizeof plain);
+    randombytes_buf(ad, sizeof ad);
+    assert_true(ap__aead_use_openssl(true));
+    for (int r = 0; r < 300; r++) {
+        /* key order: cycles through all K, then dwells on few (r % 3) */
+        int k = (r < 150) ? r % K : (r * 5 + r / 7) % 3;
+        uint8_t nonce[12] = {0};
+        nonce[4] = (uint8_t)r;
+        nonce[5] = (uint8_t)(r >> 8);
+        size_t len = (size_t)(r * 37) % LEN;
+        uint8_t expect[LEN + 16], got[LEN + 16], back[LEN];
+        crypto_aead_chacha20poly1305_ietf_encrypt_detached(expect, expect + len, NULL, plain, len,
+                                                           ad, sizeof ad, NULL, nonce, keys[k]);
+        assert_ok(ap__aead_seal(keys[k], nonce, ad, sizeof ad, plain, len, got));
+        assert_memory_equal(got, expect, len + 16);
+        if (r % 4 == 1) { /* a forgery under the same key first */
+            uint8_t bad[LEN + 16];
+            memcpy(bad, got, len + 16);
+            bad[(size_t)r % (len + 16)] ^= 0x20;
+            assert_int_equal(
+                ap__aead_open(keys[k], nonce, ad, sizeof ad, bad, len, bad + len, back), AP_EAUTH);
+        }
+        assert_ok(ap__aead_open(keys[k], nonce, ad, sizeof ad, got, len, got + len, back));
+        assert_memory_equal(back, plain, len);
+        /* the same nonce under the next key opens nothing sealed under this one */
+        int other = (k + 1) % K;
+        assert_int_equal(
+            ap__aead_open(keys[other], nonce, ad, sizeof ad, got, len, got + len, back), AP_EAUTH);
+    }
+}
+
 int main(void)
 {
     if (sodium_init() < 0) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rfc8439_vector),
-        cmocka_unit_test(test_implementations_agree),
-        cmocka_unit_test(test_tamper),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_rfc8439_vector), cmocka_unit_test(test_implementations_agree),
+        cmocka_unit_test(test_tamper),         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_bound_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
