@@ -155,7 +155,9 @@ static int read_pubkey(const uint8_t *b, size_t n, int *type, uint8_t pk[AP_ED25
     if (!k) return AP_ECORRUPT;
     int rc = 0;
     *type = (int)k->type;
-    if (k->type != LIBP2P__KEY_TYPE__Ed25519)
+    if (*type < 0) /* not a KeyType: a varint beyond int32 (protobuf-c truncates it) */
+        rc = AP_ECORRUPT;
+    else if (k->type != LIBP2P__KEY_TYPE__Ed25519)
         rc = AP_ENOTSUP;
     else if (k->data.len != AP_ED25519_PK_LEN)
         rc = AP_ECORRUPT;

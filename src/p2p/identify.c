@@ -128,6 +128,12 @@ int ap__identify_decode(const uint8_t *msg, size_t len, ap_identify_t *out)
             goto out;
         }
         out->key_type = (int)k->type;
+        if (out->key_type < 0) { /* not a KeyType (a varint beyond int32) */
+            libp2p__public_key__free_unpacked(k, NULL);
+            out->key_type = -1;
+            rc = AP_ECORRUPT;
+            goto out;
+        }
         if (k->type == LIBP2P__KEY_TYPE__Ed25519 && k->data.len == AP_ED25519_PK_LEN) {
             ap_peer_id_from_ed25519(&out->id, k->data.data);
             out->has_id = true;

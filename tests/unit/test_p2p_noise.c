@@ -198,6 +198,12 @@ static void test_key_types(void **state)
     buf[2] = 0xff; /* the PublicKey's first tag */
     assert_int_equal(ap__secure_check_payload_ex(buf, n, rs, NULL, 0, true, &info), AP_ECORRUPT);
     assert_int_equal(info.key_type, -1);
+    /* a key type beyond int32 (truncated to a negative enum by the decoder):
+     * corrupt, not "another type" (found by fuzz_p2p_noise_payload) */
+    static const uint8_t huge[] = {0x0a, 0x0e, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                   0xff, 0xff, 0xff, 0x00, 0x12, 0x02, 0x41, 0x42};
+    assert_int_equal(ap__secure_check_payload_ex(huge, sizeof huge, rs, NULL, 0, true, &info),
+                     AP_ECORRUPT);
 
     /* in a handshake: the responder presents an RSA key */
     const char *const y[] = {YAMUX};
