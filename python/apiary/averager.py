@@ -275,9 +275,6 @@ class DecentralizedAverager:
         if weight is None:
             weight = 0.0 if self.auxiliary else 1.0
         weight = _check_weight(weight)
-        if weight == 0 and not self.auxiliary:
-            raise ValueError("weight must be > 0 for a peer that averages its tensors (a "
-                             "weight-0 member stalls libapiary's round; use auxiliary=True)")
         now = time.time()
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):

@@ -57,7 +57,7 @@ int ap__avg_hello_decode(const uint8_t *b, size_t len, ap__avg_hello_t *out)
         m->count > m->total - m->offset)
         goto out;
     if (m->chunk_elems == 0 || m->chunk_elems > AP__AVG_CHUNK_MAX) goto out;
-    if (!isfinite(m->weight) || !(m->weight > 0)) goto out;
+    if (!isfinite(m->weight) || !(m->weight >= 0)) goto out;
     memcpy(out->group_id, m->group_id.data, AP_AVG_GROUP_ID_LEN);
     out->sender = m->sender;
     out->reducer = m->reducer;
@@ -330,6 +330,8 @@ static void round_free(ap_allreduce_t *ar)
     cache_put(ar->svc, 0, ar->acc, ar->acc_bytes);
     free(ar->wsum);
     free(ar->touched);
+    free(ar->acc0);
+    free(ar->n0);
     free(ar->slot);
     free(ar->free_slots);
     cache_put(ar->svc, 1, ar->aux_buf, ar->aux_bytes);
@@ -514,7 +516,7 @@ int ap_allreduce_start(ap_avg_service_t *svc, const ap_avg_group_t *g, float *da
     for (ap_allreduce_t *r = svc->rounds; r; r = r->next)
         if (!memcmp(r->gid, g->id, AP_AVG_GROUP_ID_LEN)) return AP_EEXIST;
     bool sends = g->members[self].role != AP_AVG_AUX;
-    if (sends && (!data || !isfinite(weight) || !(weight > 0))) return AP_EINVAL;
+    if (sends && (!data || !isfinite(weight) || !(weight >= 0))) return AP_EINVAL;
     ap_allreduce_opts_t o = opts ? *opts : (ap_allreduce_opts_t){0};
     if (!o.chunk_elems) o.chunk_elems = ap__avg_auto_chunk(g);
     if (o.chunk_elems > AP__AVG_CHUNK_MAX) return AP_EINVAL;

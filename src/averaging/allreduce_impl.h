@@ -111,6 +111,13 @@ struct ap_allreduce {
     uint8_t *touched;
     uint32_t *slot, *free_slots;
     uint32_t nfree, fresh_slot;
+    /* senders of weight 0 (a trainer without samples): their terms add
+     * nothing to acc; acc0 (chunk_elems doubles per slot, like acc; zero
+     * while a slot is free) sums them unweighted and n0[c] counts them, for
+     * the plain mean of a chunk whose weights are all 0. NULL until such a
+     * sender joins. */
+    double *acc0;
+    uint32_t *n0;
     /* lossy codecs: each result chunk's frame, encoded once when the chunk is
      * final; the reducer keeps its decoding and every receiver gets these very
      * bytes (re-encoding decoded values is not the identity for every codec,

@@ -134,6 +134,22 @@ fail:
     ar->reduced = ar->my_chunks;
 }
 
+/* Chunk c's weights were all 0: its result is the plain mean of the terms
+ * that arrived (acc0, n0) and the own one; false if there were none (an
+ * auxiliary whose senders all dropped). */
+static bool zero_weight_mean(ap_allreduce_t *ar, uint32_t c, uint64_t s, uint32_t len)
+{
+    const double *z =
+        ar->acc0 && ar->touched[c] ? ar->acc0 + (size_t)ar->slot[c] * ar->o.chunk_elems : NULL;
+    uint32_t n = (z ? ar->n0[c] : 0) + (ar->sends ? 1 : 0);
+    if (n == 0) return false;
+    for (uint32_t e = 0; e < len; e++) {
+        double v = (z ? z[e] : 0) + (ar->sends ? ar->result[s + e] : 0);
+        ar->result[s + e] = (float)(v / n);
+    }
+    return true;
+}
+
 void ap__ar_finalise_chunks(ap_allreduce_t *ar)
 {
     if (ar->copies) {
@@ -152,12 +168,19 @@ void ap__ar_finalise_chunks(ap_allreduce_t *ar)
                 for (uint32_t e = 0; e < len; e++)
                     ar->result[s + e] = (float)(ar->weight * ar->result[s + e] / w);
             publish_chunk(ar, c, s, len);
+        } else if (zero_weight_mean(ar, c, s, len)) {
+            publish_chunk(ar, c, s, len);
         } else if (!ar->sends) {
             /* aux with every sender dropped: nothing to average, nobody to tell */
             memset(ar->result + s, 0, (size_t)len * sizeof(float));
             if (ar->res_enc) ar->res_enc[(size_t)c * ar->res_fsz] = 0;
         }
-        if (ar->touched[c]) ar->free_slots[ar->nfree++] = ar->slot[c];
+        if (ar->touched[c]) {
+            if (ar->acc0) /* zero while the slot is free */
+                memset(ar->acc0 + (size_t)ar->slot[c] * ar->o.chunk_elems, 0,
+                       (size_t)len * sizeof *ar->acc0);
+            ar->free_slots[ar->nfree++] = ar->slot[c];
+        }
         ar->reduced++;
     }
 }
@@ -220,6 +243,10 @@ static void on_in_msg(ap_stream_t *s, void *arg, const uint8_t *data, size_t len
     else
         ar->k->wsum_init(acc, own, ow, x, f.elems, w);
     ar->wsum[f.index] += w;
+    if (!(w > 0) && ar->acc0) { /* weight 0: nothing in acc; kept for an all-zero chunk */
+        ar->k->wsum_add(ar->acc0 + (size_t)ar->slot[f.index] * ar->o.chunk_elems, x, f.elems, 1.0);
+        ar->n0[f.index]++;
+    }
 took:
     sl->next_in++;
     if (!sl->first_us) sl->first_us = now;
@@ -375,6 +402,17 @@ int ap__ar_adopt(ap_allreduce_t *ar, ap_stream_t *s, const ap__avg_hello_t *h)
         char sb[AP_PEER_SHORT_LEN];
         ap_warn(MOD, "refusing stream from %s: %s", ap_peer_id_short(peer, sb), why);
         return AP_EPROTO;
+    }
+    if (!(h->weight > 0) && !ar->copies && !ar->acc0) {
+        ar->acc0 = calloc((size_t)ar->my_chunks * ar->o.chunk_elems, sizeof *ar->acc0);
+        ar->n0 = calloc(ar->my_chunks, sizeof *ar->n0);
+        if (!ar->acc0 || !ar->n0) {
+            free(ar->acc0);
+            free(ar->n0);
+            ar->acc0 = NULL;
+            ar->n0 = NULL;
+            return AP_ENOMEM;
+        }
     }
     link_t *l = calloc(1, sizeof *l);
     if (!l) return AP_ENOMEM;

@@ -5,7 +5,9 @@
  * always mid-round. Every survivor must end the round with status 0, every element
  * either its local value or a weighted mean (over all 8, or over the 7 when
  * the victim's chunk never arrived), and report exactly how many elements it
- * averaged; the parts of live reducers must be averaged entirely. */
+ * averaged; the parts of live reducers must be averaged entirely. And a
+ * member of weight 0 among four nodes of one host: a full member whose
+ * values add nothing. */
 #include "aptest.h"
 
 #include "apiary/allreduce.h"
@@ -250,11 +252,103 @@ static void test_eight_processes_one_killed(void **state)
     }
 }
 
+/* ---- weight 0 over real sockets ---------------------------------------------------- */
+
+#define NZ 4
+
+typedef struct zstate {
+    bool done;
+    ap_allreduce_result_t res;
+} zstate_t;
+
+static void z_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
+{
+    (void)rt;
+    zstate_t *s = arg;
+    s->res = *res;
+    s->done = true;
+}
+
+static bool z_all_done(void *arg)
+{
+    zstate_t *s = arg;
+    for (int i = 0; i < NZ; i++)
+        if (!s[i].done) return false;
+    return true;
+}
+
+/* Four nodes of one host on loopback, peer 1 with weight 0 (a trainer
+ * without samples): nobody is dropped, every part is averaged, every peer
+ * holds the weighted mean of the others, peer 1 included. */
+static void test_zero_weight_member(void **state)
+{
+    (void)state;
+    ap_host_t *h = ap_host_new(); /* caller-driven: everything on this thread */
+    assert_non_null(h);
+    ap_rt_t *rt[NZ];
+    ap_avg_service_t *svc[NZ];
+    ap_avg_member_t mem[NZ];
+    char addr[NZ][AP_RT_ADDR_MAX];
+    const double w[NZ] = {1, 0, 2, 1};
+    for (int i = 0; i < NZ; i++) {
+        uint8_t seed[32] = {0};
+        seed[0] = (uint8_t)(40 + i);
+        ap_node_opts_t no = {
+            .ed25519_seed = seed, .rng_seed = (uint64_t)i + 40, .listen = "/ip4/127.0.0.1/tcp/0"};
+        assert_ok(ap_node_new(h, &no, &rt[i]));
+        assert_ok(ap_avg_service_new(rt[i], &svc[i]));
+        char a[1][AP_RT_ADDR_MAX];
+        assert_int_equal(ap_rt_listen_addrs(rt[i], a, 1, false), 1);
+        memcpy(addr[i], a[0], sizeof addr[i]);
+        mem[i].id = *ap_rt_self(rt[i]);
+        mem[i].role = AP_AVG_NORMAL;
+        mem[i].up = mem[i].down = 50e6;
+    }
+    for (int i = 0; i < NZ; i++)
+        for (int j = 0; j < NZ; j++)
+            if (i != j) assert_ok(ap_rt_add_addr(rt[i], &mem[j].id, addr[j]));
+    const uint64_t n = 1u << 16;
+    float *x[NZ];
+    zstate_t st[NZ];
+    memset(st, 0, sizeof st);
+    ap_avg_group_t g = {.members = mem, .n = NZ};
+    memset(g.id, 0x5a, sizeof g.id);
+    ap_allreduce_opts_t o = {.chunk_elems = (uint32_t)(n / 64), .deadline_factor = 40};
+    for (int i = 0; i < NZ; i++) {
+        x[i] = malloc(n * sizeof(float));
+        assert_non_null(x[i]);
+        for (uint64_t k = 0; k < n; k++) x[i][k] = value(i, k);
+        assert_ok(ap_allreduce_start(svc[i], &g, x[i], n, w[i], &o, z_done, &st[i], NULL));
+    }
+    assert_true(ap_host_run_until(h, z_all_done, st, 120000000ull));
+    for (int i = 0; i < NZ; i++) {
+        assert_int_equal(st[i].res.status, 0);
+        assert_int_equal(st[i].res.senders_dropped, 0);
+        assert_int_equal(st[i].res.parts_failed, 0);
+        assert_true(st[i].res.averaged_fraction == 1.0);
+        assert_int_equal(st[i].res.elems_averaged, n);
+        for (uint64_t k = 0; k < n; k++) {
+            double sx = 0, sw = 0;
+            for (int j = 0; j < NZ; j++) sx += w[j] * value(j, k), sw += w[j];
+            double m = sx / sw;
+            if (!(fabs(x[i][k] - m) <= 1e-5 * fabs(m) + 1e-6))
+                fail_msg("peer %d elem %llu: %g want %g", i, (unsigned long long)k, x[i][k], m);
+        }
+    }
+    for (int i = 0; i < NZ; i++) {
+        ap_avg_service_free(svc[i]);
+        ap_node_free(rt[i]);
+        free(x[i]);
+    }
+    assert_ok(ap_host_free(h));
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eight_processes_one_killed),
+        cmocka_unit_test(test_zero_weight_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -109,6 +109,22 @@ def test_background_steps_trigger_and_weights(dhts):
         av.shutdown()
 
 
+def test_zero_weight_peer(dhts):
+    # weight 0 (hivemind: allowed): the peer is in the group, adds nothing, gets the mean
+    a, b = dhts
+    avs = [apiary.DecentralizedAverager([torch.full((5,), v)], d, prefix="zero",
+                                        target_group_size=2, min_matchmaking_time=5.0)
+           for v, d in ((7.0, a), (-3.0, b))]
+    ctls = [av.step(wait=False, weight=w, timeout=60) for av, w in zip(avs, (0.0, 2.0))]
+    res = [c.result(timeout=120) for c in ctls]
+    assert res[0] == res[1] == {a.peer_id: None, b.peer_id: None}
+    for av in avs:
+        with av.get_tensors() as ts:
+            assert torch.equal(ts[0], torch.full((5,), -3.0))
+    for av in avs:
+        av.shutdown()
+
+
 def test_compression_and_roles(dhts):
     a, b = dhts
     third = 1.0 / 3.0
@@ -175,7 +191,6 @@ def test_bad_arguments(dhts):
     for exc, match, kw in [
         (ValueError, "weight", dict(weight=-1)),
         (ValueError, "weight", dict(weight=float("nan"))),
-        (ValueError, "weight", dict(weight=0)),
         (TypeError, "weight", dict(weight="1")),
         (ValueError, "gather", dict(gather=b"x" * 600)),
         (TypeError, "gather", dict(gather=object())),

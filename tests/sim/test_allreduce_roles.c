@@ -276,6 +276,90 @@ static void test_bad_input(void **state)
     avg_env_free(&e);
 }
 
+/* ---- weight 0 ------------------------------------------------------------------------ */
+
+/* One round of n peers with the given roles and weights on equal links;
+ * returns its (virtual) duration, checks every receiver against want (the
+ * weighted mean, or the plain mean when every weight is 0). */
+static uint64_t run_weights(const ap_avg_role_t *roles, const double *w, int n, uint64_t elems,
+                            uint64_t seed)
+{
+    avg_env_t e;
+    avg_env_init(&e, n, elems, seed);
+    int idx[16];
+    double wsum = 0;
+    for (int i = 0; i < n; i++) {
+        idx[i] = i;
+        e.nd[i].role = roles[i];
+        e.nd[i].weight = w[i];
+        avg_set_bw(&e, i, 10e6, 10e6);
+        if (roles[i] != AP_AVG_AUX) wsum += w[i];
+    }
+    uint8_t gid[32];
+    memset(gid, (int)seed + 1, sizeof gid);
+    ap_allreduce_opts_t o = {.chunk_elems = 1000};
+    uint64_t t0 = ap_sim_now_us(e.sim);
+    avg_start(&e, idx, n, gid, NULL, NULL, &o);
+    assert_true(avg_run_until(&e, avg_all_done, &e, 600000000ull));
+    uint64_t took = ap_sim_now_us(e.sim) - t0;
+    for (uint64_t k = 0; k < elems; k++) {
+        double sx = 0, sw = 0;
+        for (int j = 0; j < n; j++) {
+            if (roles[j] == AP_AVG_AUX) continue;
+            double wj = wsum > 0 ? w[j] : 1.0;
+            sx += wj * e.nd[j].orig[k];
+            sw += wj;
+        }
+        for (int i = 0; i < n; i++) {
+            if (roles[i] == AP_AVG_AUX) continue;
+            if (!close_rel(e.nd[i].data[k], sx / sw, 1e-6))
+                fail_msg("peer %d elem %llu: %.9g want %.9g", i, (unsigned long long)k,
+                         e.nd[i].data[k], sx / sw);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        avg_node_t *d = &e.nd[i];
+        assert_int_equal(d->res.status, 0);
+        assert_int_equal(d->res.parts_failed, 0);
+        assert_int_equal(d->res.senders_dropped, 0);
+        assert_true(d->res.averaged_fraction == 1.0);
+        if (roles[i] != AP_AVG_AUX) assert_int_equal(d->res.elems_averaged, elems);
+    }
+    avg_env_free(&e);
+    return took;
+}
+
+/* A sender of weight 0 (a trainer without samples) is a full member: the
+ * round ends as fast as with weight 1, nobody is dropped, its values add
+ * nothing to the mean and it gets the mean back. If all weights are 0 the
+ * result is the plain mean. */
+static void test_zero_weight(void **state)
+{
+    (void)state;
+    const ap_avg_role_t N = AP_AVG_NORMAL, C = AP_AVG_CLIENT, X = AP_AVG_AUX;
+    uint64_t seed = ap_test_seed(71);
+    const ap_avg_role_t r4[] = {N, N, N, N};
+    const double ones[] = {1, 1, 1, 1};
+    const double one_zero[] = {1, 0, 2, 1};
+    uint64_t base = run_weights(r4, ones, 4, 100000, seed);
+    uint64_t zero = run_weights(r4, one_zero, 4, 100000, seed);
+    /* same links, same bytes: the same virtual time within a margin, far
+     * below the 2 s a member that never connects is waited for */
+    if (zero > base + base / 2 || zero >= 2000000)
+        fail_msg("weight-0 round took %llu us, weight-1 round %llu us", (unsigned long long)zero,
+                 (unsigned long long)base);
+    /* zero-weight client and normal peers, with an auxiliary */
+    const ap_avg_role_t r5[] = {N, C, X, N, C};
+    const double w5[] = {0, 0, 0, 3, 1};
+    run_weights(r5, w5, 5, 10007, seed + 1);
+    /* every weight 0: the plain mean */
+    const double zeros[] = {0, 0, 0, 0};
+    run_weights(r4, zeros, 4, 10007, seed + 2);
+    const ap_avg_role_t r3[] = {N, X, C};
+    const double z3[] = {0, 0, 0};
+    run_weights(r3, z3, 3, 37, seed + 3);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -286,9 +370,13 @@ static void test_bad_args(void **state)
         mem[k] = (ap_avg_member_t){*ap_rt_self(avg_rt(&e, k)), AP_AVG_NORMAL, 1e6, 1e6};
     ap_avg_group_t g = {.members = mem, .n = 2};
     float x[8] = {0};
-    /* weight must be > 0 for a sender */
+    /* weight must be finite and >= 0 for a sender */
     assert_int_equal(
-        ap_allreduce_start(e.nd[0].svc, &g, x, 8, 0, NULL, avg_on_done, &e.nd[0], NULL), AP_EINVAL);
+        ap_allreduce_start(e.nd[0].svc, &g, x, 8, -1, NULL, avg_on_done, &e.nd[0], NULL),
+        AP_EINVAL);
+    assert_int_equal(
+        ap_allreduce_start(e.nd[0].svc, &g, x, 8, NAN, NULL, avg_on_done, &e.nd[0], NULL),
+        AP_EINVAL);
     /* NaN in the local data */
     x[3] = NAN;
     assert_int_equal(
@@ -306,9 +394,8 @@ int main(void)
 {
     ap_log_set_level(AP_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_role_mixes),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_role_mixes), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_bad_args),   cmocka_unit_test(test_zero_weight),
         cmocka_unit_test(test_codecs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
