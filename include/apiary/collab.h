@@ -198,25 +198,26 @@ typedef struct ap_collab_config {
 AP_EXPORT void ap_collab_config_default(ap_collab_config_t *cfg);
 
 typedef struct ap_collab_stats {
-    uint64_t epoch;                      /* global epoch this peer is in */
-    uint64_t local_samples;              /* accumulated in this epoch */
-    double global_samples;               /* estimate for this epoch, all peers */
-    double global_sps;                   /* sum of the fresh training peers' speeds (any epoch) */
-    double eta_s;                        /* estimated seconds until the epoch is due */
-    uint32_t peers;                      /* fresh records in the run (any epoch) */
-    uint32_t last_group_size;            /* members of the last averaging round */
-    double last_averaged_fraction;       /* of the last gradient round (1 = complete) */
-    uint64_t last_epoch_samples;         /* samples the last global step averaged */
-    uint64_t epochs_failed;              /* epochs stepped with incomplete averaging */
-    uint64_t state_rounds;               /* state averaging rounds completed */
-    uint64_t state_loads;                /* successful state downloads */
-    uint64_t state_parts_refused;        /* downloaded parts refused (bad shape/corrupt) */
-    uint64_t records_refused;            /* progress records refused as impossible */
-    uint64_t bytes_served;               /* state bytes sent to others */
-    float last_loss;                     /* mean loss of the last submitted batch */
-    uint64_t rounds;                     /* gradient averaging rounds completed (any outcome) */
-    uint64_t bytes_sent, bytes_received; /* averaging payload bytes, cumulative */
-    uint32_t last_round_ms;              /* duration of the last gradient round */
+    uint64_t epoch;                /* global epoch this peer is in */
+    uint64_t local_samples;        /* accumulated in this epoch */
+    double global_samples;         /* estimate for this epoch, all peers */
+    double global_sps;             /* sum of the fresh training peers' speeds (any epoch) */
+    double eta_s;                  /* estimated seconds until the epoch is due */
+    uint32_t peers;                /* fresh records in the run (any epoch) */
+    uint32_t last_group_size;      /* members of the last averaging round */
+    double last_averaged_fraction; /* of the last gradient round (1 = complete) */
+    uint64_t last_epoch_samples;   /* samples the last global step averaged */
+    uint64_t epochs_failed;        /* epochs stepped with incomplete averaging */
+    uint64_t state_rounds;         /* state averaging rounds completed */
+    uint64_t state_loads;          /* successful state downloads */
+    uint64_t state_parts_refused;  /* downloaded parts refused (bad shape/corrupt) */
+    uint64_t records_refused;      /* progress records refused as impossible */
+    uint64_t bytes_served;         /* state bytes sent to others */
+    float last_loss;               /* mean loss of the last submitted batch */
+    uint64_t rounds;               /* gradient averaging rounds completed (any outcome) */
+    /* averaging payload bytes, cumulative: every round (gradient and state) */
+    uint64_t bytes_sent, bytes_received;
+    uint32_t last_round_ms; /* duration of the last gradient round */
     /* delayed updates: samples submitted while a background round ran */
     uint64_t samples_during_rounds;
     uint64_t delayed_steps; /* steps applied from the background */

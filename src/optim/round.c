@@ -120,13 +120,14 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
         return;
     }
     ap__collab_unref(c);
+    /* every round kind, whatever its outcome */
+    c->st.bytes_sent += res->bytes_sent;
+    c->st.bytes_received += res->bytes_received;
     if (c->phase == PH_AVERAGING) {
         double frac = c->cfg.role == AP_AVG_AUX ? 1.0 : res->averaged_fraction;
         c->st.last_group_size = (uint32_t)c->nmembers;
         c->st.last_averaged_fraction = frac;
         c->st.rounds++;
-        c->st.bytes_sent += res->bytes_sent;
-        c->st.bytes_received += res->bytes_received;
         c->st.last_round_ms = (uint32_t)(res->elapsed_us / 1000);
         if (res->status != 0 || frac < 1.0) {
             c->st.epochs_failed++;
