@@ -46,6 +46,7 @@ void ap__tcp_maybe_finish(ap_tcp_t *t)
     free(t->table);
     free(t->rbuf);
     ap_admit_close(&t->admit);
+    ap_rcmgr_free(t->rc);
     ap__secure_creds_clear(&t->creds);
     free(t);
     if (done) done(arg);
@@ -185,6 +186,7 @@ void ap__tcp_conn_abort(ap_tcp_conn_t *c, int status)
         c->admitted = false;
         ap_admit_gone(&t->admit, (uint64_t)(uintptr_t)c);
     }
+    ap__tcp_hs_release(c);
     if (c->st == C_OPEN) t->stats.open--;
     c->st = C_CLOSING;
     c->close_status = status;
@@ -406,7 +408,12 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     t->arg = arg;
     int rc = ap__secure_creds_init(&t->creds, id, c->hash, NULL);
     t->rbuf = malloc(c->read_buf_size);
-    if (rc || !t->rbuf) {
+    ap_rcmgr_config_t rcc;
+    ap_rcmgr_config_default(&rcc);
+    rcc.hs_transient = (uint32_t)c->max_handshakes;
+    t->rc = ap_rcmgr_new(&rcc);
+    if (rc || !t->rbuf || !t->rc) {
+        ap_rcmgr_free(t->rc);
         free(t->rbuf);
         ap__secure_creds_clear(&t->creds);
         free(t);

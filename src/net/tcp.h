@@ -197,10 +197,12 @@ typedef struct ap_tcp_stats {
     uint64_t bytes_sent, bytes_received; /* on the wire */
     uint32_t open, handshaking;
     uint64_t handshakes_ok, handshakes_failed, closed_bad_input, dup_closed;
-    uint64_t dup_kept;      /* duplicates left open for the layer above (keep_duplicates) */
-    uint64_t refused_open;  /* handshakes done but refused by the open-connection limits */
-    uint64_t evicted_idle;  /* idle inbound connections closed to make room for a newcomer */
-    ap_admit_stats_t admit; /* admission (base/admit.h) */
+    uint64_t dup_kept;           /* duplicates left open for the layer above (keep_duplicates) */
+    uint64_t refused_open;       /* handshakes done but refused by the open-connection limits */
+    uint64_t refused_handshakes; /* refused at accept: the remote IP's or the transient
+                                    handshake scope was full (resource manager) */
+    uint64_t evicted_idle;       /* idle inbound connections closed to make room for a newcomer */
+    ap_admit_stats_t admit;      /* admission (base/admit.h) */
 } ap_tcp_stats_t;
 void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
 

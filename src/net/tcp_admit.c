@@ -48,6 +48,7 @@ static void hs_finish(ap_tcp_conn_t *c)
         c->counted_hs = false;
         t->nhandshaking--;
     }
+    ap__tcp_hs_release(c);
     t->stats.handshakes_ok++;
     ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
     bool in_table = true;
@@ -179,6 +180,13 @@ void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16])
     }
 }
 
+void ap__tcp_hs_release(ap_tcp_conn_t *c)
+{
+    if (!c->rc_hs) return;
+    c->rc_hs = false;
+    ap_rc_hs_end(c->t->rc, c->ip);
+}
+
 /* The remote address as 16 bytes (IPv4 as ::ffff:a.b.c.d). */
 static void remote_ip16(ap_tcp_conn_t *c, uint8_t ip[16])
 {
@@ -236,6 +244,20 @@ static void on_connection(uv_stream_t *server, int status)
         ap_debug(MOD, "closing the stalled handshake from %s for %s", old->who, c->who);
         ap__tcp_conn_abort(old, AP_ELIMIT);
     }
+    /* Handshakes in progress in the resource manager, per remote IP and in
+     * the transient scope; a libp2p connection takes its count along to the
+     * libp2p host (tcp_p2p.c) until its upgrade is done. */
+    ap_rc_scope_t *full = NULL;
+    if (ap_rc_hs_begin(t->rc, ip, &full) != 0) {
+        char d[160];
+        ap_rc_scope_describe(full, d, sizeof d);
+        ap_debug(MOD, "refusing connection from %s: %s", c->who, d);
+        t->stats.refused_handshakes++;
+        ap__tcp_conn_abort(c, AP_ELIMIT);
+        return;
+    }
+    memcpy(c->ip, ip, 16);
+    c->rc_hs = true;
     c->counted_hs = true;
     t->nhandshaking++;
     c->deadline = ap__tcp_now_ms(t) + t->cfg.handshake_timeout_ms;

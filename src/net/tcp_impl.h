@@ -8,6 +8,7 @@
 #define AP_NET_TCP_IMPL_H
 
 #include "base/admit.h"
+#include "base/rcmgr.h"
 #include "base/buf.h"
 #include "net/secure.h"
 #include "net/tcp.h"
@@ -63,6 +64,8 @@ struct ap_tcp_conn {
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool admitted; /* counted by t->admit (inbound: from accept; outbound: from connect) */
+    bool rc_hs;    /* a handshake in progress in t->rc, from ip */
+    uint8_t ip[16];
     bool has_expected;
     bool sniffed;        /* the first inbound bytes were looked at (tcp_p2p.c) */
     bool in_read;        /* inside read_cb: the open tail waits (see flush) */
@@ -102,6 +105,8 @@ struct ap_tcp {
     ap_tcp_conn_t *conns;
     size_t nconns, nhandshaking;
     ap_admit_t admit; /* inbound handshakes per source address (tcp_admit.c) */
+    ap_rcmgr_t *rc;   /* handshakes in progress per remote IP and in all, native and
+                         libp2p (the libp2p host shares it) */
     ap_tcp_conn_t **table;
     size_t table_cap, table_n;
     dial_req_t *resolving, *deferred;
@@ -144,6 +149,8 @@ int ap__tcp_hs_start(ap_tcp_conn_t *c);
 /* ss's address as 16 bytes (IPv4 as ::ffff:a.b.c.d; zeros if neither). */
 void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16]);
 void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
+/* Ends c's handshake in t->rc, if it holds one. */
+void ap__tcp_hs_release(ap_tcp_conn_t *c);
 
 /* tcp_dial.c */
 void ap__tcp_dial_done(dial_req_t *r, int status, ap_tcp_conn_t *c);
