@@ -46,7 +46,7 @@ struct ap_test_sw {
     ap_dht_t *boot;
     slot_t srv[AP_TEST_SW_SERVERS_MAX];
     trn_t trn[AP_TEST_SW_TRAINERS_MAX];
-    uint64_t done, failed;
+    uint64_t done, failed, refused;
 };
 
 static ap_nn_model_t *stage_model(uint32_t S, uint32_t s)
@@ -73,11 +73,12 @@ static void set_speed(slot_t *v)
 
 static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
 {
-    (void)s;
     (void)samples;
-    ap_nn_params_t *p = ap_nn_model_params(arg);
-    for (size_t k = 0; k < p->count; k++) p->data[k] -= 0.002f * p->grad[k];
-    ap_nn_model_zero_grad(arg);
+    slot_t *v = arg;
+    /* a non-finite gradient is refused (and logged), not applied */
+    if (ap_swarm_sgd_step(ap_nn_model_params(v->m), v->w->c.lr, v->w->c.clip, NULL))
+        v->w->refused++;
+    (void)s;
 }
 
 static void slot_down(slot_t *v)
@@ -130,7 +131,7 @@ static void on_poll(ap_rt_t *rt, void *arg)
     if (rc) {
         ap_nn_model_free(m);
     } else {
-        ap_swarm_server_on_backward(v->s, on_bwd, m);
+        ap_swarm_server_on_backward(v->s, on_bwd, v);
         ap_nn_model_free(v->m);
         v->m = m;
         v->stage = v->to;
@@ -188,6 +189,9 @@ ap_test_sw_t *ap_test_sw_new(const ap_test_sw_cfg_t *cfg)
     w->c = *cfg;
     if (!w->c.rebalance_us) w->c.rebalance_us = 2000000;
     if (!w->c.announce_us) w->c.announce_us = 1000000;
+    if (!(w->c.lr > 0)) w->c.lr = 0.002f;
+    if (w->c.clip == 0) w->c.clip = 1.0f;
+    if (w->c.clip < 0) w->c.clip = 0; /* none */
     w->sim = ap_sim_new(cfg->seed);
     if (!w->sim) goto fail;
     ap_sim_link_t link = {.latency_us = 5000, .jitter_us = 1000};
@@ -270,7 +274,7 @@ int ap_test_sw_start(ap_test_sw_t *w, uint32_t i, uint32_t stage, double speed)
     int rc = join(w, v->node, &v->dht);
     if (!rc) rc = ap_swarm_server_new(rt, v->m, stage, w->c.compressed ? NULL : &raw, &v->s);
     if (!rc) {
-        ap_swarm_server_on_backward(v->s, on_bwd, v->m);
+        ap_swarm_server_on_backward(v->s, on_bwd, v);
         rc = ap_swarm_server_announce(v->s, v->dht, run, w->c.announce_us, 0);
     }
     if (!rc && w->c.rebalance) {
@@ -380,6 +384,11 @@ uint64_t ap_test_sw_samples(const ap_test_sw_t *w)
 uint64_t ap_test_sw_failed(const ap_test_sw_t *w)
 {
     return w->failed;
+}
+
+uint64_t ap_test_sw_refused(const ap_test_sw_t *w)
+{
+    return w->refused;
 }
 
 uint64_t ap_test_sw_bytes(const ap_test_sw_t *w)

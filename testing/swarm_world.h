@@ -31,6 +31,8 @@ typedef struct ap_test_sw_cfg {
     bool compressed;       /* blockwise 8-bit activations (default float32) */
     uint32_t pipelines;    /* 0 = one SWARM; K = K separate runs (fixed pipelines):
                               slot i serves run i % K, trainer k drives run k % K */
+    float lr;              /* the servers' SGD learning rate (0 = default 0.002) */
+    float clip;            /* global-norm clip of each SGD step (0 = default 1; < 0: none) */
     uint64_t seed;
 } ap_test_sw_cfg_t;
 
@@ -58,6 +60,8 @@ uint64_t ap_test_sw_backwards(const ap_test_sw_t *w, uint32_t i); /* since its s
 /* Totals over the trainers. */
 uint64_t ap_test_sw_samples(const ap_test_sw_t *w);
 uint64_t ap_test_sw_failed(const ap_test_sw_t *w);
+/* SGD steps the servers refused (non-finite gradients). */
+uint64_t ap_test_sw_refused(const ap_test_sw_t *w);
 uint64_t ap_test_sw_bytes(const ap_test_sw_t *w);
 /* Samples/s over the next us of virtual time (runs the world). */
 double ap_test_sw_rate(ap_test_sw_t *w, uint64_t us);

@@ -281,6 +281,15 @@ AP_EXPORT bool ap_swarm_server_idle(const ap_swarm_server_t *s);
 typedef void (*ap_swarm_backward_fn)(ap_swarm_server_t *s, void *arg, uint64_t samples);
 AP_EXPORT void ap_swarm_server_on_backward(ap_swarm_server_t *s, ap_swarm_backward_fn fn,
                                            void *arg);
+/* One plain SGD step from p's accumulated gradients, for servers training
+ * their stage alone: when clip > 0 and the gradients' global L2 norm exceeds
+ * clip, they are scaled down to norm clip; then data -= lr * grad, and the
+ * gradients are zeroed. A gradient holding a non-finite value (or whose norm
+ * overflows) is refused: no parameter changes, the gradients are zeroed, a
+ * rate-limited warning is logged and AP_EINVAL returned. *norm_out (may be
+ * NULL) gets the norm before clipping. AP_EINVAL also for a non-finite lr or
+ * a negative or non-finite clip. */
+AP_EXPORT int ap_swarm_sgd_step(ap_nn_params_t *p, float lr, float clip, double *norm_out);
 /* The stage version its record carries (e.g. the optimizer's epoch). */
 AP_EXPORT void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version);
 /* Serves another stage with another model (a rebalancing move; the caller

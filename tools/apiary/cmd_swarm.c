@@ -36,7 +36,7 @@ typedef struct sopts {
     int stages, layers_per_stage, width, heads, ctx, batch;
     int inflight;
     long long steps, target;
-    double lr, period, duration, rebalance, margin;
+    double lr, clip, period, duration, rebalance, margin;
     bool local, uncompressed;
     uint64_t seed;
 } sopts_t;
@@ -75,6 +75,9 @@ static void usage(FILE *f)
         "  --lr X                    Adam learning rate (default 0.003)\n"
         "  --local                   no collaboration: every server steps plain SGD on its\n"
         "                            own gradients after each backward\n"
+        "  --clip X                  --local: clip each step's gradient to global L2 norm\n"
+        "                            X (default 1; 0 = no clipping); a non-finite\n"
+        "                            gradient is refused and not applied\n"
         "  --seed N                  parameter initialisation (default 42; the same on\n"
         "                            every server of a stage)\n"
         "  --rebalance-period S      seconds between rebalancing checks, randomised to\n"
@@ -241,11 +244,9 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     v->acc_samples += samples;
     v->acc_calls++;
     if (v->o->local) {
-        const float lr = (float)v->o->lr;
-        for (size_t k = 0; k < p->count; k++) p->data[k] -= lr * p->grad[k];
-        ap_nn_model_zero_grad(v->m);
+        /* a non-finite gradient is refused (logged) and not applied */
+        if (ap_swarm_sgd_step(p, (float)v->o->lr, (float)v->o->clip, NULL) == AP_OK) v->steps++;
         v->acc_samples = v->acc_calls = 0;
-        v->steps++;
         return;
     }
     if (v->stepping || v->acc_samples < (uint64_t)v->o->batch) return;
@@ -775,6 +776,7 @@ static int swarm_main(int argc, char **argv)
                  .inflight = 4,
                  .target = 64,
                  .lr = 0.003,
+                 .clip = 1.0,
                  .period = 2,
                  .rebalance = 10,
                  .margin = 0.25,
@@ -795,6 +797,7 @@ static int swarm_main(int argc, char **argv)
                                           {"target-batch", required_argument, NULL, 'g'},
                                           {"lr", required_argument, NULL, 'r'},
                                           {"local", no_argument, NULL, 'o'},
+                                          {"clip", required_argument, NULL, 1001},
                                           {"seed", required_argument, NULL, 'e'},
                                           {"rebalance-period", required_argument, NULL, 'b'},
                                           {"rebalance-margin", required_argument, NULL, 'M'},
@@ -863,6 +866,9 @@ static int swarm_main(int argc, char **argv)
             break;
         case 'o':
             o.local = true;
+            break;
+        case 1001:
+            if (!ap_cli_num("--clip", optarg, 0, 1e9, &o.clip)) goto out;
             break;
         case 'b':
             if (!ap_cli_num("--rebalance-period", optarg, 0, 86400, &o.rebalance)) goto out;
