@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -618,7 +619,16 @@ static double idle_bench(uv_loop_t *loop, const ap_identity_t *id, size_t n)
     ap__tcp_close(t, NULL, NULL);
     uv_run(loop, UV_RUN_DEFAULT);
     if (st.open < n) {
-        fprintf(stderr, "bench transport: only %u of %zu idle connections opened\n", st.open, n);
+        struct rlimit rl = {0};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        fprintf(stderr,
+                "bench transport: only %u of %zu idle connections opened (handshaking %u, "
+                "handshakes ok %llu, failed %llu, refused by limits %llu, evicted %llu, "
+                "duplicates closed %llu; open files limit %llu)\n",
+                st.open, n, st.handshaking, (unsigned long long)st.handshakes_ok,
+                (unsigned long long)st.handshakes_failed, (unsigned long long)st.refused_open,
+                (unsigned long long)st.evicted_idle, (unsigned long long)st.dup_closed,
+                (unsigned long long)rl.rlim_cur);
         return -1;
     }
     return ((double)h1 - (double)h0) / (double)n;
@@ -952,14 +962,48 @@ out:
     waitpid(pid, NULL, 0);
 }
 
+static void report_idle(ap_bench_ctx_t *ctx, double per_conn, size_t n)
+{
+    if (per_conn < 0) return;
+    char fields[96];
+    snprintf(fields, sizeof fields, "\"connections\":%zu", n);
+    ap_bench_report(ctx, "idle_conn_bytes", per_conn, "B", fields);
+}
+
 static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
     if (sodium_init() < 0) return 1;
+    /* the idle part holds one descriptor per connection in each process */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
     uint64_t bulk = ctx->quick ? (32u << 20) : (512u << 20);
     int echo_n = ctx->quick ? 2000 : 20000;
     size_t idle_n = ctx->quick ? 200 : 10000;
+    bool idle_only = false;
+    for (int k = 1; k < argc; k++) { /* argv[0] is the bench name */
+        if (!strcmp(argv[k], "--idle-only"))
+            idle_only = true;
+        else if (!strcmp(argv[k], "--connections") && k + 1 < argc && atol(argv[k + 1]) > 0)
+            idle_n = (size_t)atol(argv[++k]);
+        else {
+            fprintf(stderr, "bench transport: unknown option %s (--idle-only, --connections N)\n",
+                    argv[k]);
+            return 2;
+        }
+    }
+    if (idle_only) {
+        uv_loop_t loop;
+        uv_loop_init(&loop);
+        ap_identity_t id;
+        ap_identity_generate(&id);
+        double per_conn = idle_bench(&loop, &id, idle_n);
+        uv_loop_close(&loop);
+        report_idle(ctx, per_conn, idle_n);
+        return per_conn < 0 ? 1 : 0;
+    }
     int fds[2];
     if (pipe(fds) != 0) return 1;
     pid_t pid = fork();
@@ -1099,12 +1143,7 @@ static int bench_transport(ap_bench_ctx_t *ctx, int argc, char **argv)
      * socket memory is not included). */
     ap__tcp_close(p.t, NULL, NULL);
     uv_run(&p.loop, UV_RUN_DEFAULT);
-    double per_conn = idle_bench(&p.loop, &id, idle_n);
-    if (per_conn >= 0) {
-        char fields[96];
-        snprintf(fields, sizeof fields, "\"connections\":%zu", idle_n);
-        ap_bench_report(ctx, "idle_conn_bytes", per_conn, "B", fields);
-    }
+    report_idle(ctx, idle_bench(&p.loop, &id, idle_n), idle_n);
 
     /* tell the child to exit over a fresh connection */
     p.conn = NULL;
