@@ -56,6 +56,10 @@ static ap_p2p_host_t *host(ap_tcp_t *t)
     ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
     if (!h) return NULL;
     ap__p2p_host_set_addrs(h, listen_addrs, t);
+    /* one count of handshakes per remote IP for both: a libp2p connection
+     * takes its native count along when it moves to the host */
+    ap__p2p_host_set_rcmgr(h, t->rc);
+    ap__p2p_host_set_hs_timeout(h, t->cfg.handshake_timeout_ms);
     ap_autonat_service_t *an = NULL;
     if (ap__p2p_host_serve_basics(h) != 0 ||
         (t->bridge && ap__p2p_host_set_bridge(h, t->bridge, t->bridge_arg) != 0) ||

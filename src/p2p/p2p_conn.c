@@ -403,6 +403,7 @@ static void conn_closed(uv_handle_t *hd)
     if (c->y_init) ap__yamux_free(&c->y, c->status ? c->status : AP_ECLOSED);
     c->y_init = false;
     ap__u64map_free(&c->streams);
+    ap__p2p_hs_release(c);
     if (c->next) c->next->prev = c->prev;
     if (c->prev)
         c->prev->next = c->next;
@@ -416,7 +417,7 @@ static void conn_closed(uv_handle_t *hd)
     ap__p2p_wblocks_free(c);
     free(c);
     h->nconns--;
-    if (h->freeing && h->nconns == 0 && !h->listening) ap__p2p_host_release(h);
+    if (h->freeing && h->nconns == 0 && !h->listening && !h->hs_timer_open) ap__p2p_host_release(h);
 }
 
 void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err)
@@ -535,6 +536,7 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
         c->phase = P_YAMUX;
     }
     c->ready = true;
+    ap__p2p_hs_release(c);
     ap_debug("p2p", "peer %s: connected (%s%s)", who(c), muxer, c->early ? ", early" : "");
     if (!c->initiator && !c->relayed && h->bridge && h->bridge->on_conn)
         h->bridge->on_conn(h->bridge_arg, c);
@@ -712,6 +714,7 @@ ap_p2p_conn_t *ap__p2p_conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_
     }
     c->tcp.data = c;
     uv_tcp_nodelay(&c->tcp, 1);
+    c->hs_deadline = uv_now(h->loop) + h->hs_timeout_ms;
     h->nconns++;
     c->next = h->conns;
     if (h->conns) h->conns->prev = c;

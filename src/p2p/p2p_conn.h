@@ -128,6 +128,20 @@ void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg
  * connection; pre holds the n bytes already read from it (the start of
  * "/multistream/1.0.0"). h owns sock from here on, also on error. */
 int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n);
+
+/* Admission of inbound libp2p connections (accepted or adopted): each
+ * handshake in progress (multistream-select, Noise, muxer selection) is
+ * counted per remote IP and in the transient scope of a resource manager
+ * (base/rcmgr.h) until the connection is upgraded or closed; a full scope
+ * refuses the connection (ap__p2p_host_adopt: AP_ELIMIT). Every connection
+ * not upgraded within the handshake deadline is closed (AP_ETIMEDOUT). */
+#define AP_P2P_HS_TIMEOUT_MS 10000
+struct ap_rcmgr;
+/* The manager to count in (NULL: the host's own, with rcmgr's defaults);
+ * it must outlive the host. Set before connections arrive. */
+void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, struct ap_rcmgr *m);
+/* The handshake deadline, ms (0: AP_P2P_HS_TIMEOUT_MS). */
+void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms);
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);
 /* What identify announces as the host's listen addresses: fn writes at most
  * max addresses into out (a /p2p/ part is dropped) and returns how many it

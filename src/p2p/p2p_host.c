@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define HS_SWEEP_MS 1000 /* how often handshake deadlines are checked */
+
 static const char *const muxer_list[] = {AP_YAMUX_PROTO};
 static const char *const node_muxer_list[] = {AP_P2P_NATIVE_MUX, AP_YAMUX_PROTO};
 
@@ -16,9 +18,24 @@ void ap__p2p_host_release(ap_p2p_host_t *h)
 {
     void (*done)(void *) = h->done;
     void *arg = h->done_arg;
+    ap_rcmgr_free(h->own_rc);
     ap__secure_creds_clear(&h->creds);
     free(h);
     if (done) done(arg);
+}
+
+/* Connections whose upgrade (multistream, Noise, muxer) is not done by
+ * their deadline are closed: a stalled handshake holds nothing for long. */
+static void hs_sweep(uv_timer_t *t)
+{
+    ap_p2p_host_t *h = t->data;
+    uint64_t now = uv_now(h->loop);
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) {
+        if (c->ready || c->closing || now < c->hs_deadline) continue;
+        ap_debug("p2p", "closing a libp2p connection: its handshake took over %llu ms",
+                 (unsigned long long)h->hs_timeout_ms);
+        ap__p2p_conn_fail(c, AP_ETIMEDOUT);
+    }
 }
 
 /* ---- identify and ping, served ---------------------------------------------- */
@@ -89,7 +106,70 @@ ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const 
         return NULL;
     }
     snprintf(h->agent, sizeof h->agent, "%s", agent ? agent : "apiary");
+    h->own_rc = h->rc = ap_rcmgr_new(NULL);
+    if (!h->rc) {
+        ap__secure_creds_clear(&h->creds);
+        free(h);
+        return NULL;
+    }
+    h->hs_timeout_ms = AP_P2P_HS_TIMEOUT_MS;
+    uv_timer_init(loop, &h->hs_timer);
+    h->hs_timer.data = h;
+    h->hs_timer_open = true;
+    uv_timer_start(&h->hs_timer, hs_sweep, HS_SWEEP_MS, HS_SWEEP_MS);
+    uv_unref((uv_handle_t *)&h->hs_timer); /* does not keep the loop alive */
     return h;
+}
+
+void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, ap_rcmgr_t *m)
+{
+    h->rc = m ? m : h->own_rc;
+}
+
+void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms)
+{
+    h->hs_timeout_ms = ms ? ms : AP_P2P_HS_TIMEOUT_MS;
+    uint64_t every = h->hs_timeout_ms / 4 < HS_SWEEP_MS ? h->hs_timeout_ms / 4 : HS_SWEEP_MS;
+    if (every < 5) every = 5;
+    uv_timer_start(&h->hs_timer, hs_sweep, every, every);
+}
+
+void ap__p2p_hs_release(ap_p2p_conn_t *c)
+{
+    if (!c->rc_hs) return;
+    c->rc_hs = false;
+    ap_rc_hs_end(c->h->rc, c->rc_ip);
+}
+
+/* Counts c's handshake from ip; false (c is closed) when ip's scope or the
+ * transient one is full. */
+static bool hs_admit(ap_p2p_conn_t *c, const uint8_t ip[16])
+{
+    ap_rc_scope_t *full = NULL;
+    if (ap_rc_hs_begin(c->h->rc, ip, &full) != 0) {
+        char d[160];
+        ap_rc_scope_describe(full, d, sizeof d);
+        ap_debug("p2p", "refusing a libp2p connection: %s", d);
+        ap__p2p_conn_fail(c, AP_ELIMIT);
+        return false;
+    }
+    memcpy(c->rc_ip, ip, 16);
+    c->rc_hs = true;
+    return true;
+}
+
+static void sock_ip16(uv_tcp_t *t, uint8_t ip[16])
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    memset(ip, 0, 16);
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &len) != 0) return;
+    if (ss.ss_family == AF_INET) {
+        ip[10] = ip[11] = 0xff;
+        memcpy(ip + 12, &((const struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        memcpy(ip, &((const struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    }
 }
 
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h)
@@ -161,6 +241,9 @@ static void on_conn(uv_stream_t *srv, int status)
         ap__p2p_conn_fail(c, AP_EIO);
         return;
     }
+    uint8_t ip[16];
+    sock_ip16(&c->tcp, ip);
+    if (!hs_admit(c, ip)) return;
     ap__p2p_conn_start(c);
 }
 
@@ -195,18 +278,26 @@ static void listener_closed(uv_handle_t *hd)
 {
     ap_p2p_host_t *h = hd->data;
     h->listening = false;
-    if (h->nconns == 0) ap__p2p_host_release(h);
+    if (h->nconns == 0 && !h->hs_timer_open) ap__p2p_host_release(h);
+}
+
+static void timer_closed(uv_handle_t *hd)
+{
+    ap_p2p_host_t *h = hd->data;
+    h->hs_timer_open = false;
+    if (h->nconns == 0 && !h->listening) ap__p2p_host_release(h);
 }
 
 void ap__p2p_host_free(ap_p2p_host_t *h)
 {
     h->freeing = true;
     for (ap_p2p_conn_t *c = h->conns; c; c = c->next) ap__p2p_conn_fail(c, AP_ESHUTDOWN);
+    if (h->hs_timer_open && !uv_is_closing((uv_handle_t *)&h->hs_timer))
+        uv_close((uv_handle_t *)&h->hs_timer, timer_closed);
     if (h->listening) {
         uv_close((uv_handle_t *)&h->listener, listener_closed);
         return;
     }
-    if (h->nconns == 0) ap__p2p_host_release(h);
 }
 
 void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg)
@@ -226,6 +317,9 @@ int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, 
         ap__p2p_conn_fail(c, AP_EIO);
         return AP_EIO;
     }
+    uint8_t ip[16];
+    sock_ip16(&c->tcp, ip);
+    if (!hs_admit(c, ip)) return AP_ELIMIT;
     if (n > 0 && ap__buf_reserve(&c->raw, n) != 0) {
         ap__p2p_conn_fail(c, AP_ENOMEM); /* closes sock with the handle */
         return AP_ENOMEM;

@@ -8,6 +8,7 @@
 #define AP_P2P_IMPL_H
 
 #include "base/buf.h"
+#include "base/rcmgr.h"
 #include "base/u64map.h"
 #include "net/secure.h"
 #include "p2p/identify.h"
@@ -39,6 +40,13 @@ struct ap_p2p_host {
     void *addrs_arg;
     const ap_p2p_bridge_t *bridge; /* the node it serves (ap__p2p_host_set_bridge), or NULL */
     void *bridge_arg;
+    /* Handshakes in progress (multistream, Noise, muxer selection) per
+     * remote IP and in all: the host's own manager, or one it shares
+     * (ap__p2p_host_set_rcmgr, the TCP transport's). */
+    ap_rcmgr_t *rc, *own_rc;
+    uint64_t hs_timeout_ms; /* a connection not upgraded by then is closed */
+    uv_timer_t hs_timer;    /* checks the deadlines */
+    bool hs_timer_open;
 };
 
 enum { P_CONNECT, P_MSS, P_NOISE, P_MUXSEL, P_YAMUX, P_NATIVE, P_DEAD };
@@ -77,6 +85,9 @@ struct ap_p2p_conn {
     ap_p2p_conn_xcbs_t x;
     void *arg;
     bool announced; /* on_ready fired: on_close is owed */
+    bool rc_hs;     /* a handshake counted in h->rc, from rc_ip */
+    uint8_t rc_ip[16];
+    uint64_t hs_deadline; /* uv_now: the upgrade must be done by then */
     struct ap_p2p_conn *next, *prev;
 };
 
@@ -127,7 +138,9 @@ void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err);
 void ap__p2p_conn_process(ap_p2p_conn_t *c);
 /* Appends to s's queue (no cap) and sends what can go. */
 int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
-/* p2p_host.c: frees h once its listener and connections are gone. */
+/* p2p_host.c: frees h once its listener, timer and connections are gone. */
 void ap__p2p_host_release(ap_p2p_host_t *h);
+/* Ends c's handshake in the host's manager, if it holds one. */
+void ap__p2p_hs_release(ap_p2p_conn_t *c);
 
 #endif
