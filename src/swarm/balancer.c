@@ -40,7 +40,12 @@ struct ap_swarm_balancer {
 static bool less(const ap_swarm_balancer_t *b, size_t x, size_t y)
 {
     const srv_t *a = &b->s[x], *c = &b->s[y];
-    if (a->key != c->key) return a->key < c->key;
+    /* Keys within 1e-9 (relative, or absolute near 0) tie: they differ only
+     * by the rounding of sums of size / throughput. A tie goes to the server
+     * known longest, so equal servers take turns in a fixed order instead of
+     * one of them taking two tasks in a row on rounding noise. */
+    const double tol = 1e-9 * fmax(1.0, fmax(fabs(a->key), fabs(c->key)));
+    if (fabs(a->key - c->key) > tol) return a->key < c->key;
     return a->seq < c->seq;
 }
 

@@ -299,12 +299,41 @@ static void test_edges(void **state)
     ap_swarm_balancer_free(NULL);
 }
 
+/* Servers whose accumulated keys differ only by rounding (throughputs equal
+ * to 1e-12) tie and take turns in the order they were first seen. */
+static void test_ties(void **state)
+{
+    (void)state;
+    ap_swarm_balancer_t *b = ap_swarm_balancer_new(NULL);
+    assert_non_null(b);
+    const double v[3] = {10.0, 10.0 * (1 + 1e-12), 10.0 * (1 - 1e-12)};
+    for (int i = 0; i < 3; i++) {
+        ap_peer_id_t p = pid(i);
+        assert_ok(ap_swarm_balancer_update(b, &p, v[i], FAR, 0));
+    }
+    int count[3] = {0};
+    for (int k = 0; k < 300; k++) {
+        ap_peer_id_t p;
+        assert_ok(ap_swarm_balancer_pick(b, 1.0, 0, &p, NULL));
+        const int w = which(&p, 3);
+        assert_int_equal(w, k % 3);
+        count[w]++;
+    }
+    assert_int_equal(count[0], 100);
+    assert_int_equal(count[2], 100);
+    ap_swarm_balancer_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shares_and_kill), cmocka_unit_test(test_ban_until_expiry),
-        cmocka_unit_test(test_timeout_no_ban),  cmocka_unit_test(test_lying_announcement),
-        cmocka_unit_test(test_deadlines),       cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_shares_and_kill),
+        cmocka_unit_test(test_ban_until_expiry),
+        cmocka_unit_test(test_timeout_no_ban),
+        cmocka_unit_test(test_lying_announcement),
+        cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_ties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
