@@ -25,6 +25,15 @@ extern "C" {
 
 #define AP_NODE_MAX_ANNOUNCE 4 /* ap_node_opts_t.announce entries */
 
+/* Limits of the circuit relay v2 service (ap_node_opts_t.relay_service,
+ * docs/nat.md); 0 = the default, sized for training's control traffic. */
+typedef struct ap_node_relay_limits {
+    uint32_t max_reservations;    /* peers holding a slot at once: 128 */
+    uint32_t circuits_per_peer;   /* circuits per peer, as either end: 16 */
+    uint64_t circuit_duration_us; /* each circuit: 10 min */
+    uint64_t circuit_bytes;       /* each circuit, both directions: 4 MiB */
+} ap_node_relay_limits_t;
+
 typedef struct ap_node_opts {
     /* Identity: a full libsodium Ed25519 secret key (64 bytes), or a 32-byte
      * seed, or neither (fresh random key). sk wins over seed. Copied. */
@@ -57,6 +66,12 @@ typedef struct ap_node_opts {
     /* TCP + Noise without a listener: the node only dials out (a client
      * behind NAT; its listen address list is empty). listen must be NULL. */
     bool dial_only;
+    /* Serve circuit relay v2 hop ("/libp2p/circuit/relay/0.2.0/hop") on the
+     * node's TCP port: peers behind NAT reserve a slot here and others reach
+     * them through it, within relay_limits. Needs a TCP node with a
+     * listener: AP_EINVAL otherwise. */
+    bool relay_service;
+    ap_node_relay_limits_t relay_limits;
 } ap_node_opts_t;
 
 /* Creates a node on host h. opts may be NULL. *out receives the runtime.

@@ -139,6 +139,13 @@ void ap__tcp_set_bridge(ap_tcp_t *t, const struct ap_p2p_bridge *b, void *arg);
 /* That host (created on first use; NULL when out of memory): libp2p dials
  * go through it. */
 struct ap_p2p_host *ap__tcp_p2p_host(ap_tcp_t *t);
+/* Serves circuit relay v2 hop on that host with limits lim (relay.h; NULL:
+ * the defaults); the service is freed with the host. Before the first
+ * libp2p connection. AP_EEXIST if already served, AP_ENOMEM. */
+struct ap_relay_limits;
+int ap__tcp_serve_relay(ap_tcp_t *t, const struct ap_relay_limits *lim);
+/* The relay service, or NULL. */
+struct ap_relay_service *ap__tcp_relay(ap_tcp_t *t);
 
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering

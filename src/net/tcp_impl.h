@@ -117,6 +117,7 @@ struct ap_tcp {
     ap_tcp_stats_t stats;
     struct ap_p2p_host *p2p;            /* serves libp2p dialers on the same port (tcp_p2p.c) */
     struct ap_autonat_service *autonat; /* AutoNAT v1 on that host */
+    struct ap_relay_service *relay;     /* circuit relay v2 hop on it, or NULL */
     ap_tcp_addrs_fn announce;           /* identify's listen addresses (ap__tcp_set_announce) */
     const struct ap_p2p_bridge *bridge; /* the node the host serves (ap__tcp_set_bridge) */
     void *bridge_arg;

@@ -11,6 +11,7 @@
 #include "net/tcp_impl.h"
 #include "p2p/autonat_uv.h"
 #include "p2p/p2p_conn.h"
+#include "p2p/relay_svc.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -77,6 +78,20 @@ ap_p2p_host_t *ap__tcp_p2p_host(ap_tcp_t *t)
     return t->closing ? NULL : host(t);
 }
 
+int ap__tcp_serve_relay(ap_tcp_t *t, const struct ap_relay_limits *lim)
+{
+    if (t->relay) return AP_EEXIST;
+    ap_p2p_host_t *h = ap__tcp_p2p_host(t);
+    if (!h) return AP_ENOMEM;
+    t->relay = ap__relay_serve(h, lim);
+    return t->relay ? 0 : AP_ENOMEM;
+}
+
+struct ap_relay_service *ap__tcp_relay(ap_tcp_t *t)
+{
+    return t->relay;
+}
+
 bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
 {
     ap_tcp_t *t = c->t;
@@ -104,6 +119,8 @@ static void p2p_freed(void *arg)
     ap_tcp_t *t = arg;
     ap__autonat_service_free(t->autonat);
     t->autonat = NULL;
+    if (t->relay) ap__relay_service_free(t->relay);
+    t->relay = NULL;
     t->handles--;
     ap__tcp_maybe_finish(t);
 }

@@ -44,6 +44,9 @@ static void usage(FILE *f)
            "                            runs as a client while they cannot (docs/nat.md)\n"
            "  --no-port-map             node: do not ask the home router (UPnP IGD, NAT-PMP) to\n"
            "                            forward the listen port\n"
+           "  --relay-service           node: relay for peers behind NAT (circuit relay v2:\n"
+           "                            they reserve a slot here and are reached through it)\n"
+           "  --relay-max-reservations N  node: peers holding a relay slot at once (default 128)\n"
            "  --stats-interval S        node: log routing-table size and stored keys every S\n"
            "                            seconds (default 30)\n"
            "  --stats                   node: also print the resource scopes (use and limits of\n"
@@ -77,6 +80,8 @@ typedef struct opts {
     bool stats;
     long long max_memory_mib, peer_memory_mib; /* 0 = default */
     const char *http, *run_id;
+    bool relay_service;
+    long long relay_max_resv; /* 0 = default */
 } opts_t;
 
 static int add_peers(opts_t *o, const char *list)
@@ -152,7 +157,9 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
                          .listen = o->listen ? o->listen : dflt_listen,
                          .dial_only = !o->listen && !dflt_listen,
                          .announce = o->announce,
-                         .nannounce = o->nannounce};
+                         .nannounce = o->nannounce,
+                         .relay_service = o->relay_service && dflt_listen,
+                         .relay_limits = {.max_reservations = (uint32_t)o->relay_max_resv}};
     if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
     if (have_id) ap_identity_wipe(&id);
     if (!rc && (o->max_memory_mib || o->peer_memory_mib)) {
@@ -424,6 +431,8 @@ static int dht_main(int argc, char **argv)
                                           {"peer-memory", required_argument, NULL, 'm'},
                                           {"http", required_argument, NULL, 'H'},
                                           {"run-id", required_argument, NULL, 'R'},
+                                          {"relay-service", no_argument, NULL, 'r'},
+                                          {"relay-max-reservations", required_argument, NULL, 'X'},
                                           {"log-level", required_argument, NULL, 'l'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
@@ -486,6 +495,13 @@ static int dht_main(int argc, char **argv)
             break;
         case 'T':
             o.stats = true;
+            break;
+        case 'r':
+            o.relay_service = true;
+            break;
+        case 'X':
+            if (!ap_cli_int("--relay-max-reservations", optarg, 1, 1024, &o.relay_max_resv))
+                goto out;
             break;
         case 'M':
             if (!ap_cli_int("--max-memory", optarg, 8, 1 << 20, &o.max_memory_mib)) goto out;

@@ -52,6 +52,8 @@ static void usage(void)
         "  --announce MULTIADDR      address peers should dial instead, e.g. a port\n"
         "                            forward /ip4/203.0.113.7/tcp/4001 (repeatable, <= 4)\n"
         "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
+        "  --relay-service           relay for peers behind NAT (circuit relay v2, limits\n"
+        "                            sized for control traffic; docs/nat.md)\n"
         "  --target-batch-size N     samples per global epoch (default 256)\n"
         "  --batch-size N            local batch (default 8)\n"
         "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
@@ -137,6 +139,7 @@ typedef struct topts {
     uint64_t target, max_epochs;
     int batch;
     bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, bad_agg, no_port_map;
+    bool relay_service;
     double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
@@ -392,7 +395,8 @@ static int run(const topts_t *o)
                                    : o->client ? "/ip4/127.0.0.1/tcp/0"
                                                : "/ip4/0.0.0.0/tcp/0",
                          .announce = o->announce,
-                         .nannounce = o->client ? 0 : o->nannounce};
+                         .nannounce = o->client ? 0 : o->nannounce,
+                         .relay_service = o->relay_service && !o->client};
     if (!rc) rc = ap_node_new(host, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
@@ -829,6 +833,7 @@ static int train_main(int argc, char **argv)
         {"data", required_argument, NULL, 'd'},
         {"client", no_argument, NULL, 'c'},
         {"no-port-map", no_argument, NULL, 0x4e50},
+        {"relay-service", no_argument, NULL, 0x5253},
         {"auxiliary", no_argument, NULL, 'a'},
         {"bandwidth", required_argument, NULL, 'B'},
         {"compression", required_argument, NULL, 'C'},
@@ -915,6 +920,9 @@ static int train_main(int argc, char **argv)
             break;
         case 0x4e50:
             o.no_port_map = true;
+            break;
+        case 0x5253:
+            o.relay_service = true;
             break;
         case 'a':
             o.aux = true;

@@ -309,6 +309,10 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
         rc = ap__node_set_announce(n, o.announce, o.nannounce);
         if (rc < 0) tp->stop(n);
     }
+    if (rc >= 0 && o.relay_service) {
+        rc = tp == &ap__uv_tcp_transport ? ap__tcpc_serve_relay(n, &o.relay_limits) : AP_EINVAL;
+        if (rc < 0) tp->stop(n);
+    }
     if (rc < 0) {
         ap__mux_rc_free(n);
         ap__rt_fini(&n->rt);

@@ -18,6 +18,7 @@
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "net/tcp.h"
+#include "p2p/relay.h"
 #include "runtime/uv/p2p_bridge.h"
 
 #include <sodium.h>
@@ -264,6 +265,20 @@ const ap_uv_transport_t ap__uv_tcp_transport = {
     .listen = tcpc_start,
     .stop = tcpc_stop,
 };
+
+int ap__tcpc_serve_relay(ap_node_t *n, const ap_node_relay_limits_t *l)
+{
+    tcpc_t *tc = n->tcpc;
+    if (!tc || !n->addr[0]) return AP_EINVAL; /* in-process or dial-only */
+    ap_relay_limits_t lim;
+    ap__relay_limits_default(&lim);
+    if (l->max_reservations) lim.max_reservations = l->max_reservations;
+    if (l->circuits_per_peer) lim.circuits_per_peer = l->circuits_per_peer;
+    if (l->circuit_duration_us) lim.circuit_duration_us = l->circuit_duration_us;
+    if (l->circuit_bytes) lim.circuit_bytes = l->circuit_bytes;
+    if (lim.max_reservations > AP_RELAY_TABLE_MAX) return AP_EINVAL;
+    return ap__tcp_serve_relay(tc->t, &lim);
+}
 
 const ap_p2pb_t *ap__tcpc_bridge(ap_node_t *n)
 {

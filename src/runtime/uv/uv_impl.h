@@ -411,6 +411,9 @@ extern const ap_uv_transport_t ap__uv_tcp_transport;
 /* The node's TCP transport (src/net/tcp.h), or NULL for an in-process node
  * (tests and fuzzing). */
 struct ap_tcp *ap__tcpc_transport(ap_node_t *n);
+/* Serves circuit relay v2 hop on the node's TCP port (tcp_conn.c): AP_EINVAL
+ * without a TCP listener. */
+int ap__tcpc_serve_relay(ap_node_t *n, const ap_node_relay_limits_t *l);
 
 /* node.c: the transport for addr, through the table (the entry's parse
  * result: AP_EADDR if no transport knows addr). */
