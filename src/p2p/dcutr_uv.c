@@ -199,9 +199,20 @@ static void pd_closed(ap_p2p_conn_t *c, void *arg, int status)
     pdial_t *pd = arg;
     punch_t *p = pd->p;
     (void)c;
-    if (p && p->dials[pd->idx] == pd) { /* refused: dialling_tick tries again */
-        p->dials[pd->idx] = NULL;
+    if (p && p->dials[pd->idx] == pd) {
+        int idx = pd->idx;
+        p->dials[idx] = NULL;
         if (status != AP_ESHUTDOWN) p->d->st.refused_dials++;
+        /* Refused (the peer's NAT answered our SYN with a RST because its
+         * own SYN had not opened the mapping yet): dial again at once, so
+         * that our fresh SYN reopens our mapping while the peer's SYN is on
+         * its way. Bounded by DIAL_TRIES and the attempt's deadline; other
+         * failures wait for dialling_tick. */
+        if (status == AP_EUNREACH && p->state == P_DIALING && p->tries[idx] < DIAL_TRIES &&
+            uv_now(loop_of(p->d)) < p->deadline) {
+            p->d->st.redials++;
+            dial_one(p, idx);
+        }
     }
     free(pd);
 }

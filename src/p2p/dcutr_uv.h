@@ -11,8 +11,10 @@
  *   SYNs cross in the NATs. A is the client of the connection this makes
  *   (multistream-select and Noise initiator), B the server, whoever's SYN
  *   got through first. Within an attempt, a dial refused (a NAT answering
- *   RST) is retried after 40 ms and a SYN unanswered for 200 ms (a NAT
- *   dropping it) is replaced by a fresh one from the same port; a direct
+ *   RST: our SYN arrived before the peer's own SYN opened its mapping) is
+ *   made again at once, up to 32 dials per address, and a SYN unanswered
+ *   for 200 ms (a NAT dropping it) is replaced by a fresh one from the
+ *   same port; a direct
  *   connection the listener accepted from the peer also counts. An
  *   attempt lasts attempt_ms; B tries up to attempts times.
  * On success (either side) the pending dials are closed, new streams find
@@ -57,6 +59,7 @@ int ap__dcutr_start(ap_dcutr_t *d, ap_p2p_conn_t *relayed);
 
 typedef struct ap_dcutr_stats {
     unsigned started, direct, failed, refused_dials, bad;
+    unsigned redials; /* dials made at once after a refusal */
 } ap_dcutr_stats_t;
 ap_dcutr_stats_t ap__dcutr_stats(const ap_dcutr_t *d);
 
