@@ -182,7 +182,8 @@ static void dialling_tick(punch_t *p)
     }
     for (size_t i = 0; i < p->ntheir; i++) {
         pdial_t *pd = p->dials[i];
-        if (pd && now - pd->t0 >= RESYN_MS &&
+        /* pd->c is NULL while a dial that failed to start is closing (pd_closed ends it) */
+        if (pd && pd->c && now - pd->t0 >= RESYN_MS &&
             ap__p2p_conn_remote(pd->c)->host == AP_MA_HOST_NONE) { /* SYN dropped: a fresh one */
             p->dials[i] = NULL;
             pd->p = NULL;
