@@ -6,6 +6,7 @@
  * identify reports the observed address. Both hosts are freed at the end
  * and the loop runs dry (ASan checks nothing leaks). */
 #include "aptest.h"
+#include "p2ptest.h"
 
 #include "apiary/identity.h"
 #include "apiary/log.h"
@@ -98,22 +99,6 @@ static void rc_closed(ap_p2p_conn_t *c, void *arg, int st)
     ((rawconn_t *)arg)->closed = true;
 }
 
-#define RUN_UNTIL(loop, cond)                                                                      \
-    do {                                                                                           \
-        for (int ap__i = 0; !(cond) && ap__i < 200000; ap__i++) uv_run(loop, UV_RUN_ONCE);         \
-        assert_true(cond);                                                                         \
-    } while (0)
-
-static ap_identity_t ident(uint8_t b)
-{
-    uint8_t seed[32];
-    memset(seed, b, sizeof seed);
-    ap_identity_t id;
-    int rc = ap_identity_from_seed(&id, seed);
-    assert_int_equal(rc, 0);
-    return id;
-}
-
 static int g_freed;
 static void freed(void *arg)
 {
@@ -126,7 +111,7 @@ static void test_autonat_loopback(void **state)
     (void)state;
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
-    ap_identity_t sid = ident(1), cid = ident(2);
+    ap_identity_t sid = ap_test_ident(1), cid = ap_test_ident(2);
     ap_p2p_host_t *srv = ap__p2p_host_new(&loop, &sid, "apiary-test");
     ap_p2p_host_t *cli = ap__p2p_host_new(&loop, &cid, "apiary-test");
     assert_non_null(srv);
@@ -145,7 +130,7 @@ static void test_autonat_loopback(void **state)
     /* identify: the server sees us at 127.0.0.1 */
     idres_t ir = {0};
     assert_ok(ap__p2p_identify_peer(cli, &sb, 10000, on_identify, &ir));
-    RUN_UNTIL(&loop, ir.done);
+    AP_TEST_RUN_UNTIL(&loop, ir.done);
     assert_int_equal(ir.status, 0);
     assert_true(ir.has_observed);
     assert_int_equal(ir.observed.ip[0], 127);
@@ -153,7 +138,7 @@ static void test_autonat_loopback(void **state)
     /* our listen address answers */
     answer_t a = {0};
     assert_ok(ap__autonat_probe(cli, &sb, &cb, 1, 10000, on_answer, &a));
-    RUN_UNTIL(&loop, a.done);
+    AP_TEST_RUN_UNTIL(&loop, a.done);
     print_message("listen address: %s (%s)\n", ap__autonat_status_name(a.status), a.text);
     assert_int_equal(a.status, AP_AUTONAT_OK);
     assert_true(a.has_addr);
@@ -165,7 +150,7 @@ static void test_autonat_loopback(void **state)
     assert_ok(ap_multiaddr_parse(&dead, "/ip4/127.0.0.1/tcp/1"));
     answer_t b = {0};
     assert_ok(ap__autonat_probe(cli, &sb, &dead, 1, 10000, on_answer, &b));
-    RUN_UNTIL(&loop, b.done);
+    AP_TEST_RUN_UNTIL(&loop, b.done);
     print_message("dead address: %s (%s)\n", ap__autonat_status_name(b.status), b.text);
     assert_int_equal(b.status, AP_AUTONAT_E_DIAL_ERROR);
 
@@ -174,18 +159,18 @@ static void test_autonat_loopback(void **state)
     assert_ok(ap_multiaddr_parse(&other, "/ip4/127.0.0.2/tcp/4001"));
     answer_t c = {0};
     assert_ok(ap__autonat_probe(cli, &sb, &other, 1, 10000, on_answer, &c));
-    RUN_UNTIL(&loop, c.done);
+    AP_TEST_RUN_UNTIL(&loop, c.done);
     print_message("third party: %s (%s)\n", ap__autonat_status_name(c.status), c.text);
     assert_int_equal(c.status, AP_AUTONAT_E_DIAL_REFUSED);
 
     /* garbage: answered E_BAD_REQUEST (from a third identity: the rate
      * limit allows 3 requests per peer) */
-    ap_identity_t jid = ident(3);
+    ap_identity_t jid = ap_test_ident(3);
     ap_p2p_host_t *junk = ap__p2p_host_new(&loop, &jid, "apiary-test");
     raw_t r = {0};
     rawconn_t rc = {.r = &r};
     assert_ok(ap__p2p_dial(junk, &sb, &(ap_p2p_conn_cbs_t){rc_ready, rc_closed}, &rc, &rc.c));
-    RUN_UNTIL(&loop, r.closed);
+    AP_TEST_RUN_UNTIL(&loop, r.closed);
     size_t hl, bl;
     assert_int_equal(ap__autonat_frame(r.buf, r.len, &hl, &bl), 1);
     ap_autonat_msg_t m;
@@ -195,10 +180,10 @@ static void test_autonat_loopback(void **state)
 
     /* the server still serves */
     answer_t d = {0};
-    ap_identity_t did = ident(4);
+    ap_identity_t did = ap_test_ident(4);
     ap_p2p_host_t *cli2 = ap__p2p_host_new(&loop, &did, "apiary-test");
     assert_ok(ap__autonat_probe(cli2, &sb, &dead, 1, 10000, on_answer, &d));
-    RUN_UNTIL(&loop, d.done);
+    AP_TEST_RUN_UNTIL(&loop, d.done);
     assert_int_equal(d.status, AP_AUTONAT_E_DIAL_ERROR);
 
     ap_autonat_stats_t st = ap__autonat_service_stats(svc);
@@ -211,7 +196,7 @@ static void test_autonat_loopback(void **state)
     ap__p2p_host_free_then(cli, freed, NULL);
     ap__p2p_host_free_then(cli2, freed, NULL);
     ap__p2p_host_free_then(junk, freed, NULL);
-    RUN_UNTIL(&loop, g_freed == 4);
+    AP_TEST_RUN_UNTIL(&loop, g_freed == 4);
     ap__autonat_service_free(svc);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&loop), 0);

@@ -7,6 +7,7 @@
  * refused; a flood of reservations is refused while the relay keeps
  * serving circuits. Everything is freed and the loop runs dry. */
 #include "aptest.h"
+#include "p2ptest.h"
 
 #include "apiary/identity.h"
 #include "apiary/log.h"
@@ -17,22 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
-
-#define RUN_UNTIL(loop, cond)                                                                      \
-    do {                                                                                           \
-        for (int ap__i = 0; !(cond) && ap__i < 200000; ap__i++) uv_run(loop, UV_RUN_ONCE);         \
-        assert_true(cond);                                                                         \
-    } while (0)
-
-static ap_identity_t ident(uint8_t b)
-{
-    uint8_t seed[32];
-    memset(seed, b, sizeof seed);
-    ap_identity_t id;
-    int rc = ap_identity_from_seed(&id, seed);
-    assert_int_equal(rc, 0);
-    return id;
-}
 
 static int g_freed;
 static void freed(void *arg)
@@ -49,28 +34,6 @@ typedef struct pinger {
     bool closed;
     int close_status;
 } pinger_t;
-
-typedef struct dialer {
-    bool ready, closed;
-    int status;
-    ap_p2p_conn_t *c;
-} dialer_t;
-
-static void d_ready(ap_p2p_conn_t *c, void *arg)
-{
-    dialer_t *d = arg;
-    d->ready = true;
-    d->c = c;
-}
-static void d_closed(ap_p2p_conn_t *c, void *arg, int st)
-{
-    dialer_t *d = arg;
-    d->closed = true;
-    d->status = st;
-    d->c = NULL;
-    (void)c;
-}
-static const ap_p2p_conn_cbs_t dcbs = {d_ready, d_closed};
 
 static void p_open(ap_p2p_stream_t *s)
 {
@@ -134,7 +97,8 @@ static void test_relay_loopback(void **state)
     static pinger_t pg, big;
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
-    ap_identity_t rid = ident(11), aid = ident(12), bid = ident(13), cid = ident(14);
+    ap_identity_t rid = ap_test_ident(11), aid = ap_test_ident(12), bid = ap_test_ident(13),
+                  cid = ap_test_ident(14);
     ap_p2p_host_t *R = ap__p2p_host_new(&loop, &rid, "apiary-test");
     ap_p2p_host_t *A = ap__p2p_host_new(&loop, &aid, "apiary-test");
     ap_p2p_host_t *B = ap__p2p_host_new(&loop, &bid, "apiary-test");
@@ -162,7 +126,7 @@ static void test_relay_loopback(void **state)
     assert_non_null(g_cl);
     ap__p2p_host_set_addrs(A, a_addrs, NULL);
     unsigned live = 0;
-    RUN_UNTIL(&loop, (ap__relay_client_reservations(g_cl, &live), live == 1));
+    AP_TEST_RUN_UNTIL(&loop, (ap__relay_client_reservations(g_cl, &live), live == 1));
     ap_multiaddr_t circ[4];
     assert_int_equal(ap__relay_client_addrs(g_cl, circ, 4), 1);
     assert_true(circ[0].circuit);
@@ -175,7 +139,7 @@ static void test_relay_loopback(void **state)
     am.has_peer = true;
     am.peer = aid.id;
     assert_ok(ap__p2p_identify_peer(C, &am, 10000, on_identify, &ir));
-    RUN_UNTIL(&loop, ir.done);
+    AP_TEST_RUN_UNTIL(&loop, ir.done);
     assert_int_equal(ir.status, 0);
     bool announced = false;
     for (size_t i = 0; i < ir.id.nlisten; i++)
@@ -190,27 +154,27 @@ static void test_relay_loopback(void **state)
     char text[AP_MA_TEXT_MAX];
     ap_multiaddr_print(&target, text, sizeof text);
     print_message("dialling %s\n", text);
-    dialer_t d = {0};
-    assert_ok(ap__circuit_dial(B, &target, &dcbs, &d));
-    RUN_UNTIL(&loop, d.ready || d.closed);
+    ap_test_dialer_t d = {0};
+    assert_ok(ap__circuit_dial(B, &target, &ap_test_dialer_cbs, &d));
+    AP_TEST_RUN_UNTIL(&loop, d.ready || d.closed);
     assert_true(d.ready);
     assert_true(ap__p2p_conn_relayed(d.c));
     assert_true(ap_peer_id_eq(ap__p2p_conn_peer(d.c), &aid.id));
-    RUN_UNTIL(&loop, g_inbound == 1);
+    AP_TEST_RUN_UNTIL(&loop, g_inbound == 1);
     assert_true(ap_peer_id_eq(&g_inbound_peer, &bid.id));
 
     /* ping data through it, every byte checked */
     pg.nsend = 20000;
     for (size_t i = 0; i < pg.nsend; i++) pg.sent[i] = (uint8_t)(i * 7 + 3);
     assert_ok(ap__p2p_stream_open(d.c, &ping_c, &pg, NULL));
-    RUN_UNTIL(&loop, pg.ngot == pg.nsend);
+    AP_TEST_RUN_UNTIL(&loop, pg.ngot == pg.nsend);
     assert_memory_equal(pg.got, pg.sent, pg.nsend);
 
     /* a bulk protocol is refused on a relayed connection */
     static pinger_t eg;
     eg.nsend = 10;
     assert_ok(ap__p2p_stream_open(d.c, &echo_c, &eg, NULL));
-    RUN_UNTIL(&loop, eg.closed);
+    AP_TEST_RUN_UNTIL(&loop, eg.closed);
     assert_int_equal(eg.close_status, AP_ENOPROTO);
     assert_int_equal(eg.ngot, 0);
 
@@ -218,21 +182,21 @@ static void test_relay_loopback(void **state)
     big.nsend = sizeof big.sent;
     memset(big.sent, 0x5a, big.nsend);
     assert_ok(ap__p2p_stream_open(d.c, &ping_c, &big, NULL));
-    RUN_UNTIL(&loop, d.closed);
+    AP_TEST_RUN_UNTIL(&loop, d.closed);
     assert_true(big.ngot < big.nsend);
     ap_relay_svc_stats_t st = ap__relay_service_stats(svc);
     print_message("relay: %u reserved, %u circuits, %u reset, %llu bytes\n", st.reserved,
                   st.circuits, st.circ_reset, (unsigned long long)st.bytes);
     assert_int_equal(st.circ_reset, 1);
     assert_true(st.bytes <= lim.circuit_bytes);
-    RUN_UNTIL(&loop, ap__relay_service_circuits(svc) == 0);
+    AP_TEST_RUN_UNTIL(&loop, ap__relay_service_circuits(svc) == 0);
 
     /* C has no reservation: a circuit to it is refused */
-    dialer_t dn = {0};
+    ap_test_dialer_t dn = {0};
     ap_multiaddr_t tc = target;
     tc.dst = cid.id;
-    assert_ok(ap__circuit_dial(B, &tc, &dcbs, &dn));
-    RUN_UNTIL(&loop, dn.closed);
+    assert_ok(ap__circuit_dial(B, &tc, &ap_test_dialer_cbs, &dn));
+    AP_TEST_RUN_UNTIL(&loop, dn.closed);
     assert_false(dn.ready);
     assert_int_equal(dn.status, AP_ENOTFOUND);
 
@@ -241,24 +205,24 @@ static void test_relay_loopback(void **state)
     ap_p2p_host_t *fl[NFLOOD];
     ap_relay_client_t *fc[NFLOOD];
     for (int i = 0; i < NFLOOD; i++) {
-        ap_identity_t fid = ident((uint8_t)(40 + i));
+        ap_identity_t fid = ap_test_ident((uint8_t)(40 + i));
         fl[i] = ap__p2p_host_new(&loop, &fid, "apiary-test");
         fc[i] = ap__relay_client_new(fl[i], &rb, 1, NULL, NULL);
         assert_non_null(fc[i]);
     }
-    RUN_UNTIL(&loop, (st = ap__relay_service_stats(svc), st.resv_refused >= NFLOOD - 5));
+    AP_TEST_RUN_UNTIL(&loop, (st = ap__relay_service_stats(svc), st.resv_refused >= NFLOOD - 5));
     print_message("flood: %u reserved, %u refused\n", st.reserved, st.resv_refused);
 
     /* the relay still serves: B reaches A again */
-    dialer_t d2 = {0};
+    ap_test_dialer_t d2 = {0};
     static pinger_t pg2;
     pg2.nsend = 1000;
     memset(pg2.sent, 7, pg2.nsend);
-    assert_ok(ap__circuit_dial(B, &target, &dcbs, &d2));
-    RUN_UNTIL(&loop, d2.ready || d2.closed);
+    assert_ok(ap__circuit_dial(B, &target, &ap_test_dialer_cbs, &d2));
+    AP_TEST_RUN_UNTIL(&loop, d2.ready || d2.closed);
     assert_true(d2.ready);
     assert_ok(ap__p2p_stream_open(d2.c, &ping_c, &pg2, NULL));
-    RUN_UNTIL(&loop, pg2.ngot == pg2.nsend);
+    AP_TEST_RUN_UNTIL(&loop, pg2.ngot == pg2.nsend);
 
     g_freed = 0;
     ap__p2p_host_free_then(R, freed, NULL);
@@ -266,7 +230,7 @@ static void test_relay_loopback(void **state)
     ap__p2p_host_free_then(B, freed, NULL);
     ap__p2p_host_free_then(C, freed, NULL);
     for (int i = 0; i < NFLOOD; i++) ap__p2p_host_free_then(fl[i], freed, NULL);
-    RUN_UNTIL(&loop, g_freed == 4 + NFLOOD);
+    AP_TEST_RUN_UNTIL(&loop, g_freed == 4 + NFLOOD);
     ap__relay_service_free(svc);
     ap__relay_client_free(g_cl);
     for (int i = 0; i < NFLOOD; i++) ap__relay_client_free(fc[i]);

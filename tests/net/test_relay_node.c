@@ -4,6 +4,7 @@
  * libp2p upgrade runs end to end inside it. A node that cannot relay (an
  * in-process or dial-only node) refuses the option. */
 #include "aptest.h"
+#include "p2ptest.h"
 
 #include "apiary/identity.h"
 #include "apiary/log.h"
@@ -15,49 +16,12 @@
 #include <string.h>
 #include <uv.h>
 
-#define RUN_UNTIL(loop, cond)                                                                      \
-    do {                                                                                           \
-        for (int ap__i = 0; !(cond) && ap__i < 200000; ap__i++) uv_run(loop, UV_RUN_ONCE);         \
-        assert_true(cond);                                                                         \
-    } while (0)
-
-static ap_identity_t ident(uint8_t b)
-{
-    uint8_t seed[32];
-    memset(seed, b, sizeof seed);
-    ap_identity_t id;
-    assert_int_equal(ap_identity_from_seed(&id, seed), 0);
-    return id;
-}
-
 static int g_freed;
 static void freed(void *arg)
 {
     (void)arg;
     g_freed++;
 }
-
-typedef struct dialer {
-    bool ready, closed;
-    int status;
-    ap_p2p_conn_t *c;
-} dialer_t;
-
-static void d_ready(ap_p2p_conn_t *c, void *arg)
-{
-    dialer_t *d = arg;
-    d->ready = true;
-    d->c = c;
-}
-static void d_closed(ap_p2p_conn_t *c, void *arg, int st)
-{
-    dialer_t *d = arg;
-    (void)c;
-    d->closed = true;
-    d->status = st;
-    d->c = NULL;
-}
-static const ap_p2p_conn_cbs_t dcbs = {d_ready, d_closed};
 
 static int g_inbound;
 static ap_peer_id_t g_inbound_peer;
@@ -88,7 +52,7 @@ static void test_node_relays(void **state)
 
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
-    ap_identity_t aid = ident(21), bid = ident(22);
+    ap_identity_t aid = ap_test_ident(21), bid = ap_test_ident(22);
     ap_p2p_host_t *A = ap__p2p_host_new(&loop, &aid, "apiary-test");
     ap_p2p_host_t *B = ap__p2p_host_new(&loop, &bid, "apiary-test");
     assert_ok(ap__p2p_host_serve_basics(A));
@@ -96,7 +60,7 @@ static void test_node_relays(void **state)
     ap_relay_client_t *cl = ap__relay_client_new(A, &rma, 1, on_inbound, NULL);
     assert_non_null(cl);
     unsigned live = 0;
-    RUN_UNTIL(&loop, (ap__relay_client_reservations(cl, &live), live == 1));
+    AP_TEST_RUN_UNTIL(&loop, (ap__relay_client_reservations(cl, &live), live == 1));
     ap_multiaddr_t circ[2];
     assert_int_equal(ap__relay_client_addrs(cl, circ, 2), 1);
     assert_true(circ[0].circuit);
@@ -106,19 +70,19 @@ static void test_node_relays(void **state)
     ap_multiaddr_t target = circ[0];
     target.has_dst = true;
     target.dst = aid.id;
-    dialer_t d = {0};
-    assert_ok(ap__circuit_dial(B, &target, &dcbs, &d));
-    RUN_UNTIL(&loop, d.ready || d.closed);
+    ap_test_dialer_t d = {0};
+    assert_ok(ap__circuit_dial(B, &target, &ap_test_dialer_cbs, &d));
+    AP_TEST_RUN_UNTIL(&loop, d.ready || d.closed);
     assert_true(d.ready);
     assert_true(ap__p2p_conn_relayed(d.c));
     assert_true(ap_peer_id_eq(ap__p2p_conn_peer(d.c), &aid.id));
-    RUN_UNTIL(&loop, g_inbound == 1);
+    AP_TEST_RUN_UNTIL(&loop, g_inbound == 1);
     assert_true(ap_peer_id_eq(&g_inbound_peer, &bid.id));
 
     g_freed = 0;
     ap__p2p_host_free_then(A, freed, NULL);
     ap__p2p_host_free_then(B, freed, NULL);
-    RUN_UNTIL(&loop, g_freed == 2);
+    AP_TEST_RUN_UNTIL(&loop, g_freed == 2);
     ap__relay_client_free(cl);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&loop), 0);
