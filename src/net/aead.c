@@ -73,26 +73,15 @@ static ctx_set_t *thread_set(void)
 }
 
 /* The context bound to key for direction enc with nonce set: the slot that
- * holds key gets only the nonce; otherwise the oldest slot is rebound. */
-/* Whether a and b (two keys) are equal, in time independent of their bytes. */
-static bool key_eq(const uint8_t *a, const uint8_t *b)
-{
-    uint64_t x = 0, u, v;
-    for (size_t i = 0; i < AP_AEAD_KEYLEN; i += 8) {
-        memcpy(&u, a + i, 8);
-        memcpy(&v, b + i, 8);
-        x |= u ^ v;
-    }
-    return x == 0;
-}
-
+ * holds key (compared in constant time) gets only the nonce; otherwise the
+ * oldest slot is rebound. */
 static ctx_slot_t *bound_slot(int enc, const uint8_t *key, const uint8_t *nonce)
 {
     ctx_set_t *set = thread_set();
     if (!set) return NULL;
     ctx_slot_t *slots = set->slot[enc ? 1 : 0], *s = NULL, *oldest = &slots[0];
     for (int i = 0; i < AP_AEAD_SLOTS; i++) {
-        if (slots[i].used && key_eq(slots[i].key, key)) {
+        if (slots[i].used && sodium_memcmp(slots[i].key, key, AP_AEAD_KEYLEN) == 0) {
             s = &slots[i];
             break;
         }

@@ -213,4 +213,8 @@ typedef struct ap_tcp_stats {
 } ap_tcp_stats_t;
 void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
 
+/* ss's address as 16 bytes (IPv4 as ::ffff:a.b.c.d; zeros if neither): the
+ * key of admission and of the handshake counts, for libp2p connections too. */
+void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16]);
+
 #endif

@@ -147,8 +147,6 @@ static inline void ap__tcp_touch(ap_tcp_conn_t *c)
 
 /* tcp_admit.c */
 int ap__tcp_hs_start(ap_tcp_conn_t *c);
-/* ss's address as 16 bytes (IPv4 as ::ffff:a.b.c.d; zeros if neither). */
-void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16]);
 void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
 /* Ends c's handshake in t->rc, if it holds one. */
 void ap__tcp_hs_release(ap_tcp_conn_t *c);

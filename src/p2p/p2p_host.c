@@ -2,6 +2,7 @@
  * listening, adopting sockets, freeing. */
 #include "apiary/error.h"
 #include "apiary/log.h"
+#include "net/tcp.h"
 #include "p2p/p2p_impl.h"
 
 #include <stdlib.h>
@@ -162,14 +163,8 @@ static void sock_ip16(uv_tcp_t *t, uint8_t ip[16])
 {
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    memset(ip, 0, 16);
-    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &len) != 0) return;
-    if (ss.ss_family == AF_INET) {
-        ip[10] = ip[11] = 0xff;
-        memcpy(ip + 12, &((const struct sockaddr_in *)&ss)->sin_addr, 4);
-    } else if (ss.ss_family == AF_INET6) {
-        memcpy(ip, &((const struct sockaddr_in6 *)&ss)->sin6_addr, 16);
-    }
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &len) != 0) ss.ss_family = AF_UNSPEC;
+    ap__tcp_ip16(&ss, ip);
 }
 
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h)
