@@ -9,12 +9,17 @@ the same either way, so they are left out of both.
 
 scaling_efficiency (field peers: 2, 4): global samples/s of N Python peer processes
 (apiary.Optimizer with torch's Adam making the step, delayed updates, a ~260k-parameter
-torch MLP, batch 32, target_batch_size 256 x N) over N times the samples/s of one peer
-measured in the same run, on loopback. As `apiary bench train`, every peer sleeps 3x the
-CPU time of each batch after it (a slower accelerator), so that four peers need about one
-of the machine's cores. time_efficiency: the peers' mean share of wall time spent in
-forward/backward + that sleep, over the single peer's (the wall time the collaboration
-costs them, independent of how much CPU other load leaves to the run).
+torch MLP, batch 32, target_batch_size 16384 x N: epochs of ~3 s, as `apiary bench
+train`'s last seconds) over N times the samples/s of one peer measured in the same run,
+on loopback. As `apiary bench train`, every peer sleeps 3x the CPU time of each batch
+after it (a slower accelerator), so that four peers need about one of the machine's
+cores. Each run follows a control: N processes of the same loop with no collaboration
+(torch's Adam stepping every 16384 samples); alone_ceiling is the control's own scaling
+(what contention among N torch processes leaves on this machine) and scaling_over_alone
+the collaboration's samples/s over the control's. time_efficiency: the peers' mean share
+of wall time spent in forward/backward + that sleep, over the single peer's (the wall
+time the collaboration costs them, independent of how much CPU other load leaves).
+--quick: 15 s windows and 4096 samples per peer per epoch.
 
 usage: python_bench.py [--json] [--quick] [--no-scaling]
        python_bench.py --peer JSON   (one peer of the scaling run; internal)
@@ -59,21 +64,30 @@ def peer(a):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 256))
-    dht = apiary.DHT(initial_peers=a.get("initial_peers") or None,
-                     host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    print("ADDR", dht.get_visible_maddrs()[0], flush=True)
     b = 32
-    opt = apiary.Optimizer(dht=dht, run_id="bench_scaling_%d" % a["n"],
-                           target_batch_size=256 * a["n"], batch_size_per_step=b,
-                           optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
-                           params=model.parameters(), delay_optimizer_step=True,
-                           matchmaking_time=0.5, average_state_every=0)
+    alone = a.get("alone", False)
+    if alone:
+        # the control: the same loop with no collaboration, torch's Adam stepping every
+        # per_peer_target samples (the ceiling the machine allows N such processes)
+        dht = None
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        print("ADDR -", flush=True)
+    else:
+        dht = apiary.DHT(initial_peers=a.get("initial_peers") or None,
+                         host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        print("ADDR", dht.get_visible_maddrs()[0], flush=True)
+        opt = apiary.Optimizer(dht=dht, run_id="bench_scaling_%d" % a["n"],
+                               target_batch_size=a["per_peer_target"] * a["n"],
+                               batch_size_per_step=b,
+                               optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+                               params=model.parameters(), delay_optimizer_step=True,
+                               matchmaking_time=0.5, average_state_every=0)
     g = torch.Generator().manual_seed(a["index"])
     x = torch.randn(b, 256, generator=g)
     y = torch.randn(b, 256, generator=g)
-    samples, busy, in_step = 0, 0.0, 0.0
+    samples, busy, in_step, epoch0, acc, local_epoch = 0, 0.0, 0.0, None, 0, 0
     t0, t1 = a["t0"], a["t1"]
-    while time.time() < t0 - 2 and opt.stats()["peers"] < a["n"]:
+    while not alone and time.time() < t0 - 2 and opt.stats()["peers"] < a["n"]:
         time.sleep(0.05)
     while True:
         now = time.time()
@@ -81,20 +95,35 @@ def peer(a):
             break
         c0 = time.thread_time()
         w0 = time.perf_counter()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False) if alone else opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         cpu = time.thread_time() - c0
         time.sleep(3 * cpu)  # a slower accelerator
         work = time.perf_counter() - w0
         s0 = time.perf_counter()
-        opt.step()
+        if alone:
+            acc += b
+            if acc >= a["per_peer_target"]:
+                opt.step()
+                acc, local_epoch = 0, local_epoch + 1
+        else:
+            opt.step()
         if now >= t0:
+            if epoch0 is None:
+                epoch0 = local_epoch if alone else opt.local_epoch
             samples += b
             busy += work
             in_step += time.perf_counter() - s0
+    if alone:
+        print("RESULT", json.dumps({"samples": samples, "busy": busy, "window": t1 - t0,
+                                    "in_step": in_step, "epoch": local_epoch,
+                                    "epochs_in_window": local_epoch - (epoch0 or 0),
+                                    "held": 0, "group_wait_s": 0.0}), flush=True)
+        return
     st = opt.stats()
     print("RESULT", json.dumps({"samples": samples, "busy": busy, "window": t1 - t0,
                                 "in_step": in_step, "epoch": st["epoch"],
+                                "epochs_in_window": st["epoch"] - (epoch0 or 0),
                                 "dropped": st["samples_dropped"], "held": st["submits_held"],
                                 "group_wait_s": st["group_wait_us"] / 1e6,
                                 "averaging_s": st["averaging_us"] / 1e6}), flush=True)
@@ -102,22 +131,30 @@ def peer(a):
     dht.shutdown()
 
 
-def run_scaling(n, dur, warm):
+# samples per peer per epoch: ~3 s of one peer's training, as `apiary bench train`'s
+# epochs last seconds (512 samples per peer at its ~93 samples/s); with 256 an epoch took
+# 50 ms and the bench measured an all-reduce every 50 ms rather than the training
+PER_PEER_TARGET = 16384
+PER_PEER_TARGET_QUICK = 4096  # --quick: windows of 15 s still hold several epochs
+
+
+def run_scaling(n, dur, warm, target, alone=False):
     procs = []
     try:
         t0 = time.time() + warm + 3 * n
         t1 = t0 + dur
-        first = None
+        addrs = []  # every earlier peer is an initial peer: one busy peer does not stop a join
         for i in range(n):
-            a = {"index": i, "n": n, "t0": t0, "t1": t1,
-                 "initial_peers": [first] if first else None}
+            a = {"index": i, "n": n, "t0": t0, "t1": t1, "per_peer_target": target,
+                 "alone": alone, "initial_peers": list(addrs) or None}
             p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--peer",
                                   json.dumps(a)], stdout=subprocess.PIPE, text=True)
             procs.append(p)
             line = p.stdout.readline().split()
             if not line or line[0] != "ADDR":
                 raise RuntimeError("scaling peer %d did not start" % i)
-            first = first or line[1]
+            if not alone:
+                addrs.append(line[1])
         res = []
         for p in procs:
             out = p.communicate(timeout=dur + warm + 3 * n + 120)[0]
@@ -125,7 +162,8 @@ def run_scaling(n, dur, warm):
                 if line.startswith("RESULT "):
                     res.append(json.loads(line[7:]))
         if len(res) != n:
-            raise RuntimeError("%d of %d scaling peers reported" % (len(res), n))
+            raise RuntimeError("%d of %d scaling peers reported (exit codes %s)" %
+                               (len(res), n, [p.returncode for p in procs]))
         sps = sum(r["samples"] for r in res) / dur
         share = sum(r["busy"] / r["window"] for r in res) / n
         return sps, share, res
@@ -223,6 +261,7 @@ def main():
     if "--no-scaling" in sys.argv:
         return
     dur, warm = (15, 5) if quick else (45, 10)
+    target = PER_PEER_TARGET_QUICK if quick else PER_PEER_TARGET
     def split(res):
         # where the peers' wall time went besides computing: inside Optimizer.step() (of
         # it, libapiary's held submits waiting for a group: group_wait_s per peer)
@@ -231,20 +270,29 @@ def main():
                     group_wait_s=round(sum(r["group_wait_s"] for r in res) / k, 2),
                     submits_held=sum(r["held"] for r in res))
 
-    sps1, share1, res1 = run_scaling(1, dur, warm)
-    emit(js, "samples_per_s", sps1, "samples/s", peers=1, slowdown=3, delayed_updates=True,
-         busy_share=round(share1, 3), **split(res1))
+    # each collaboration of N peers runs right after N processes of the same loop with
+    # no collaboration (the control), so both see the same machine: the control's
+    # scaling is the ceiling that CPU contention among N processes leaves
+    f = dict(slowdown=3, delayed_updates=True)
+    alone1, _, _ = run_scaling(1, dur, warm, target, alone=True)
+    sps1, share1, res1 = run_scaling(1, dur, warm, target)
+    emit(js, "samples_per_s", sps1, "samples/s", peers=1, busy_share=round(share1, 3),
+         alone_samples_per_s=round(alone1, 1), **split(res1), **f)
     for n in (2, 4):
-        sps, share, res = run_scaling(n, dur, warm)
-        f = dict(peers=n, slowdown=3, delayed_updates=True)
-        emit(js, "samples_per_s", sps, "samples/s", busy_share=round(share, 3), **split(res),
-             **f)
-        emit(js, "scaling_efficiency", sps / (n * sps1) if sps1 else 0.0, "ratio",
-             single_peer_samples_per_s=round(sps1, 1), **f)
-        emit(js, "time_efficiency", share / share1 if share1 else 0.0, "ratio",
+        alone, _, _ = run_scaling(n, dur, warm, target, alone=True)
+        sps, share, res = run_scaling(n, dur, warm, target)
+        emit(js, "samples_per_s", sps, "samples/s", peers=n, busy_share=round(share, 3),
+             alone_samples_per_s=round(alone, 1), **split(res), **f)
+        ew = sum(r["epochs_in_window"] for r in res) / len(res)
+        ceiling = alone / (n * alone1) if alone1 else 0.0
+        emit(js, "scaling_efficiency", sps / (n * sps1) if sps1 else 0.0, "ratio", peers=n,
+             single_peer_samples_per_s=round(sps1, 1), alone_ceiling=round(ceiling, 3),
+             epoch_s=round(dur / ew, 2) if ew else None, **f)
+        emit(js, "scaling_over_alone", sps / alone if alone else 0.0, "ratio", peers=n,
+             alone_samples_per_s=round(alone, 1), **f)
+        emit(js, "time_efficiency", share / share1 if share1 else 0.0, "ratio", peers=n,
              single_peer_busy_share=round(share1, 3), epochs=max(r["epoch"] for r in res),
              **f)
-
 
 if __name__ == "__main__":
     main()
