@@ -343,3 +343,19 @@ void ap_admit_gone(ap_admit_t *a, uint64_t id)
         ap__u64map_put(&a->conns, a->ents[i].id, i);
     }
 }
+
+bool ap_admit_rekey(ap_admit_t *a, uint64_t id, uint64_t new_id)
+{
+    uint64_t i;
+    if (!new_id || ent_find(a, new_id) || !ap__u64map_get(&a->conns, id, &i)) return false;
+    if (ap__u64map_put(&a->conns, new_id, i) != 0) return false;
+    ap__u64map_del(&a->conns, id, NULL);
+    a->ents[i].id = new_id;
+    return true;
+}
+
+uint32_t ap_admit_pending_ip(const ap_admit_t *a, const uint8_t ip[16])
+{
+    const ipc_t *c = ip_find((ap_admit_t *)a, ip_hash(ip));
+    return c ? c->pending : 0;
+}

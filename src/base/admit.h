@@ -21,7 +21,10 @@
  * not the ones that make room.
  *
  * Identify connections by a caller-chosen non-zero id; addresses are 16
- * bytes (IPv4 as ::ffff:a.b.c.d). Not thread-safe. */
+ * bytes (IPv4 as ::ffff:a.b.c.d). One admission serves every transport on
+ * a port (the TCP transport's is shared with the libp2p host on it): each
+ * kind of connection has ids of its own, so a victim id tells its owner.
+ * Not thread-safe. */
 #ifndef AP_BASE_ADMIT_H
 #define AP_BASE_ADMIT_H
 
@@ -104,6 +107,13 @@ void ap_admit_set_known(ap_admit_t *a, uint64_t id, bool known);
 bool ap_admit_outbound(ap_admit_t *a, uint64_t id, const uint8_t ip[16]);
 /* id closed, in whatever state (unknown ids are ignored). */
 void ap_admit_gone(ap_admit_t *a, uint64_t id);
+/* id is known as new_id from now on, in the same state and with the same
+ * times (a connection handed from one transport to another keeps its
+ * count and its age). false, nothing changed, if id is unknown or new_id
+ * is 0 or already in use. */
+bool ap_admit_rekey(ap_admit_t *a, uint64_t id, uint64_t new_id);
+/* Pending inbound handshakes from ip. */
+uint32_t ap_admit_pending_ip(const ap_admit_t *a, const uint8_t ip[16]);
 
 static inline const ap_admit_stats_t *ap_admit_stats(const ap_admit_t *a)
 {

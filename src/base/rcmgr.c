@@ -17,15 +17,11 @@ struct ap_rc_scope {
     uint32_t refs;
     ap_peer_id_t peer;
     char proto[PROTO_NAME_MAX];
-    uint8_t ip[16];
 };
 
 struct ap_rcmgr {
     ap_rcmgr_config_t cfg;
     ap_rc_scope_t node;
-    ap_rc_scope_t transient;
-    ap_rc_scope_t *ips;            /* remote IPs with handshakes in progress (at most
-                                      hs_transient of them) */
     ap_rc_scope_t *peers, *protos; /* few enough for lists: a peer has at most
                                       a few connections, and its scope goes
                                       with its last one */
@@ -40,8 +36,6 @@ void ap_rcmgr_config_default(ap_rcmgr_config_t *c)
     c->conn = (ap_rc_limit_t){8u << 20, 256, 1};
     c->stream_memory = 0;
     c->node_fair_share = false;
-    c->hs_per_ip = 16;
-    c->hs_transient = 256;
 }
 
 ap_rcmgr_t *ap_rcmgr_new(const ap_rcmgr_config_t *cfg)
@@ -56,12 +50,6 @@ ap_rcmgr_t *ap_rcmgr_new(const ap_rcmgr_config_t *cfg)
     m->node.kind = AP_RC_NODE;
     m->node.lim = m->cfg.node;
     m->node.refs = 1;
-    if (!m->cfg.hs_per_ip) m->cfg.hs_per_ip = 16;
-    if (!m->cfg.hs_transient) m->cfg.hs_transient = 256;
-    m->transient.m = m;
-    m->transient.kind = AP_RC_TRANSIENT;
-    m->transient.lim = (ap_rc_limit_t){0, 0, m->cfg.hs_transient};
-    m->transient.refs = 1;
     return m;
 }
 
@@ -77,11 +65,6 @@ void ap_rcmgr_free(ap_rcmgr_t *m)
         ap_rc_scope_t *n = m->protos->next;
         free(m->protos);
         m->protos = n;
-    }
-    while (m->ips) {
-        ap_rc_scope_t *n = m->ips->next;
-        free(m->ips);
-        m->ips = n;
     }
     free(m);
 }
@@ -145,7 +128,7 @@ static void unlink_from(ap_rc_scope_t **head, ap_rc_scope_t *s)
 
 static void maybe_free(ap_rc_scope_t *s)
 {
-    if (!s || s->kind == AP_RC_NODE || s->kind == AP_RC_TRANSIENT || in_use(s)) return;
+    if (!s || s->kind == AP_RC_NODE || in_use(s)) return;
     if (s->kind == AP_RC_PEER) unlink_from(&s->m->peers, s);
     if (s->kind == AP_RC_PROTO) unlink_from(&s->m->protos, s);
     free(s);
@@ -153,13 +136,13 @@ static void maybe_free(ap_rc_scope_t *s)
 
 ap_rc_scope_t *ap_rc_scope_ref(ap_rc_scope_t *s)
 {
-    if (s && s->kind != AP_RC_NODE && s->kind != AP_RC_TRANSIENT) s->refs++;
+    if (s && s->kind != AP_RC_NODE) s->refs++;
     return s;
 }
 
 void ap_rc_scope_unref(ap_rc_scope_t *s)
 {
-    if (!s || s->kind == AP_RC_NODE || s->kind == AP_RC_TRANSIENT || !s->refs) return;
+    if (!s || s->kind == AP_RC_NODE || !s->refs) return;
     s->refs--;
     maybe_free(s);
 }
@@ -276,20 +259,6 @@ void ap_rc_scope_describe(const ap_rc_scope_t *s, char *out, size_t n)
     case AP_RC_PROTO:
         snprintf(who, sizeof who, "protocol %.40s", s->proto);
         break;
-    case AP_RC_IP: {
-        char a[48];
-        if (!memcmp(s->ip, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12))
-            snprintf(a, sizeof a, "%u.%u.%u.%u", s->ip[12], s->ip[13], s->ip[14], s->ip[15]);
-        else
-            for (int i = 0; i < 8; i++)
-                snprintf(a + 5 * i, sizeof a - 5 * (size_t)i, "%02x%02x%s", s->ip[2 * i],
-                         s->ip[2 * i + 1], i < 7 ? ":" : "");
-        snprintf(who, sizeof who, "handshakes from %s", a);
-        break;
-    }
-    case AP_RC_TRANSIENT:
-        snprintf(who, sizeof who, "handshakes (transient)");
-        break;
     default:
         snprintf(who, sizeof who, "connection");
         break;
@@ -354,7 +323,6 @@ size_t ap_rcmgr_report(const ap_rcmgr_t *m, int max_peers, char *out, size_t n)
     if (!out || !n) return 0;
     out[0] = 0;
     size_t off = put_line(&m->node, out, n, 0);
-    if (m->transient.use.conns) off = put_line(&m->transient, out, n, off);
     for (const ap_rc_scope_t *s = m->protos; s; s = s->next) off = put_line(s, out, n, off);
     /* the peers holding the most memory, largest first (a selection: lists
      * are short, and this runs on request) */
@@ -380,68 +348,4 @@ size_t ap_rcmgr_report(const ap_rcmgr_t *m, int max_peers, char *out, size_t n)
         if (w > 0) off = (size_t)w >= n - off ? n - 1 : off + (size_t)w;
     }
     return off;
-}
-
-/* ---- handshakes in progress ----------------------------------------------------- */
-
-static ap_rc_scope_t *ip_find(const ap_rcmgr_t *m, const uint8_t ip[16])
-{
-    for (ap_rc_scope_t *s = m->ips; s; s = s->next)
-        if (!memcmp(s->ip, ip, 16)) return s;
-    return NULL;
-}
-
-int ap_rc_hs_begin(ap_rcmgr_t *m, const uint8_t ip[16], ap_rc_scope_t **full)
-{
-    ap_rc_scope_t *s = ip_find(m, ip);
-    if (s && s->use.conns >= m->cfg.hs_per_ip) {
-        if (full) *full = s;
-        m->refusals++;
-        return AP_ELIMIT;
-    }
-    if (m->transient.use.conns >= m->cfg.hs_transient) {
-        if (full) *full = &m->transient;
-        m->refusals++;
-        return AP_ELIMIT;
-    }
-    if (!s) {
-        ap_rc_limit_t lim = {0, 0, m->cfg.hs_per_ip};
-        s = scope_new(m, AP_RC_IP, &lim);
-        if (!s) return AP_ENOMEM;
-        s->refs = 0;
-        memcpy(s->ip, ip, 16);
-        s->next = m->ips;
-        m->ips = s;
-    }
-    s->use.conns++;
-    m->transient.use.conns++;
-    return 0;
-}
-
-void ap_rc_hs_end(ap_rcmgr_t *m, const uint8_t ip[16])
-{
-    ap_rc_scope_t *s = ip_find(m, ip);
-    if (!s || !s->use.conns) return;
-    s->use.conns--;
-    if (m->transient.use.conns) m->transient.use.conns--;
-    if (!s->use.conns) {
-        unlink_from(&m->ips, s);
-        free(s);
-    }
-}
-
-uint32_t ap_rc_hs_count(const ap_rcmgr_t *m, const uint8_t ip[16])
-{
-    const ap_rc_scope_t *s = ip_find(m, ip);
-    return s ? s->use.conns : 0;
-}
-
-uint32_t ap_rc_hs_total(const ap_rcmgr_t *m)
-{
-    return m->transient.use.conns;
-}
-
-ap_rc_scope_t *ap_rcmgr_transient(ap_rcmgr_t *m)
-{
-    return &m->transient;
 }

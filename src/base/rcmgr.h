@@ -14,9 +14,10 @@
  *
  * What the transports count: queued responses and stream send buffers (until
  * the peer's credit lets them go), partial requests (with a deadline),
- * receive buffers, hand-over queues, pending handshakes. Transport-neutral:
- * the TCP and libp2p transports share one manager per node. Not
- * thread-safe (the node's loop thread). Internal. */
+ * receive buffers. Handshakes in progress are not counted here but by
+ * connection admission (base/admit.h), the one count of them for native
+ * and libp2p connections alike. Not thread-safe (the node's loop thread).
+ * Internal. */
 #ifndef AP_BASE_RCMGR_H
 #define AP_BASE_RCMGR_H
 
@@ -44,23 +45,9 @@ typedef struct ap_rcmgr_config {
      * the node and of its protocol, so a few peers together cannot take all
      * of it: a small request from another peer always fits. */
     bool node_fair_share;
-    /* Handshakes in progress (connections not yet authenticated, native or
-     * libp2p): at most hs_per_ip from one remote IP (16) and hs_transient in
-     * all (256, the transient scope). A source IP reaches its own limit long
-     * before the transient one, so handshakes stalled from one address
-     * cannot keep peers from other addresses out. 0 = the default. */
-    uint32_t hs_per_ip;
-    uint32_t hs_transient;
 } ap_rcmgr_config_t;
 
-typedef enum ap_rc_kind {
-    AP_RC_NODE,
-    AP_RC_PEER,
-    AP_RC_PROTO,
-    AP_RC_CONN,
-    AP_RC_IP,        /* handshakes in progress from one remote IP */
-    AP_RC_TRANSIENT, /* handshakes in progress, every IP */
-} ap_rc_kind_t;
+typedef enum ap_rc_kind { AP_RC_NODE, AP_RC_PEER, AP_RC_PROTO, AP_RC_CONN } ap_rc_kind_t;
 
 typedef struct ap_rc_use {
     uint64_t memory;
@@ -102,20 +89,6 @@ int ap_rc_reserve_stream(ap_rcmgr_t *m, const ap_rc_span_t *sp, ap_rc_scope_t **
 void ap_rc_release_stream(ap_rcmgr_t *m, const ap_rc_span_t *sp);
 int ap_rc_reserve_conn(ap_rcmgr_t *m, const ap_rc_span_t *sp, ap_rc_scope_t **full);
 void ap_rc_release_conn(ap_rcmgr_t *m, const ap_rc_span_t *sp);
-
-/* Handshakes in progress. ip: the remote address, 16 bytes (IPv4 as
- * ::ffff:a.b.c.d). ap_rc_hs_begin counts one handshake in ip's scope and in
- * the transient scope (conns), or refuses with AP_ELIMIT and *full (may be
- * NULL) set to the full one (nothing counted then); every successful begin
- * is matched by one ap_rc_hs_end with the same ip, when the handshake ends
- * (done, failed or closed). An IP's scope goes with its last handshake. */
-int ap_rc_hs_begin(ap_rcmgr_t *m, const uint8_t ip[16], ap_rc_scope_t **full);
-void ap_rc_hs_end(ap_rcmgr_t *m, const uint8_t ip[16]);
-/* Handshakes in progress from ip, and in all. */
-uint32_t ap_rc_hs_count(const ap_rcmgr_t *m, const uint8_t ip[16]);
-uint32_t ap_rc_hs_total(const ap_rcmgr_t *m);
-/* The transient scope. */
-ap_rc_scope_t *ap_rcmgr_transient(ap_rcmgr_t *m);
 
 /* One line describing a scope's use against its limits, e.g.
  * "peer 12D3KooW...: memory 1048576/16777216, streams 3/512, conns 1/8". */

@@ -46,7 +46,6 @@ void ap__tcp_maybe_finish(ap_tcp_t *t)
     free(t->table);
     free(t->rbuf);
     ap_admit_close(&t->admit);
-    ap_rcmgr_free(t->rc);
     ap__secure_creds_clear(&t->creds);
     free(t);
     if (done) done(arg);
@@ -186,7 +185,6 @@ void ap__tcp_conn_abort(ap_tcp_conn_t *c, int status)
         c->admitted = false;
         ap_admit_gone(&t->admit, (uint64_t)(uintptr_t)c);
     }
-    ap__tcp_hs_release(c);
     if (c->st == C_OPEN) t->stats.open--;
     c->st = C_CLOSING;
     c->close_status = status;
@@ -408,12 +406,7 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     t->arg = arg;
     int rc = ap__secure_creds_init(&t->creds, id, c->hash, NULL);
     t->rbuf = malloc(c->read_buf_size);
-    ap_rcmgr_config_t rcc;
-    ap_rcmgr_config_default(&rcc);
-    rcc.hs_transient = (uint32_t)c->max_handshakes;
-    t->rc = ap_rcmgr_new(&rcc);
-    if (rc || !t->rbuf || !t->rc) {
-        ap_rcmgr_free(t->rc);
+    if (rc || !t->rbuf) {
         free(t->rbuf);
         ap__secure_creds_clear(&t->creds);
         free(t);
@@ -422,6 +415,7 @@ int ap__tcp_new(uv_loop_t *loop, const ap_identity_t *id, const ap_tcp_cfg_t *cf
     memset(t->rbuf, 0, c->read_buf_size); /* pre-fault once */
     ap_admit_config_t ac = {.hs_full = (uint32_t)c->max_handshakes,
                             .hs_start = (uint32_t)c->max_handshakes / 4,
+                            .hs_per_ip = (uint32_t)c->hs_per_ip,
                             .max_conns = (uint32_t)c->max_conns,
                             .conns_per_ip = (uint32_t)c->conns_per_ip,
                             .evict_idle_ms = c->evict_idle_ms};

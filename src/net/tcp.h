@@ -25,9 +25,14 @@
  * the layer above retires it (the mux's GOAWAY); ap__tcp_find returns the
  * one the rule keeps.
  *
- * ADMISSION (base/admit.h). Inbound handshakes pending are limited per
- * source IP and in total (random early drop past a quarter of
- * max_handshakes, a stalled one closed for a newcomer at the limit). Open
+ * ADMISSION (base/admit.h). One admission for every connection on the port,
+ * native and libp2p (the libp2p host on the port shares it, tcp_p2p.c): a
+ * libp2p connection is admitted at accept like a native one and takes its
+ * entry along to the host, which keeps it through its upgrade and while it
+ * is open. Inbound handshakes pending are limited per source IP
+ * (hs_per_ip) and in total (random early drop past a quarter of
+ * max_handshakes, a stalled one closed for a newcomer at the limit, of
+ * either kind); each must be done within handshake_timeout_ms. Open
  * connections: at most max_conns, conns_per_ip per source IP, 64 of them kept for the
  * node's own dials and 64 for known peers; when an inbound handshake
  * completes at a limit, the least useful inbound connection (idle for evict_idle_ms,
@@ -77,6 +82,7 @@ typedef struct ap_tcp_conn ap_tcp_conn_t;
 typedef struct ap_tcp_cfg {
     size_t max_conns;              /* open connections; 0 = 1024 (see ADMISSION) */
     size_t max_handshakes;         /* inbound handshakes in progress; 0 = 256 */
+    size_t hs_per_ip;              /* of them, from one source IP; 0 = 16 */
     uint64_t handshake_timeout_ms; /* inbound: accept -> done; 0 = 10 s */
     uint64_t keepalive_ms;         /* 0 = 15 s; UINT64_MAX = never */
     uint64_t dead_ms;              /* 0 = 3 * keepalive; UINT64_MAX = never */
@@ -204,12 +210,10 @@ typedef struct ap_tcp_stats {
     uint64_t bytes_sent, bytes_received; /* on the wire */
     uint32_t open, handshaking;
     uint64_t handshakes_ok, handshakes_failed, closed_bad_input, dup_closed;
-    uint64_t dup_kept;           /* duplicates left open for the layer above (keep_duplicates) */
-    uint64_t refused_open;       /* handshakes done but refused by the open-connection limits */
-    uint64_t refused_handshakes; /* refused at accept: the remote IP's or the transient
-                                    handshake scope was full (resource manager) */
-    uint64_t evicted_idle;       /* idle inbound connections closed to make room for a newcomer */
-    ap_admit_stats_t admit;      /* admission (base/admit.h) */
+    uint64_t dup_kept;      /* duplicates left open for the layer above (keep_duplicates) */
+    uint64_t refused_open;  /* handshakes done but refused by the open-connection limits */
+    uint64_t evicted_idle;  /* idle inbound connections closed to make room for a newcomer */
+    ap_admit_stats_t admit; /* admission (base/admit.h) */
 } ap_tcp_stats_t;
 void ap__tcp_get_stats(const ap_tcp_t *t, ap_tcp_stats_t *out);
 

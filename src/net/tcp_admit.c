@@ -2,6 +2,7 @@
  * connections and handshakes, the Noise XX handshake (both directions) and
  * the choice between duplicate connections to one peer. */
 #include "net/tcp_impl.h"
+#include "p2p/p2p_conn.h"
 
 #include "apiary/error.h"
 #include "apiary/log.h"
@@ -48,7 +49,6 @@ static void hs_finish(ap_tcp_conn_t *c)
         c->counted_hs = false;
         t->nhandshaking--;
     }
-    ap__tcp_hs_release(c);
     t->stats.handshakes_ok++;
     ap_tcp_conn_t *old = ap__tcp_find(t, &c->peer);
     bool in_table = true;
@@ -102,11 +102,9 @@ static void hs_finish(ap_tcp_conn_t *c)
             return;
         }
         if (v == AP_ADMIT_EVICT) {
-            ap_tcp_conn_t *old_c = (ap_tcp_conn_t *)(uintptr_t)victim;
-            ap_debug(MOD, "closing idle connection from %s to make room for %s", old_c->who,
-                     c->who);
+            ap_debug(MOD, "closing an idle connection to make room for %s", c->who);
             t->stats.evicted_idle++;
-            ap__tcp_conn_abort(old_c, AP_ELIMIT);
+            ap__tcp_admit_evict(t, victim);
         }
     }
     if (in_table && ap__tcp_table_insert(t, c) != 0) {
@@ -180,11 +178,15 @@ void ap__tcp_ip16(const struct sockaddr_storage *ss, uint8_t ip[16])
     }
 }
 
-void ap__tcp_hs_release(ap_tcp_conn_t *c)
+void ap__tcp_admit_evict(ap_tcp_t *t, uint64_t id)
 {
-    if (!c->rc_hs) return;
-    c->rc_hs = false;
-    ap_rc_hs_end(c->t->rc, c->ip);
+    if (id & AP_P2P_ADMIT_TAG) {
+        if (t->p2p) ap__p2p_host_evict(t->p2p, id);
+        return;
+    }
+    ap_tcp_conn_t *c = (ap_tcp_conn_t *)(uintptr_t)id;
+    ap_debug(MOD, "closing the connection from %s to make room", c->who);
+    ap__tcp_conn_abort(c, AP_ELIMIT);
 }
 
 /* The remote address as 16 bytes (IPv4 as ::ffff:a.b.c.d). */
@@ -233,31 +235,19 @@ static void on_connection(uv_stream_t *server, int status)
     ap_admit_verdict_t v = ap_admit_inbound(&t->admit, (uint64_t)(uintptr_t)c, ip,
                                             ap__tcp_now_ms(t), randombytes_random(), &victim);
     if (v == AP_ADMIT_DROP) {
-        ap_debug(MOD, "refusing connection from %s: %u handshakes pending", c->who,
-                 ap_admit_stats(&t->admit)->pending);
+        ap_debug(MOD, "refusing connection from %s: %u handshakes pending from it, %u in all",
+                 c->who, ap_admit_pending_ip(&t->admit, ip), ap_admit_stats(&t->admit)->pending);
         ap__tcp_conn_abort(c, AP_ELIMIT);
         return;
     }
+    /* one count for native and libp2p handshakes: a socket that turns out to
+     * speak multistream-select takes its entry along to the libp2p host
+     * (tcp_p2p.c), which keeps it until its upgrade is done */
     c->admitted = true;
     if (v == AP_ADMIT_EVICT) {
-        ap_tcp_conn_t *old = (ap_tcp_conn_t *)(uintptr_t)victim;
-        ap_debug(MOD, "closing the stalled handshake from %s for %s", old->who, c->who);
-        ap__tcp_conn_abort(old, AP_ELIMIT);
+        ap_debug(MOD, "closing a stalled handshake for %s", c->who);
+        ap__tcp_admit_evict(t, victim);
     }
-    /* Handshakes in progress in the resource manager, per remote IP and in
-     * the transient scope; a libp2p connection takes its count along to the
-     * libp2p host (tcp_p2p.c) until its upgrade is done. */
-    ap_rc_scope_t *full = NULL;
-    if (ap_rc_hs_begin(t->rc, ip, &full) != 0) {
-        char d[160];
-        ap_rc_scope_describe(full, d, sizeof d);
-        ap_debug(MOD, "refusing connection from %s: %s", c->who, d);
-        t->stats.refused_handshakes++;
-        ap__tcp_conn_abort(c, AP_ELIMIT);
-        return;
-    }
-    memcpy(c->ip, ip, 16);
-    c->rc_hs = true;
     c->counted_hs = true;
     t->nhandshaking++;
     c->deadline = ap__tcp_now_ms(t) + t->cfg.handshake_timeout_ms;

@@ -8,7 +8,6 @@
 #define AP_NET_TCP_IMPL_H
 
 #include "base/admit.h"
-#include "base/rcmgr.h"
 #include "base/buf.h"
 #include "net/secure.h"
 #include "net/tcp.h"
@@ -64,8 +63,6 @@ struct ap_tcp_conn {
     conn_state_t st;
     bool outbound, announced, counted_hs, reading, paused, draining, want_writable;
     bool admitted; /* counted by t->admit (inbound: from accept; outbound: from connect) */
-    bool rc_hs;    /* a handshake in progress in t->rc, from ip */
-    uint8_t ip[16];
     bool has_expected;
     bool sniffed;        /* the first inbound bytes were looked at (tcp_p2p.c) */
     bool in_read;        /* inside read_cb: the open tail waits (see flush) */
@@ -104,9 +101,10 @@ struct ap_tcp {
     uint8_t *rbuf;
     ap_tcp_conn_t *conns;
     size_t nconns, nhandshaking;
-    ap_admit_t admit; /* inbound handshakes per source address (tcp_admit.c) */
-    ap_rcmgr_t *rc;   /* handshakes in progress per remote IP and in all, native and
-                         libp2p (the libp2p host shares it) */
+    /* Admission (tcp_admit.c): handshakes and open connections per source
+     * address and in all, native and libp2p alike (the libp2p host on the
+     * port shares it: its connections' ids have AP_P2P_ADMIT_TAG set). */
+    ap_admit_t admit;
     ap_tcp_conn_t **table;
     size_t table_cap, table_n;
     dial_req_t *resolving, *deferred;
@@ -148,8 +146,9 @@ static inline void ap__tcp_touch(ap_tcp_conn_t *c)
 /* tcp_admit.c */
 int ap__tcp_hs_start(ap_tcp_conn_t *c);
 void ap__tcp_hs_frame(ap_tcp_conn_t *c, const uint8_t *m, size_t n);
-/* Ends c's handshake in t->rc, if it holds one. */
-void ap__tcp_hs_release(ap_tcp_conn_t *c);
+/* Closes the connection admission chose to make room (id: a native
+ * connection, or one of the libp2p host's). */
+void ap__tcp_admit_evict(ap_tcp_t *t, uint64_t id);
 
 /* tcp_dial.c */
 void ap__tcp_dial_done(dial_req_t *r, int status, ap_tcp_conn_t *c);

@@ -51,15 +51,28 @@ void ap__tcp_set_bridge(ap_tcp_t *t, const struct ap_p2p_bridge *b, void *arg)
         ap_warn(MOD, "libp2p host busy: its muxers stay as they were");
 }
 
+static void admit_evict(void *arg, uint64_t id)
+{
+    ap__tcp_admit_evict(arg, id);
+}
+
+static bool admit_known(void *arg, const ap_peer_id_t *peer)
+{
+    ap_tcp_t *t = arg;
+    return t->cbs.is_known && t->cbs.is_known(t->arg, peer);
+}
+
 static ap_p2p_host_t *host(ap_tcp_t *t)
 {
     if (t->p2p) return t->p2p;
     ap_p2p_host_t *h = ap__p2p_host_new(t->loop, &t->creds.id, "apiary");
     if (!h) return NULL;
     ap__p2p_host_set_addrs(h, listen_addrs, t);
-    /* one count of handshakes per remote IP for both: a libp2p connection
-     * takes its native count along when it moves to the host */
-    ap__p2p_host_set_rcmgr(h, t->rc);
+    /* one admission for both: a libp2p connection takes its native entry
+     * along when it moves to the host, and either kind may be closed to
+     * make room for the other */
+    static const ap_p2p_admit_hooks_t hooks = {admit_evict, admit_known};
+    ap__p2p_host_set_admit(h, &t->admit, &hooks, t);
     ap__p2p_host_set_hs_timeout(h, t->cfg.handshake_timeout_ms);
     ap_autonat_service_t *an = NULL;
     if (ap__p2p_host_serve_basics(h) != 0 ||
@@ -108,8 +121,11 @@ bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
         return true;
     }
     ap_debug(MOD, "%s speaks multistream-select: serving it as libp2p", c->who);
+    /* its admission entry (pending, with its age) and its deadline go along */
+    uint64_t aid = c->admitted ? (uint64_t)(uintptr_t)c : 0, deadline = c->deadline;
+    c->admitted = false;
     ap__tcp_conn_abort(c, AP_ECLOSED); /* closes our descriptor; dup_fd keeps the socket */
-    int rc = ap__p2p_host_adopt(h, (uv_os_sock_t)dup_fd, p, n);
+    int rc = ap__p2p_host_adopt(h, (uv_os_sock_t)dup_fd, p, n, aid, deadline);
     if (rc) ap_debug(MOD, "libp2p connection not served: %s", ap_strerror(rc));
     return true;
 }

@@ -191,6 +191,7 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
 {
     ap_p2p_conn_t *c = arg;
     ap_p2p_stream_t *s = stream_of(c, id);
+    ap__p2p_admit_touch(c);
     if (!s) {
         ap__yamux_consume(&c->y, id, n);
         return;
@@ -403,7 +404,7 @@ static void conn_closed(uv_handle_t *hd)
     if (c->y_init) ap__yamux_free(&c->y, c->status ? c->status : AP_ECLOSED);
     c->y_init = false;
     ap__u64map_free(&c->streams);
-    ap__p2p_hs_release(c);
+    ap__p2p_admit_gone(c);
     if (c->next) c->next->prev = c->prev;
     if (c->prev)
         c->prev->next = c->next;
@@ -426,7 +427,8 @@ void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err)
     c->closing = true;
     c->status = err;
     c->phase = P_DEAD;
-    if (c->car) { /* the carrier ends once what we sent has left */
+    ap__p2p_admit_gone(c); /* its slot is free for whoever it was closed for */
+    if (c->car) {          /* the carrier ends once what we sent has left */
         ap_p2p_stream_t *car = c->car;
         c->car = NULL;
         car->inner = NULL;
@@ -536,7 +538,7 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
         c->phase = P_YAMUX;
     }
     c->ready = true;
-    ap__p2p_hs_release(c);
+    if (!ap__p2p_admit_open(c)) return;
     ap_debug("p2p", "peer %s: connected (%s%s)", who(c), muxer, c->early ? ", early" : "");
     if (!c->initiator && !c->relayed && h->bridge && h->bridge->on_conn)
         h->bridge->on_conn(h->bridge_arg, c);
@@ -593,6 +595,7 @@ static void feed_plain(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
         n -= used;
     }
     if (c->phase == P_NATIVE && n && !c->closing) {
+        ap__p2p_admit_touch(c);
         if (c->x.on_data) c->x.on_data(c, c->arg, p, n);
         return;
     }

@@ -126,20 +126,48 @@ void ap__p2p_host_free(ap_p2p_host_t *h);
 void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg);
 /* Serves an accepted TCP socket as the listening side of a libp2p
  * connection; pre holds the n bytes already read from it (the start of
- * "/multistream/1.0.0"). h owns sock from here on, also on error. */
-int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n);
+ * "/multistream/1.0.0"). h owns sock from here on, also on error.
+ * admit_id: the socket's pending entry in the host's admission (the
+ * transport that accepted it shares it), which the connection takes over
+ * with its age; 0: it is admitted here like an accepted one. deadline:
+ * when its upgrade must be done (uv_now ms; 0: the handshake timeout from
+ * now). AP_ELIMIT: admission refused it. */
+int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n,
+                       uint64_t admit_id, uint64_t deadline);
 
-/* Admission of inbound libp2p connections (accepted or adopted): each
- * handshake in progress (multistream-select, Noise, muxer selection) is
- * counted per remote IP and in the transient scope of a resource manager
- * (base/rcmgr.h) until the connection is upgraded or closed; a full scope
- * refuses the connection (ap__p2p_host_adopt: AP_ELIMIT). Every connection
- * not upgraded within the handshake deadline is closed (AP_ETIMEDOUT). */
+/* Admission of inbound libp2p connections (accepted or adopted), by
+ * connection admission (base/admit.h): the handshake in progress
+ * (multistream-select, Noise, muxer selection) is pending there per remote
+ * IP and in all, then the upgraded connection is open there (per IP, in
+ * all, slots kept for known peers), until it closes. The host's own
+ * admission, or one it shares with the TCP transport on its port
+ * (ap__p2p_host_set_admit), so native and libp2p connections use one budget
+ * and either kind may be closed to make room for the other. Every
+ * connection not upgraded within the handshake deadline is closed
+ * (AP_ETIMEDOUT). The host's connections have admission ids with
+ * AP_P2P_ADMIT_TAG set; ids of the sharer's have it clear. Outbound and
+ * relayed connections are not admitted. */
 #define AP_P2P_HS_TIMEOUT_MS 10000
-struct ap_rcmgr;
-/* The manager to count in (NULL: the host's own, with rcmgr's defaults);
- * it must outlive the host. Set before connections arrive. */
-void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, struct ap_rcmgr *m);
+#define AP_P2P_ADMIT_TAG     1u
+struct ap_admit;
+typedef struct ap_p2p_admit_hooks {
+    /* closes the sharer's connection id (AP_P2P_ADMIT_TAG clear) that
+     * admission chose to make room */
+    void (*evict)(void *arg, uint64_t id);
+    /* optional: whether peer is one the node knows (base/admit.h: the
+     * known slots) */
+    bool (*is_known)(void *arg, const ap_peer_id_t *peer);
+} ap_p2p_admit_hooks_t;
+/* Admission to share (NULL: the host's own, with admit's defaults), with
+ * hooks (copied) and their arg; a must outlive the host. Set before
+ * connections arrive. */
+void ap__p2p_host_set_admit(ap_p2p_host_t *h, struct ap_admit *a, const ap_p2p_admit_hooks_t *hooks,
+                            void *arg);
+/* Closes (AP_ELIMIT) the host's connection whose admission id is id, which
+ * a sharer's admission chose to make room. */
+void ap__p2p_host_evict(ap_p2p_host_t *h, uint64_t id);
+/* The admission the host counts in. */
+struct ap_admit *ap__p2p_host_admit(ap_p2p_host_t *h);
 /* The handshake deadline, ms (0: AP_P2P_HS_TIMEOUT_MS). */
 void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms);
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);

@@ -5,6 +5,7 @@
 #include "net/tcp.h"
 #include "p2p/p2p_impl.h"
 
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -19,7 +20,7 @@ void ap__p2p_host_release(ap_p2p_host_t *h)
 {
     void (*done)(void *) = h->done;
     void *arg = h->done_arg;
-    ap_rcmgr_free(h->own_rc);
+    ap_admit_close(&h->own_admit);
     ap__secure_creds_clear(&h->creds);
     free(h);
     if (done) done(arg);
@@ -33,7 +34,7 @@ static void hs_sweep(uv_timer_t *t)
     uint64_t now = uv_now(h->loop);
     for (ap_p2p_conn_t *c = h->conns; c; c = c->next) {
         if (c->ready || c->closing || now < c->hs_deadline) continue;
-        ap_debug("p2p", "closing a libp2p connection: its handshake took over %llu ms",
+        ap_debug("p2p", "closing a libp2p connection: its handshake is past its deadline (%llu ms)",
                  (unsigned long long)h->hs_timeout_ms);
         ap__p2p_conn_fail(c, AP_ETIMEDOUT);
     }
@@ -107,12 +108,8 @@ ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const 
         return NULL;
     }
     snprintf(h->agent, sizeof h->agent, "%s", agent ? agent : "apiary");
-    h->own_rc = h->rc = ap_rcmgr_new(NULL);
-    if (!h->rc) {
-        ap__secure_creds_clear(&h->creds);
-        free(h);
-        return NULL;
-    }
+    ap_admit_init(&h->own_admit, NULL);
+    h->admit = &h->own_admit;
     h->hs_timeout_ms = AP_P2P_HS_TIMEOUT_MS;
     uv_timer_init(loop, &h->hs_timer);
     h->hs_timer.data = h;
@@ -122,9 +119,18 @@ ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const 
     return h;
 }
 
-void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, ap_rcmgr_t *m)
+void ap__p2p_host_set_admit(ap_p2p_host_t *h, ap_admit_t *a, const ap_p2p_admit_hooks_t *hooks,
+                            void *arg)
 {
-    h->rc = m ? m : h->own_rc;
+    h->admit = a ? a : &h->own_admit;
+    memset(&h->admit_hooks, 0, sizeof h->admit_hooks);
+    if (hooks) h->admit_hooks = *hooks;
+    h->admit_arg = arg;
+}
+
+ap_admit_t *ap__p2p_host_admit(ap_p2p_host_t *h)
+{
+    return h->admit;
 }
 
 void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms)
@@ -135,28 +141,87 @@ void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms)
     uv_timer_start(&h->hs_timer, hs_sweep, every, every);
 }
 
-void ap__p2p_hs_release(ap_p2p_conn_t *c)
+/* ---- admission (base/admit.h) ----------------------------------------------- */
+
+static uint64_t admit_id(const ap_p2p_conn_t *c)
 {
-    if (!c->rc_hs) return;
-    c->rc_hs = false;
-    ap_rc_hs_end(c->h->rc, c->rc_ip);
+    return (uint64_t)(uintptr_t)c | AP_P2P_ADMIT_TAG;
 }
 
-/* Counts c's handshake from ip; false (c is closed) when ip's scope or the
- * transient one is full. */
-static bool hs_admit(ap_p2p_conn_t *c, const uint8_t ip[16])
+static void evict(ap_p2p_host_t *h, uint64_t id)
 {
-    ap_rc_scope_t *full = NULL;
-    if (ap_rc_hs_begin(c->h->rc, ip, &full) != 0) {
-        char d[160];
-        ap_rc_scope_describe(full, d, sizeof d);
-        ap_debug("p2p", "refusing a libp2p connection: %s", d);
+    if (id & AP_P2P_ADMIT_TAG)
+        ap__p2p_host_evict(h, id);
+    else if (h->admit_hooks.evict)
+        h->admit_hooks.evict(h->admit_arg, id);
+}
+
+void ap__p2p_host_evict(ap_p2p_host_t *h, uint64_t id)
+{
+    (void)h;
+    ap_p2p_conn_t *c = (ap_p2p_conn_t *)(uintptr_t)(id & ~(uint64_t)AP_P2P_ADMIT_TAG);
+    ap_debug("p2p", "closing a libp2p connection (%s) to make room",
+             c->ready ? "idle" : "stalled handshake");
+    ap__p2p_conn_fail(c, AP_ELIMIT);
+}
+
+/* c's handshake from ip, pending in admission; false (c is closed) when
+ * admission refuses it. */
+static bool admit_inbound(ap_p2p_conn_t *c, const uint8_t ip[16])
+{
+    ap_p2p_host_t *h = c->h;
+    uint64_t now = uv_now(h->loop), victim = 0;
+    if (!ap_admit_has_room(h->admit, ip, now)) {
+        ap_debug("p2p", "refusing a libp2p connection: %u connections open, none idle",
+                 ap_admit_stats(h->admit)->open_in + ap_admit_stats(h->admit)->open_out);
         ap__p2p_conn_fail(c, AP_ELIMIT);
         return false;
     }
-    memcpy(c->rc_ip, ip, 16);
-    c->rc_hs = true;
+    ap_admit_verdict_t v =
+        ap_admit_inbound(h->admit, admit_id(c), ip, now, randombytes_random(), &victim);
+    if (v == AP_ADMIT_DROP) {
+        ap_debug("p2p",
+                 "refusing a libp2p connection: %u handshakes pending from its address, %u "
+                 "in all",
+                 ap_admit_pending_ip(h->admit, ip), ap_admit_stats(h->admit)->pending);
+        ap__p2p_conn_fail(c, AP_ELIMIT);
+        return false;
+    }
+    c->admit_id = admit_id(c);
+    if (v == AP_ADMIT_EVICT) evict(h, victim);
     return true;
+}
+
+bool ap__p2p_admit_open(ap_p2p_conn_t *c)
+{
+    if (!c->admit_id) return true;
+    ap_p2p_host_t *h = c->h;
+    uint64_t victim = 0;
+    bool known = h->admit_hooks.is_known && h->admit_hooks.is_known(h->admit_arg, &c->peer);
+    ap_admit_verdict_t v = ap_admit_open(h->admit, c->admit_id, known, uv_now(h->loop), &victim);
+    if (v == AP_ADMIT_DROP) {
+        static ap_log_limit_t lim = {.burst = 8, .window_ms = 10000};
+        ap_log_limited(&lim, AP_LOG_WARN, "p2p",
+                       "refusing libp2p connection from %s: %u inbound connections open, none "
+                       "idle to make room",
+                       c->peer_short, ap_admit_stats(h->admit)->open_in);
+        ap__p2p_conn_fail(c, AP_ELIMIT);
+        return false;
+    }
+    if (v == AP_ADMIT_EVICT) evict(h, victim);
+    return true;
+}
+
+void ap__p2p_admit_gone(ap_p2p_conn_t *c)
+{
+    if (!c->admit_id) return;
+    ap_admit_gone(c->h->admit, c->admit_id);
+    c->admit_id = 0;
+}
+
+void ap__p2p_admit_touch(ap_p2p_conn_t *c)
+{
+    if (c->admit_id) ap_admit_touch(c->h->admit, c->admit_id, uv_now(c->h->loop));
 }
 
 static void sock_ip16(uv_tcp_t *t, uint8_t ip[16])
@@ -238,7 +303,7 @@ static void on_conn(uv_stream_t *srv, int status)
     }
     uint8_t ip[16];
     sock_ip16(&c->tcp, ip);
-    if (!hs_admit(c, ip)) return;
+    if (!admit_inbound(c, ip)) return;
     ap__p2p_conn_start(c);
 }
 
@@ -302,11 +367,21 @@ void ap__p2p_host_free_then(ap_p2p_host_t *h, void (*done)(void *arg), void *arg
     ap__p2p_host_free(h);
 }
 
-int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n)
+int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, size_t n,
+                       uint64_t aid, uint64_t deadline)
 {
-    if (h->freeing) return AP_ESHUTDOWN;
-    ap_p2p_conn_t *c = ap__p2p_conn_new(h, false, NULL);
-    if (!c) return AP_ENOMEM;
+    ap_p2p_conn_t *c = h->freeing ? NULL : ap__p2p_conn_new(h, false, NULL);
+    if (!c) {
+        if (aid) ap_admit_gone(h->admit, aid);
+        close(sock);
+        return h->freeing ? AP_ESHUTDOWN : AP_ENOMEM;
+    }
+    if (aid && !ap_admit_rekey(h->admit, aid, admit_id(c))) {
+        ap_admit_gone(h->admit, aid);
+        aid = 0;
+    }
+    if (aid) c->admit_id = admit_id(c);
+    if (deadline) c->hs_deadline = deadline;
     if (uv_tcp_open(&c->tcp, sock) != 0) {
         close(sock);
         ap__p2p_conn_fail(c, AP_EIO);
@@ -314,7 +389,7 @@ int ap__p2p_host_adopt(ap_p2p_host_t *h, uv_os_sock_t sock, const uint8_t *pre, 
     }
     uint8_t ip[16];
     sock_ip16(&c->tcp, ip);
-    if (!hs_admit(c, ip)) return AP_ELIMIT;
+    if (!c->admit_id && !admit_inbound(c, ip)) return AP_ELIMIT;
     if (n > 0 && ap__buf_reserve(&c->raw, n) != 0) {
         ap__p2p_conn_fail(c, AP_ENOMEM); /* closes sock with the handle */
         return AP_ENOMEM;

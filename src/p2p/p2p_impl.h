@@ -8,7 +8,7 @@
 #define AP_P2P_IMPL_H
 
 #include "base/buf.h"
-#include "base/rcmgr.h"
+#include "base/admit.h"
 #include "base/u64map.h"
 #include "net/secure.h"
 #include "p2p/identify.h"
@@ -40,10 +40,11 @@ struct ap_p2p_host {
     void *addrs_arg;
     const ap_p2p_bridge_t *bridge; /* the node it serves (ap__p2p_host_set_bridge), or NULL */
     void *bridge_arg;
-    /* Handshakes in progress (multistream, Noise, muxer selection) per
-     * remote IP and in all: the host's own manager, or one it shares
-     * (ap__p2p_host_set_rcmgr, the TCP transport's). */
-    ap_rcmgr_t *rc, *own_rc;
+    /* Admission of inbound connections (ap__p2p_host_set_admit): the
+     * host's own, or the TCP transport's. */
+    ap_admit_t *admit, own_admit;
+    ap_p2p_admit_hooks_t admit_hooks;
+    void *admit_arg;
     uint64_t hs_timeout_ms; /* a connection not upgraded by then is closed */
     uv_timer_t hs_timer;    /* checks the deadlines */
     bool hs_timer_open;
@@ -84,9 +85,8 @@ struct ap_p2p_conn {
     ap_p2p_conn_cbs_t cbs;
     ap_p2p_conn_xcbs_t x;
     void *arg;
-    bool announced; /* on_ready fired: on_close is owed */
-    bool rc_hs;     /* a handshake counted in h->rc, from rc_ip */
-    uint8_t rc_ip[16];
+    bool announced;       /* on_ready fired: on_close is owed */
+    uint64_t admit_id;    /* its entry in h->admit (inbound, direct), or 0 */
     uint64_t hs_deadline; /* uv_now: the upgrade must be done by then */
     struct ap_p2p_conn *next, *prev;
 };
@@ -140,7 +140,11 @@ void ap__p2p_conn_process(ap_p2p_conn_t *c);
 int ap__p2p_stream_queue(ap_p2p_stream_t *s, const uint8_t *p, size_t n);
 /* p2p_host.c: frees h once its listener, timer and connections are gone. */
 void ap__p2p_host_release(ap_p2p_host_t *h);
-/* Ends c's handshake in the host's manager, if it holds one. */
-void ap__p2p_hs_release(ap_p2p_conn_t *c);
+/* Admission (p2p_host.c): c's upgrade is done; false if c was refused
+ * (closed). c is gone from admission (on close). Application data moved
+ * on c (its idle clock). */
+bool ap__p2p_admit_open(ap_p2p_conn_t *c);
+void ap__p2p_admit_gone(ap_p2p_conn_t *c);
+void ap__p2p_admit_touch(ap_p2p_conn_t *c);
 
 #endif

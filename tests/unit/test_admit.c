@@ -219,13 +219,54 @@ static void test_idle_eviction(void **state)
     ap_admit_close(&a);
 }
 
+/* A connection handed to another transport keeps its entry under a new id:
+ * same state, same age (it is still the oldest at the limit), one count. */
+static void test_rekey(void **state)
+{
+    (void)state;
+    ap_admit_t a;
+    ap_admit_config_t c = {.hs_start = 4, .hs_full = 4, .hs_per_ip = 4, .hs_min_age_ms = 100};
+    ap_admit_init(&a, &c);
+    uint8_t ip[16], other[16];
+    ip4(ip, 10, 0, 0, 1);
+    ip4(other, 10, 0, 0, 9);
+    uint64_t victim = 0;
+    assert_int_equal(ap_admit_inbound(&a, 2, ip, 0, 0, &victim), AP_ADMIT_OK);
+    for (uint64_t id = 4; id <= 8; id += 2) {
+        ip4(ip, 10, 0, 1, (uint8_t)id);
+        assert_int_equal(ap_admit_inbound(&a, id, ip, 50, 0, &victim), AP_ADMIT_OK);
+    }
+    ip4(ip, 10, 0, 0, 1);
+    /* refused: unknown id, id 0, an id in use */
+    assert_false(ap_admit_rekey(&a, 99, 3));
+    assert_false(ap_admit_rekey(&a, 2, 0));
+    assert_false(ap_admit_rekey(&a, 2, 4));
+    assert_true(ap_admit_rekey(&a, 2, 3));
+    assert_false(ap_admit_rekey(&a, 2, 5)); /* the old id is gone */
+    assert_int_equal(ap_admit_stats(&a)->pending, 4);
+    assert_int_equal(ap_admit_pending_ip(&a, ip), 1);
+    /* at the limit the oldest goes: the rekeyed one, under its new id */
+    assert_int_equal(ap_admit_inbound(&a, 10, other, 500, 0, &victim), AP_ADMIT_EVICT);
+    assert_int_equal(victim, 3);
+    ap_admit_gone(&a, 3);
+    assert_int_equal(ap_admit_pending_ip(&a, ip), 0);
+    assert_int_equal(ap_admit_stats(&a)->pending, 4);
+    /* a rekeyed entry opens and closes as any other */
+    assert_true(ap_admit_rekey(&a, 10, 11));
+    assert_int_equal(ap_admit_open(&a, 11, false, 600, &victim), AP_ADMIT_OK);
+    assert_int_equal(ap_admit_stats(&a)->open_in, 1);
+    ap_admit_gone(&a, 11);
+    assert_int_equal(ap_admit_stats(&a)->open_in, 0);
+    assert_int_equal(ap_admit_pending_ip(&a, other), 0);
+    ap_admit_close(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stalled_flood),
-        cmocka_unit_test(test_random_early_drop),
-        cmocka_unit_test(test_open_limits),
-        cmocka_unit_test(test_idle_eviction),
+        cmocka_unit_test(test_stalled_flood), cmocka_unit_test(test_random_early_drop),
+        cmocka_unit_test(test_open_limits),   cmocka_unit_test(test_idle_eviction),
+        cmocka_unit_test(test_rekey),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
