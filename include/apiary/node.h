@@ -34,6 +34,16 @@ typedef struct ap_node_relay_limits {
     uint64_t circuit_bytes;       /* each circuit, both directions: 4 MiB */
 } ap_node_relay_limits_t;
 
+/* Connection admission on a TCP node's port (docs/security.md): one budget
+ * for native and libp2p connections alike; 0 = the default. */
+typedef struct ap_node_admission {
+    uint32_t handshakes;           /* inbound handshakes in progress, all sources: 256 */
+    uint32_t handshakes_per_ip;    /* of them from one source address: 16 */
+    uint32_t handshake_timeout_ms; /* accept to authenticated and upgraded: 10,000 */
+    uint32_t conns;                /* open connections, both directions: 1024 */
+    uint32_t conns_per_ip;         /* open inbound connections from one source address: 64 */
+} ap_node_admission_t;
+
 typedef struct ap_node_opts {
     /* Identity: a full libsodium Ed25519 secret key (64 bytes), or a 32-byte
      * seed, or neither (fresh random key). sk wins over seed. Copied. */
@@ -72,6 +82,8 @@ typedef struct ap_node_opts {
      * listener: AP_EINVAL otherwise. */
     bool relay_service;
     ap_node_relay_limits_t relay_limits;
+    /* A TCP node's connection admission (ignored by an in-process node). */
+    ap_node_admission_t admission;
 } ap_node_opts_t;
 
 /* Creates a node on host h. opts may be NULL. *out receives the runtime.

@@ -60,10 +60,21 @@ class IdentityC(ctypes.Structure):
     _fields_ = [("sk", c_u8 * 64), ("pk", c_u8 * 32), ("id", PeerIdC)]
 
 
+class NodeRelayLimits(ctypes.Structure):
+    _fields_ = [("max_reservations", c_u32), ("circuits_per_peer", c_u32),
+                ("circuit_duration_us", c_u64), ("circuit_bytes", c_u64)]
+
+
+class NodeAdmission(ctypes.Structure):
+    _fields_ = [("handshakes", c_u32), ("handshakes_per_ip", c_u32),
+                ("handshake_timeout_ms", c_u32), ("conns", c_u32), ("conns_per_ip", c_u32)]
+
+
 class NodeOpts(ctypes.Structure):
     _fields_ = [("ed25519_sk", P(c_u8)), ("ed25519_seed", P(c_u8)), ("rng_seed", c_u64),
                 ("listen", c_char_p), ("announce", P(c_char_p)), ("nannounce", c_int),
-                ("dial_only", c_bool)]
+                ("dial_only", c_bool), ("relay_service", c_bool),
+                ("relay_limits", NodeRelayLimits), ("admission", NodeAdmission)]
 
 
 class DhtConfig(ctypes.Structure):

@@ -55,6 +55,12 @@ static void usage(FILE *f)
            "  --max-memory MIB          node: what all peers together may make it hold\n"
            "                            (default 256)\n"
            "  --peer-memory MIB         node: what one peer may make it hold (default 64)\n"
+           "  --max-handshakes N        node: inbound handshakes in progress, all sources\n"
+           "                            (default 256; native and libp2p alike)\n"
+           "  --handshakes-per-ip N     node: of them from one address (default 16)\n"
+           "  --max-conns N             node: open connections (default 1024)\n"
+           "  --conns-per-ip N          node: open inbound connections from one address\n"
+           "                            (default 64; raise it for many peers behind one NAT)\n"
            "  --latest                  get: ask the k nearest nodes and return the newest value\n"
            "  --ttl S                   store: the record lives S seconds (required)\n"
            "  --subkey SK               store: write one entry of KEY's dictionary\n"
@@ -81,7 +87,8 @@ typedef struct opts {
     long long max_memory_mib, peer_memory_mib; /* 0 = default */
     const char *http, *run_id;
     bool relay_service;
-    long long relay_max_resv; /* 0 = default */
+    long long relay_max_resv;                             /* 0 = default */
+    long long max_hs, hs_per_ip, max_conns, conns_per_ip; /* admission; 0 = default */
 } opts_t;
 
 static int add_peers(opts_t *o, const char *list)
@@ -159,7 +166,11 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
                          .announce = o->announce,
                          .nannounce = o->nannounce,
                          .relay_service = o->relay_service && dflt_listen,
-                         .relay_limits = {.max_reservations = (uint32_t)o->relay_max_resv}};
+                         .relay_limits = {.max_reservations = (uint32_t)o->relay_max_resv},
+                         .admission = {.handshakes = (uint32_t)o->max_hs,
+                                       .handshakes_per_ip = (uint32_t)o->hs_per_ip,
+                                       .conns = (uint32_t)o->max_conns,
+                                       .conns_per_ip = (uint32_t)o->conns_per_ip}};
     if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
     if (have_id) ap_identity_wipe(&id);
     if (!rc && (o->max_memory_mib || o->peer_memory_mib)) {
@@ -433,6 +444,10 @@ static int dht_main(int argc, char **argv)
                                           {"run-id", required_argument, NULL, 'R'},
                                           {"relay-service", no_argument, NULL, 'r'},
                                           {"relay-max-reservations", required_argument, NULL, 'X'},
+                                          {"max-handshakes", required_argument, NULL, 'W'},
+                                          {"handshakes-per-ip", required_argument, NULL, 'w'},
+                                          {"max-conns", required_argument, NULL, 'C'},
+                                          {"conns-per-ip", required_argument, NULL, 'p'},
                                           {"log-level", required_argument, NULL, 'l'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
@@ -502,6 +517,18 @@ static int dht_main(int argc, char **argv)
         case 'X':
             if (!ap_cli_int("--relay-max-reservations", optarg, 1, 1024, &o.relay_max_resv))
                 goto out;
+            break;
+        case 'W':
+            if (!ap_cli_int("--max-handshakes", optarg, 1, 65536, &o.max_hs)) goto out;
+            break;
+        case 'w':
+            if (!ap_cli_int("--handshakes-per-ip", optarg, 1, 65536, &o.hs_per_ip)) goto out;
+            break;
+        case 'C':
+            if (!ap_cli_int("--max-conns", optarg, 16, 1 << 20, &o.max_conns)) goto out;
+            break;
+        case 'p':
+            if (!ap_cli_int("--conns-per-ip", optarg, 1, 1 << 20, &o.conns_per_ip)) goto out;
             break;
         case 'M':
             if (!ap_cli_int("--max-memory", optarg, 8, 1 << 20, &o.max_memory_mib)) goto out;

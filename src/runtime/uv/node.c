@@ -295,6 +295,7 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     n->host = h;
     n->next_id = 1;
+    n->admission = o.admission;
     if (ap__mux_rc_init(n) < 0) {
         ap__rt_fini(&n->rt);
         free(n);

@@ -185,7 +185,13 @@ static int tcpc_start(ap_node_t *n, const char *listen)
     ap_tcp_cbs_t cbs = {on_conn, on_data, on_writable, on_close, is_known};
     /* duplicates after a simultaneous dial stay open: the mux retires the
      * loser with GOAWAY once its streams are done (mux_conn.c, conn_resolve_dup) */
-    ap_tcp_cfg_t cfg = {.keep_duplicates = true};
+    const ap_node_admission_t *ad = &n->admission;
+    ap_tcp_cfg_t cfg = {.keep_duplicates = true,
+                        .max_handshakes = ad->handshakes,
+                        .hs_per_ip = ad->handshakes_per_ip,
+                        .handshake_timeout_ms = ad->handshake_timeout_ms,
+                        .max_conns = ad->conns,
+                        .conns_per_ip = ad->conns_per_ip};
     int rc = ap__tcp_new(&n->host->loop, &id, &cfg, &cbs, tc, &tc->t);
     ap_identity_wipe(&id);
     if (rc < 0) {

@@ -297,6 +297,7 @@ struct ap_node {
     const struct ap_uv_transport *transport; /* the one it listens on (node.c's table) */
     unsigned mem_no;                         /* mem.c's state: the node's number */
     struct ap_tcpc *tcpc;                    /* tcp_conn.c's state, or NULL */
+    ap_node_admission_t admission;           /* its port's admission limits (0 = default) */
     struct ap_natmon *natmon;                /* natmon.c's state (AutoNAT), or NULL */
     char addr[AP_RT_ADDR_MAX];               /* the bound listen address ("" dial-only) */
     /* What peers are told (addrs.c): the announced addresses, or for a
