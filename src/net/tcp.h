@@ -142,6 +142,11 @@ void ap__tcp_set_announce(ap_tcp_t *t, ap_tcp_addrs_fn fn, void *arg);
  * ap_p2p_bridge_t): set before the first libp2p connection. */
 struct ap_p2p_bridge;
 void ap__tcp_set_bridge(ap_tcp_t *t, const struct ap_p2p_bridge *b, void *arg);
+/* The resource manager the libp2p host on the port counts what its peers
+ * make it hold in (p2p_conn.h, ap__p2p_host_set_rcmgr: the node's), or NULL;
+ * a change releases what was held in the old one at once. */
+struct ap_rcmgr;
+void ap__tcp_set_rcmgr(ap_tcp_t *t, struct ap_rcmgr *m);
 /* That host (created on first use; NULL when out of memory): libp2p dials
  * go through it. */
 struct ap_p2p_host *ap__tcp_p2p_host(ap_tcp_t *t);

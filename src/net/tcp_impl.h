@@ -118,6 +118,7 @@ struct ap_tcp {
     struct ap_relay_service *relay;     /* circuit relay v2 hop on it, or NULL */
     ap_tcp_addrs_fn announce;           /* identify's listen addresses (ap__tcp_set_announce) */
     const struct ap_p2p_bridge *bridge; /* the node the host serves (ap__tcp_set_bridge) */
+    struct ap_rcmgr *rc;                /* the host's resource manager (ap__tcp_set_rcmgr) */
     void *bridge_arg;
     void *announce_arg;
 };

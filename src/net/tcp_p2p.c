@@ -62,6 +62,12 @@ static bool admit_known(void *arg, const ap_peer_id_t *peer)
     return t->cbs.is_known && t->cbs.is_known(t->arg, peer);
 }
 
+void ap__tcp_set_rcmgr(ap_tcp_t *t, struct ap_rcmgr *m)
+{
+    t->rc = m;
+    if (t->p2p) ap__p2p_host_set_rcmgr(t->p2p, m);
+}
+
 static ap_p2p_host_t *host(ap_tcp_t *t)
 {
     if (t->p2p) return t->p2p;
@@ -73,6 +79,7 @@ static ap_p2p_host_t *host(ap_tcp_t *t)
      * make room for the other */
     static const ap_p2p_admit_hooks_t hooks = {admit_evict, admit_known};
     ap__p2p_host_set_admit(h, &t->admit, &hooks, t);
+    ap__p2p_host_set_rcmgr(h, t->rc);
     ap__p2p_host_set_hs_timeout(h, t->cfg.handshake_timeout_ms);
     ap_autonat_service_t *an = NULL;
     if (ap__p2p_host_serve_basics(h) != 0 ||

@@ -62,6 +62,7 @@ static ap_p2p_stream_t *stream_add(ap_p2p_conn_t *c, uint32_t id)
 
 static void stream_free(ap_p2p_stream_t *s)
 {
+    ap__p2p_rc_stream_release(s);
     if (s->inner) { /* the carried connection ends with its carrier */
         s->inner->car = NULL;
         ap__p2p_conn_fail(s->inner, AP_ECLOSED);
@@ -178,6 +179,11 @@ static int y_open(void *arg, uint32_t id)
     ap_p2p_conn_t *c = arg;
     ap_p2p_stream_t *s = stream_add(c, id);
     if (!s) return AP_ENOMEM;
+    if (!ap__p2p_rc_stream(s)) { /* over a stream limit: yamux resets it */
+        ap__u64map_del(&c->streams, id, NULL);
+        stream_free(s);
+        return AP_ELIMIT;
+    }
     bool all = !c->relayed || c->h->relay_bulk;
     ap__mss_init(&s->mss, false, all ? c->h->names : c->h->ctl_names,
                  all ? c->h->nprotos : c->h->nctl);
@@ -218,7 +224,10 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
         if (!s->proto)
             for (size_t i = 0; i < c->h->nprotos; i++)
                 if (strcmp(c->h->names[i], sel) == 0) s->proto = c->h->protos[i];
-        if (!s->proto) s->proto = c->h->bridge->proto; /* a name the node serves */
+        if (!s->proto) { /* a name the node serves: its mux counts the stream now */
+            s->proto = c->h->bridge->proto;
+            ap__p2p_rc_stream_release(s);
+        }
         s->ready = true;
         if (s->proto->on_open) s->proto->on_open(s);
         if (stream_of(c, id) != s) {
@@ -428,6 +437,7 @@ void ap__p2p_conn_fail(ap_p2p_conn_t *c, int err)
     c->status = err;
     c->phase = P_DEAD;
     ap__p2p_admit_gone(c); /* its slot is free for whoever it was closed for */
+    ap__p2p_rc_detach(c);  /* and what it held in the node's scopes */
     if (c->car) {          /* the carrier ends once what we sent has left */
         ap_p2p_stream_t *car = c->car;
         c->car = NULL;
@@ -539,6 +549,7 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
     }
     c->ready = true;
     if (!ap__p2p_admit_open(c)) return;
+    ap__p2p_rc_attach(c);
     ap_debug("p2p", "peer %s: connected (%s%s)", who(c), muxer, c->early ? ", early" : "");
     if (!c->initiator && !c->relayed && h->bridge && h->bridge->on_conn)
         h->bridge->on_conn(h->bridge_arg, c);

@@ -168,6 +168,22 @@ void ap__p2p_host_set_admit(ap_p2p_host_t *h, struct ap_admit *a, const ap_p2p_a
 void ap__p2p_host_evict(ap_p2p_host_t *h, uint64_t id);
 /* The admission the host counts in. */
 struct ap_admit *ap__p2p_host_admit(ap_p2p_host_t *h);
+/* What peers make the host hold, counted in a resource manager
+ * (base/rcmgr.h: the node's, so its limits bound libp2p connections as they
+ * bound native ones). For each inbound connection once upgraded, in a
+ * connection scope and its peer's scope: the bytes written to it and not yet
+ * taken by the socket (answers to pings, stream opens and resets, identify,
+ * data), and each stream the peer opens, until the stream is handed to the
+ * node's mux (which counts it from then on) or ends. A stream over a stream
+ * limit is reset; a connection whose unsent bytes a scope refuses, or that
+ * holds more than AP_P2P_UNSENT_MAX of them (a peer that does not read), is
+ * closed; one rate-limited WARN names the peer and the full scope.
+ * AP_P2P_UNSENT_MAX holds for every connection, with or without a manager.
+ * Setting another manager (or NULL) first releases every reservation in the
+ * old one: do it before that one is freed. */
+#define AP_P2P_UNSENT_MAX (16u << 20)
+struct ap_rcmgr;
+void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, struct ap_rcmgr *m);
 /* The handshake deadline, ms (0: AP_P2P_HS_TIMEOUT_MS). */
 void ap__p2p_host_set_hs_timeout(ap_p2p_host_t *h, uint64_t ms);
 const ap_identity_t *ap__p2p_host_identity(const ap_p2p_host_t *h);

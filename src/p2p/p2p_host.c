@@ -224,6 +224,71 @@ void ap__p2p_admit_touch(ap_p2p_conn_t *c)
     if (c->admit_id) ap_admit_touch(c->h->admit, c->admit_id, uv_now(c->h->loop));
 }
 
+/* ---- resource manager (base/rcmgr.h) ----------------------------------------- */
+
+void ap__p2p_rc_attach(ap_p2p_conn_t *c)
+{
+    ap_rcmgr_t *m = c->h->rc;
+    if (!m || c->initiator || c->relayed || c->rc.conn) return;
+    c->rc.conn = ap_rcmgr_conn(m);
+    c->rc.peer = c->rc.conn ? ap_rcmgr_peer(m, &c->peer) : NULL;
+    if (c->rc.conn && !c->rc.peer) {
+        ap_rc_scope_unref(c->rc.conn);
+        c->rc.conn = NULL;
+    }
+}
+
+void ap__p2p_rc_detach(ap_p2p_conn_t *c)
+{
+    ap_rcmgr_t *m = c->h->rc;
+    if (!c->rc.conn) return;
+    size_t pos = 0;
+    uint64_t k, v;
+    while (ap__u64map_next(&c->streams, &pos, &k, &v)) {
+        ap_p2p_stream_t *s = (ap_p2p_stream_t *)(uintptr_t)v;
+        if (s->rc_stream) ap_rc_release_stream(m, &c->rc);
+        s->rc_stream = false;
+    }
+    if (c->rc_mem) ap_rc_release_mem(m, &c->rc, c->rc_mem);
+    c->rc_mem = 0;
+    ap_rc_scope_unref(c->rc.conn);
+    ap_rc_scope_unref(c->rc.peer);
+    memset(&c->rc, 0, sizeof c->rc);
+}
+
+bool ap__p2p_rc_stream(ap_p2p_stream_t *s)
+{
+    ap_p2p_conn_t *c = s->c;
+    if (!c->rc.conn) return true;
+    ap_rc_scope_t *full = NULL;
+    if (ap_rc_reserve_stream(c->h->rc, &c->rc, &full) != 0) {
+        static ap_log_limit_t lim = {.burst = 8, .window_ms = 10000};
+        char d[200];
+        ap_rc_scope_describe(full, d, sizeof d);
+        ap_log_limited(&lim, AP_LOG_WARN, "p2p", "peer %s: stream %u reset: %s", c->peer_short,
+                       (unsigned)s->id, d);
+        return false;
+    }
+    s->rc_stream = true;
+    return true;
+}
+
+void ap__p2p_rc_stream_release(ap_p2p_stream_t *s)
+{
+    if (!s->rc_stream) return;
+    s->rc_stream = false;
+    ap_rc_release_stream(s->c->h->rc, &s->c->rc);
+}
+
+void ap__p2p_host_set_rcmgr(ap_p2p_host_t *h, ap_rcmgr_t *m)
+{
+    if (h->rc == m) return;
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next) ap__p2p_rc_detach(c);
+    h->rc = m;
+    for (ap_p2p_conn_t *c = h->conns; c; c = c->next)
+        if (c->ready && !c->closing) ap__p2p_rc_attach(c);
+}
+
 static void sock_ip16(uv_tcp_t *t, uint8_t ip[16])
 {
     struct sockaddr_storage ss;

@@ -9,6 +9,7 @@
 
 #include "base/buf.h"
 #include "base/admit.h"
+#include "base/rcmgr.h"
 #include "base/u64map.h"
 #include "net/secure.h"
 #include "p2p/identify.h"
@@ -45,6 +46,9 @@ struct ap_p2p_host {
     ap_admit_t *admit, own_admit;
     ap_p2p_admit_hooks_t admit_hooks;
     void *admit_arg;
+    /* What peers make it hold (ap__p2p_host_set_rcmgr): the node's
+     * resource manager, or NULL. */
+    ap_rcmgr_t *rc;
     uint64_t hs_timeout_ms; /* a connection not upgraded by then is closed */
     uv_timer_t hs_timer;    /* checks the deadlines */
     bool hs_timer_open;
@@ -87,6 +91,8 @@ struct ap_p2p_conn {
     void *arg;
     bool announced;       /* on_ready fired: on_close is owed */
     uint64_t admit_id;    /* its entry in h->admit (inbound, direct), or 0 */
+    ap_rc_span_t rc;      /* its connection and peer scopes in h->rc (inbound, upgraded) */
+    uint64_t rc_mem;      /* unsent bytes reserved there */
     uint64_t hs_deadline; /* uv_now: the upgrade must be done by then */
     struct ap_p2p_conn *next, *prev;
 };
@@ -107,6 +113,7 @@ struct ap_p2p_stream {
     bool want_writable; /* a write was refused: on_writable owed */
     bool echo;          /* the echo server: credit goes back as bytes leave q */
     bool manual;        /* ap__p2p_stream_set_flow: the protocol consumes */
+    bool rc_stream;     /* counted in its connection's span (h->rc) */
     void (*on_writable)(ap_p2p_stream_t *s);
     ap_p2p_conn_t *inner; /* a connection carried by this stream */
 };
@@ -146,5 +153,15 @@ void ap__p2p_host_release(ap_p2p_host_t *h);
 bool ap__p2p_admit_open(ap_p2p_conn_t *c);
 void ap__p2p_admit_gone(ap_p2p_conn_t *c);
 void ap__p2p_admit_touch(ap_p2p_conn_t *c);
+/* Resource manager (p2p_host.c): c's scopes once it is upgraded; what c
+ * holds released and its scopes dropped (closing); a stream the peer opens
+ * counted (false: refused, logged) and released. */
+void ap__p2p_rc_attach(ap_p2p_conn_t *c);
+void ap__p2p_rc_detach(ap_p2p_conn_t *c);
+bool ap__p2p_rc_stream(ap_p2p_stream_t *s);
+void ap__p2p_rc_stream_release(ap_p2p_stream_t *s);
+/* p2p_wire.c: c's unsent bytes against AP_P2P_UNSENT_MAX and their
+ * reservation; closes c when either refuses. */
+void ap__p2p_unsent_check(ap_p2p_conn_t *c);
 
 #endif

@@ -18,6 +18,7 @@
  * Blocks are reused (a few spares per busy connection, so a bulk transfer
  * touches no fresh pages); an idle connection keeps one. */
 #include "apiary/error.h"
+#include "apiary/log.h"
 #include "p2p/p2p_impl.h"
 
 #include <stdlib.h>
@@ -67,6 +68,42 @@ void ap__p2p_drain_check(ap_p2p_conn_t *c)
     if (c->closing || !c->drain_owed || ap__p2p_conn_backlog(c) > c->drain_low) return;
     c->drain_owed = false;
     if (c->x.on_drain) c->x.on_drain(c, c->arg);
+}
+
+#define RC_CHUNK (64u * 1024u) /* unsent bytes are reserved in steps of this */
+
+void ap__p2p_unsent_check(ap_p2p_conn_t *c)
+{
+    if (c->closing) return;
+    size_t u = unsent(c);
+    static ap_log_limit_t lim = {.burst = 8, .window_ms = 10000};
+    if (u > AP_P2P_UNSENT_MAX) {
+        ap_log_limited(&lim, AP_LOG_WARN, "p2p",
+                       "peer %s: closing: it does not read (%zu bytes unsent, at most %u)",
+                       c->peer_short[0] ? c->peer_short : "(handshake)", u,
+                       (unsigned)AP_P2P_UNSENT_MAX);
+        ap__p2p_conn_fail(c, AP_ELIMIT);
+        return;
+    }
+    ap_rcmgr_t *m = c->h->rc;
+    if (!m || !c->rc.conn) return;
+    uint64_t want = ((uint64_t)u + RC_CHUNK - 1) / RC_CHUNK * RC_CHUNK;
+    if (want > c->rc_mem) {
+        ap_rc_scope_t *full = NULL;
+        if (ap_rc_reserve_mem(m, &c->rc, want - c->rc_mem, &full) != 0) {
+            char d[200];
+            ap_rc_scope_describe(full, d, sizeof d);
+            ap_log_limited(&lim, AP_LOG_WARN, "p2p",
+                           "peer %s: closing: it does not read (%zu bytes unsent): %s",
+                           c->peer_short, u, d);
+            ap__p2p_conn_fail(c, AP_ELIMIT);
+            return;
+        }
+        c->rc_mem = want;
+    } else if (c->rc_mem > want + RC_CHUNK) {
+        ap_rc_release_mem(m, &c->rc, c->rc_mem - want);
+        c->rc_mem = want;
+    }
 }
 
 bool ap__p2p_wq_full(const ap_p2p_conn_t *c)
@@ -122,6 +159,8 @@ static void written(uv_write_t *req, int status)
     if (c->wq_blocked && unsent(c) <= AP_P2P_CONN_WQ_MAX / 2) ap__p2p_conn_drained(c);
     c->batch--;
     ap__p2p_conn_submit(c); /* what was written while b was in flight */
+    ap__p2p_unsent_check(c);
+    if (c->closing) return;
     if (c->inflight == 0 && !c->cur && c->qbytes == 0) spares_trim(c);
     ap__p2p_drain_check(c);
 }
@@ -186,6 +225,7 @@ static wblk_t *blk_room(ap_p2p_conn_t *c, size_t need)
 /* After a write: the open block leaves now or later (see the top). */
 static void out_done(ap_p2p_conn_t *c)
 {
+    ap__p2p_unsent_check(c);
     if (!c->cur || c->closing) return;
     size_t n = open_bytes(c);
     if (n > WBLK_CAP - 2048) {

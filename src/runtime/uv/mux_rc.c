@@ -65,6 +65,7 @@ int ap_node_set_limits(ap_rt_t *rt, const ap_node_limits_t *l)
     to_config(l, &c);
     ap_rcmgr_t *m = ap_rcmgr_new(&c);
     if (!m) return AP_ENOMEM;
+    ap__tcpc_set_rcmgr(n, m); /* releases what libp2p connections held in the old one */
     ap_rcmgr_free(n->rc);
     n->rc = m;
     return 0;

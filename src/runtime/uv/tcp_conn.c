@@ -215,6 +215,8 @@ static int tcpc_start(ap_node_t *n, const char *listen)
     ap__tcp_set_announce(tc->t, node_announce, tc);
     ap__p2pb_init(&tc->b, n, &n->host->loop, true);
     ap__tcp_set_bridge(tc->t, &tc->b.ops, &tc->b);
+    /* libp2p connections' buffers and streams count in the node's scopes */
+    ap__tcp_set_rcmgr(tc->t, n->rc);
     return 0;
 }
 
@@ -225,7 +227,13 @@ static void tcpc_stop(ap_node_t *n)
     n->tcpc = NULL;
     tc->node = NULL;
     tc->b.node = NULL;
+    ap__tcp_set_rcmgr(tc->t, NULL); /* the node's manager goes with the node */
     ap__tcp_close(tc->t, free, tc); /* tc freed once every handle is closed */
+}
+
+void ap__tcpc_set_rcmgr(ap_node_t *n, ap_rcmgr_t *m)
+{
+    if (n->tcpc) ap__tcp_set_rcmgr(n->tcpc->t, m);
 }
 
 struct ap_tcp *ap__tcpc_transport(ap_node_t *n)

@@ -412,6 +412,9 @@ extern const ap_uv_transport_t ap__uv_tcp_transport;
 /* The node's TCP transport (src/net/tcp.h), or NULL for an in-process node
  * (tests and fuzzing). */
 struct ap_tcp *ap__tcpc_transport(ap_node_t *n);
+/* The resource manager its libp2p connections count in (ap_node_set_limits
+ * replaces the node's). */
+void ap__tcpc_set_rcmgr(ap_node_t *n, ap_rcmgr_t *m);
 /* Serves circuit relay v2 hop on the node's TCP port (tcp_conn.c): AP_EINVAL
  * without a TCP listener. */
 int ap__tcpc_serve_relay(ap_node_t *n, const ap_node_relay_limits_t *l);
