@@ -1,7 +1,10 @@
-/* libFuzzer target: every compression decoder on untrusted bytes. The first
- * input byte picks the destination size relation; the rest is one wire chunk.
- * Decoding must never read or write out of bounds, and a successful decode
- * must touch only its chunk's range. */
+/* libFuzzer target: every compression decoder on untrusted bytes, both
+ * header versions. The first input byte picks the destination size
+ * relation, plain or accumulating decode, with or without the receiver's
+ * rand-k seed, and whether to re-frame the chunk into the other header
+ * version; the rest is one wire chunk. Decoding must never read or write out
+ * of bounds, a successful decode must touch only its chunk's range, and a
+ * re-framed chunk must decode to the same bits. */
 #include "apiary/compress.h"
 
 #include <stdint.h>
@@ -9,6 +12,17 @@
 #include <string.h>
 
 #define DST_MAX (1u << 20)
+#define SEED    0x5eedull
+
+static int decode(const uint8_t *in, size_t len, uint8_t sel, float *dst, size_t n,
+                  ap_compress_hdr_t *h)
+{
+    if (sel & 4)
+        return (sel & 2) ? ap_compress_decode_add_seeded(in, len, SEED, 0.5f, dst, n, h)
+                         : ap_compress_decode_seeded(in, len, SEED, dst, n, h);
+    return (sel & 2) ? ap_compress_decode_add(in, len, 0.5f, dst, n, h)
+                     : ap_compress_decode(in, len, dst, n, h);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -18,7 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size--;
     ap_compress_hdr_t h;
     size_t dst_count = 64;
-    if (ap_compress_parse(data, size, &h) == 0) {
+    bool parsed = ap_compress_parse(data, size, &h) == 0;
+    if (parsed) {
         /* fit the destination to the claimed chunk when it is small enough,
          * sometimes one short to exercise the range check */
         uint64_t need = h.offset + h.count;
@@ -28,12 +43,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!dst) return 0;
     for (size_t i = 0; i < dst_count + 2; i++) dst[i] = 7.0f;
     /* canaries at dst_count and dst_count+1 */
-    int rc = (sel & 2) ? ap_compress_decode_add(data, size, 0.5f, dst, dst_count, &h)
-                       : ap_compress_decode(data, size, dst, dst_count, &h);
+    int rc = decode(data, size, sel, dst, dst_count, &h);
     if (dst[dst_count] != 7.0f || dst[dst_count + 1] != 7.0f) abort();
     if (rc == 0) {
         for (size_t i = 0; i < h.offset && i < dst_count; i++)
             if (dst[i] != 7.0f) abort(); /* wrote outside its chunk */
+    }
+    if (parsed && (sel & 8)) {
+        /* into the other version, keeping (or adding) the seed */
+        unsigned flags = h.version == 1 ? AP_COMPRESS_COMPACT : 0;
+        size_t cap = size + 64, olen = 0;
+        uint8_t *re = malloc(cap);
+        float *d2 = malloc((dst_count + 2) * sizeof(float));
+        if (!re || !d2) abort();
+        if (ap_compress_reframe(data, size, true, SEED, flags, re, cap, &olen) != 0) abort();
+        ap_compress_hdr_t h2;
+        if (ap_compress_parse(re, olen, &h2) != 0) abort();
+        if (h2.count != h.count || h2.offset != h.offset || h2.param != h.param) abort();
+        for (size_t i = 0; i < dst_count + 2; i++) d2[i] = 7.0f;
+        int rc2 = decode(re, olen, (uint8_t)(sel | 4), d2, dst_count, NULL);
+        if (rc == 0 && (rc2 != 0 || memcmp(dst, d2, (dst_count + 2) * sizeof(float)))) abort();
+        free(re);
+        free(d2);
     }
     free(dst);
     return 0;

@@ -1,10 +1,13 @@
 /* Apiary — tensor compression on the wire.
  *
  * Codecs turn a float32 buffer (one chunk of a tensor) into a self-describing
- * byte string: a 24-byte wire header (codec id, element count, offset of the
- * chunk in its tensor, payload length, codec parameter) followed by the
- * codec's payload. The wire format is specified byte for byte in
- * docs/compression.md.
+ * byte string: a wire header (codec id, element count, offset of the chunk in
+ * its tensor, codec parameter) followed by the codec's payload. Two header
+ * versions, both always decoded: version 1 (24 bytes, fixed fields) and the
+ * compact version 2 (3..22 bytes: varints, the payload length implied by the
+ * codec, the offset and the block size only when not the default, the
+ * rand-k seed optional because a receiver can often derive it). The wire
+ * format is specified byte for byte in docs/compression.md.
  *
  * OWNERSHIP. Every function reads the caller's input and writes into the
  * caller's output buffer; nothing is retained after the call returns. No
@@ -82,9 +85,18 @@ typedef enum ap_codec_id {
     AP_CODEC__COUNT = 9
 } ap_codec_id_t;
 
-#define AP_COMPRESS_MAGIC         0xA5
-#define AP_COMPRESS_VERSION       1
-#define AP_COMPRESS_HDR_LEN       24
+#define AP_COMPRESS_MAGIC      0xA5 /* first byte of a version 1 chunk */
+#define AP_COMPRESS_VERSION    1
+#define AP_COMPRESS_HDR_LEN    24   /* version 1 header */
+#define AP_COMPRESS_V2_TAG     0xA6 /* first byte of a version 2 (compact) chunk */
+#define AP_COMPRESS_V2_HDR_MAX 22   /* longest version 2 header */
+
+/* Encoder flags (the *_ex functions). 0 = version 1, as ap_compress_encode. */
+#define AP_COMPRESS_COMPACT 1u /* version 2 header */
+#define AP_COMPRESS_NO_SEED                                                                        \
+    2u /* with COMPACT, RANDK only: leave the seed out; the receiver                               \
+          derives cfg->seed itself and passes it to                                                \
+          ap_compress_decode_seeded */
 #define AP_COMPRESS_MAX_COUNT     (1u << 28) /* elements per chunk */
 #define AP_COMPRESS_CHUNK_DEFAULT (1u << 20) /* elements per chunk for tensors */
 #define AP_COMPRESS_BLOCK         4096       /* BLOCKWISE8 block size */
@@ -110,6 +122,9 @@ typedef struct ap_compress_hdr {
     uint64_t offset;      /* element offset of the chunk in its tensor */
     uint32_t payload_len; /* bytes after the header */
     uint32_t param;       /* k (TOPK, RANDK), block size (BLOCKWISE8), else 0 */
+    uint8_t version;      /* 1 or 2 */
+    uint8_t hdr_len;      /* header bytes (24 for version 1) */
+    bool has_seed;        /* RANDK: the seed travels in the payload (always in version 1) */
 } ap_compress_hdr_t;
 
 /* "fp16", "topk", ...; NULL for an unknown id. Static string. */
@@ -136,14 +151,30 @@ AP_EXPORT size_t ap_compress_size(const ap_codec_cfg_t *cfg, size_t count);
 AP_EXPORT int ap_compress_encode(const ap_codec_cfg_t *cfg, const float *src, size_t count,
                                  uint64_t offset, uint8_t *out, size_t cap, size_t *out_len);
 
-/* Parses and validates the header of in[0..len), including that len is
- * exactly header + payload_len and payload_len is the exact size for the
- * codec, count and param. */
+/* Exact encoded size of the chunk at element offset `offset` under cfg with
+ * encoder flags (AP_COMPRESS_COMPACT, AP_COMPRESS_NO_SEED); a version 2 header
+ * depends on the offset. 0 as ap_compress_size, or for unknown flags. */
+AP_EXPORT size_t ap_compress_size_ex(const ap_codec_cfg_t *cfg, size_t count, uint64_t offset,
+                                     unsigned flags);
+/* ap_compress_encode with encoder flags. AP_EINVAL for unknown flags or
+ * NO_SEED without COMPACT. */
+AP_EXPORT int ap_compress_encode_ex(const ap_codec_cfg_t *cfg, const float *src, size_t count,
+                                    uint64_t offset, unsigned flags, uint8_t *out, size_t cap,
+                                    size_t *out_len);
+
+/* Parses and validates the header of in[0..len) (either version), including
+ * that len is exactly header + payload_len and payload_len is the exact size
+ * for the codec, count and param. A version 2 header must be canonical
+ * (shortest varints, no field that equals its default): anything else is
+ * AP_ECORRUPT. An unknown version is AP_EVERSION, an unknown codec
+ * AP_ENOTSUP. */
 AP_EXPORT int ap_compress_parse(const uint8_t *in, size_t len, ap_compress_hdr_t *hdr);
 
 /* Decodes one chunk into dst[offset .. offset+count) of a tensor of dst_count
  * elements (AP_ERANGE if it does not fit). Sparse codecs write zeros to the
- * unsent elements of the chunk. hdr (may be NULL) receives the header. */
+ * unsent elements of the chunk. hdr (may be NULL) receives the header. A
+ * RANDK chunk without its seed (AP_COMPRESS_NO_SEED) is AP_EPROTO here: use
+ * ap_compress_decode_seeded. */
 AP_EXPORT AP_NODISCARD int ap_compress_decode(const uint8_t *in, size_t len, float *dst,
                                               size_t dst_count, ap_compress_hdr_t *hdr);
 /* Same, but adds alpha * decoded to dst instead of overwriting (sparse codecs
@@ -151,6 +182,25 @@ AP_EXPORT AP_NODISCARD int ap_compress_decode(const uint8_t *in, size_t len, flo
 AP_EXPORT AP_NODISCARD int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha,
                                                   float *dst, size_t dst_count,
                                                   ap_compress_hdr_t *hdr);
+/* The same for a receiver that derives the rand-k seed: seed is the cfg->seed
+ * the sender encoded with (the chunk seed then follows from it and the
+ * chunk's offset, as for a chunk that carries it). A chunk that carries its
+ * seed decodes from its own seed; other codecs ignore seed. */
+AP_EXPORT AP_NODISCARD int ap_compress_decode_seeded(const uint8_t *in, size_t len, uint64_t seed,
+                                                     float *dst, size_t dst_count,
+                                                     ap_compress_hdr_t *hdr);
+AP_EXPORT AP_NODISCARD int ap_compress_decode_add_seeded(const uint8_t *in, size_t len,
+                                                         uint64_t seed, float alpha, float *dst,
+                                                         size_t dst_count, ap_compress_hdr_t *hdr);
+
+/* Re-frames a valid chunk under other encoder flags without re-encoding its
+ * values (the payload is the same bytes; a RANDK seed is added or dropped):
+ * e.g. a version 2 chunk for a version 1 peer. seed is the cfg->seed of the
+ * sender, needed only when in has no seed and the output wants one. Errors
+ * as ap_compress_parse, AP_EPROTO for a seedless chunk that needs its seed
+ * and got none (seed_known false), AP_EMSGSIZE if cap is too small. */
+AP_EXPORT int ap_compress_reframe(const uint8_t *in, size_t len, bool seed_known, uint64_t seed,
+                                  unsigned flags, uint8_t *out, size_t cap, size_t *out_len);
 
 /* ---- whole tensors, chunked and multi-threaded ---------------------------
  * A tensor of n elements is cut into ceil(n / chunk) chunks (chunk 0 =
@@ -188,6 +238,10 @@ AP_EXPORT const float *ap_compress_ef_residual(const ap_compress_ef_t *ef);
 AP_EXPORT int ap_compress_ef_encode(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg,
                                     const float *src, size_t count, uint64_t offset, uint8_t *out,
                                     size_t cap, size_t *out_len);
+/* The same with encoder flags (ap_compress_encode_ex). */
+AP_EXPORT int ap_compress_ef_encode_ex(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg,
+                                       const float *src, size_t count, uint64_t offset,
+                                       unsigned flags, uint8_t *out, size_t cap, size_t *out_len);
 
 /* ---- policies ------------------------------------------------------------
  * Which codec a tensor travels with: a per-tensor override by name wins;

@@ -82,6 +82,10 @@ typedef struct ap_masha_opts {
     uint64_t seed;          /* compressor seeds and the server's coin */
     uint64_t max_iters;     /* give up after this many iterations */
     double target;          /* stop when |z-z*|^2 <= target |z0-z*|^2 (1e-6) */
+    int wire;               /* 0 = the newest wire version (2, /apiary/masha/2, compact
+                               headers); 1 = version 1 only (what a peer built before
+                               version 2 speaks). Workers of both versions can share a
+                               server: it answers each in its version. */
     /* called after every iteration (may be NULL): bytes/floats uploaded per
      * worker so far and the relative squared distance */
     void (*trace)(void *arg, uint64_t iter, uint64_t floats_up, uint64_t bytes_up, double rel2);
@@ -109,13 +113,19 @@ AP_EXPORT uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_m
                                          uint64_t iters, uint64_t refreshes);
 
 /* ---- distributed protocol over runtime.h ---------------------------------------
- * Protocol "/apiary/masha/1": each worker calls the server once per phase
- * (request: 8-byte header + a compress.h chunk); the server answers every
- * worker of the phase at once when all M requests are in (reply: 8-byte
- * header + chunk of the average, and the shared refresh coin). Every worker
- * rebuilds its own operator from the problem config and its index. */
+ * Each worker calls the server once per phase (request: header + a
+ * compress.h chunk); the server answers every worker of the phase at once
+ * when all M requests are in (reply: header + chunk of the average, and the
+ * shared refresh coin). Every worker rebuilds its own operator from the
+ * problem config and its index. Two wire versions (docs/compression.md):
+ * "/apiary/masha/2" (3-byte headers, compact chunks, rand-k seeds derived
+ * by the receiver) and "/apiary/masha/1" (8-byte headers, 24-byte chunk
+ * headers, seeds sent). A server serves both and answers each worker in its
+ * version; a worker speaks version 2 and falls back to version 1 for good
+ * when the server does not serve it (AP_ENOPROTO on its first call). */
 
-#define AP_MASHA_PROTO "/apiary/masha/1"
+#define AP_MASHA_PROTO  "/apiary/masha/1"
+#define AP_MASHA_PROTO2 "/apiary/masha/2"
 
 typedef struct ap_masha_node ap_masha_node_t;
 

@@ -4,6 +4,7 @@
 #include "apiary/log.h"
 #include "base/pool.h"
 #include "compress/kernels.h"
+#include "compress/wire.h"
 
 #include <float.h>
 #include <math.h>
@@ -78,43 +79,6 @@ uint32_t ap_compress_k(const ap_codec_cfg_t *cfg, size_t count)
     return (uint32_t)(k > count ? count : k);
 }
 
-/* Exact payload size for (codec, count, param); 0 on a bad combination, with
- * *ok = false. All results fit in uint32 because count <= 2^28. */
-static bool payload_size(ap_codec_id_t id, uint64_t count, uint64_t param, uint64_t *out)
-{
-    if (count > AP_COMPRESS_MAX_COUNT) return false;
-    switch (id) {
-    case AP_CODEC_NONE:
-        *out = 4 * count;
-        return param == 0;
-    case AP_CODEC_FP16:
-    case AP_CODEC_BF16:
-        *out = 2 * count;
-        return param == 0;
-    case AP_CODEC_MEANSTD16:
-        *out = 8 + 2 * count;
-        return param == 0;
-    case AP_CODEC_UNIFORM8:
-    case AP_CODEC_QUANTILE8:
-        *out = 1024 + count;
-        return param == 0;
-    case AP_CODEC_BLOCKWISE8:
-        if (param < 1 || param > (1u << 20)) return false;
-        *out = 4 * ((count + param - 1) / param) + count;
-        return true;
-    case AP_CODEC_TOPK:
-        if (param > count) return false;
-        *out = 8 * param;
-        return true;
-    case AP_CODEC_RANDK:
-        if (param > count) return false;
-        *out = 8 + 4 * param;
-        return true;
-    default:
-        return false;
-    }
-}
-
 static uint32_t cfg_param(const ap_codec_cfg_t *cfg, size_t count)
 {
     switch (cfg->id) {
@@ -128,12 +92,19 @@ static uint32_t cfg_param(const ap_codec_cfg_t *cfg, size_t count)
     }
 }
 
-size_t ap_compress_size(const ap_codec_cfg_t *cfg, size_t count)
+size_t ap_compress_size_ex(const ap_codec_cfg_t *cfg, size_t count, uint64_t offset, unsigned flags)
 {
     uint64_t p;
-    if (!cfg || (unsigned)cfg->id >= AP_CODEC__COUNT) return 0;
-    if (!payload_size(cfg->id, count, cfg_param(cfg, count), &p)) return 0;
-    return AP_COMPRESS_HDR_LEN + (size_t)p;
+    if (!cfg || (unsigned)cfg->id >= AP_CODEC__COUNT || !ap__cw_flags_ok(flags)) return 0;
+    uint32_t param = cfg_param(cfg, count);
+    bool seed = cfg->id == AP_CODEC_RANDK && !(flags & AP_COMPRESS_NO_SEED);
+    if (!ap__cw_payload_size(cfg->id, count, param, seed, &p)) return 0;
+    return ap__cw_hdr_size(cfg->id, (uint32_t)count, offset, param, flags) + (size_t)p;
+}
+
+size_t ap_compress_size(const ap_codec_cfg_t *cfg, size_t count)
+{
+    return ap_compress_size_ex(cfg, count, 0, 0);
 }
 
 /* ---- header -------------------------------------------------------------------- */
@@ -169,59 +140,14 @@ static float get_f32(const uint8_t *p)
     return v;
 }
 
-static void write_hdr(uint8_t *out, ap_codec_id_t id, uint32_t count, uint64_t offset,
-                      uint32_t payload_len, uint32_t param)
-{
-    out[0] = AP_COMPRESS_MAGIC;
-    out[1] = AP_COMPRESS_VERSION;
-    out[2] = (uint8_t)id;
-    out[3] = 0;
-    put_u32(out + 4, count);
-    put_u64(out + 8, offset);
-    put_u32(out + 16, payload_len);
-    put_u32(out + 20, param);
-}
-
-int ap_compress_parse(const uint8_t *in, size_t len, ap_compress_hdr_t *hdr)
-{
-    if (!in || len < AP_COMPRESS_HDR_LEN) return AP_ECORRUPT;
-    if (in[0] != AP_COMPRESS_MAGIC) return AP_ECORRUPT;
-    if (in[1] != AP_COMPRESS_VERSION) return AP_EVERSION;
-    if (in[2] >= AP_CODEC__COUNT) return AP_ENOTSUP;
-    if (in[3] != 0) return AP_ECORRUPT;
-    ap_compress_hdr_t h = {
-        .codec = (ap_codec_id_t)in[2],
-        .count = get_u32(in + 4),
-        .offset = get_u64(in + 8),
-        .payload_len = get_u32(in + 16),
-        .param = get_u32(in + 20),
-    };
-    uint64_t want;
-    if (!payload_size(h.codec, h.count, h.param, &want)) return AP_ECORRUPT;
-    if (want != h.payload_len || len - AP_COMPRESS_HDR_LEN != want) return AP_ECORRUPT;
-    if (h.offset > UINT64_MAX - h.count) return AP_ECORRUPT;
-    if (hdr) *hdr = h;
-    return 0;
-}
-
 /* ---- rand-k index generator -------------------------------------------------------
  * Indices of a chunk of n elements: idx_j = (pi(j) + r) mod n for j < k, where
  * pi is a 4-round Feistel permutation of [0, 2^(2h)) restricted to [0, n) by
  * cycle walking and r is a uniform shift; both come from the seed. The shift
  * makes every index appear with probability exactly k/n over seeds. */
 
-static inline uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static inline uint64_t mix64(uint64_t x)
-{
-    uint64_t s = x;
-    return splitmix64(&s);
-}
+#define splitmix64 ap__splitmix64
+#define mix64      ap__mix64
 
 typedef struct randk_gen {
     uint64_t n, shift, key[4];
@@ -270,11 +196,7 @@ uint64_t ap__randk_index(uint64_t seed, uint64_t n, uint64_t j)
     return randk_index(&g, j);
 }
 
-/* Seed actually used for the chunk at `offset`. */
-static uint64_t chunk_seed(uint64_t seed, uint64_t offset)
-{
-    return mix64(seed ^ mix64(offset ^ 0x6a09e667f3bcc909ull));
-}
+#define chunk_seed ap__cw_chunk_seed
 
 /* ---- per-codec encoders ------------------------------------------------------------- */
 
@@ -517,29 +439,37 @@ static int enc_topk(const float *src, size_t n, uint32_t k, uint8_t *p)
     return out == k ? 0 : AP_EINVAL; /* cannot happen: defensive */
 }
 
-static int enc_randk(const float *src, size_t n, uint32_t k, uint64_t seed, uint8_t *p)
+/* The values (after the seed when with_seed). */
+static int enc_randk(const float *src, size_t n, uint32_t k, uint64_t seed, bool with_seed,
+                     uint8_t *p)
 {
-    put_u64(p, seed);
+    if (with_seed) {
+        put_u64(p, seed);
+        p += 8;
+    }
     randk_gen_t g;
     randk_init(&g, seed, n);
     for (uint32_t j = 0; j < k; j++) {
         float v = src[randk_index(&g, j)];
         if (!(fabsf(v) <= FLT_MAX)) return AP_ENONFINITE;
-        put_f32(p + 8 + 4 * (size_t)j, v);
+        put_f32(p + 4 * (size_t)j, v);
     }
     return 0;
 }
 
 static int encode_with(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
-                       size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
+                       size_t count, uint64_t offset, unsigned flags, uint8_t *out, size_t cap,
+                       size_t *out_len)
 {
     if (!cfg || (!src && count) || !out || (unsigned)cfg->id >= AP_CODEC__COUNT) return AP_EINVAL;
-    if (count > AP_COMPRESS_MAX_COUNT) return AP_EINVAL;
-    size_t total = ap_compress_size(cfg, count);
+    if (count > AP_COMPRESS_MAX_COUNT || !ap__cw_flags_ok(flags)) return AP_EINVAL;
+    if (offset > UINT64_MAX - count) return AP_EINVAL;
+    size_t total = ap_compress_size_ex(cfg, count, offset, flags);
     if (!total) return AP_EINVAL;
     if (cap < total) return AP_EMSGSIZE;
     uint32_t param = cfg_param(cfg, count);
-    uint8_t *p = out + AP_COMPRESS_HDR_LEN;
+    size_t hl = ap__cw_hdr_size(cfg->id, (uint32_t)count, offset, param, flags);
+    uint8_t *p = out + hl;
     int rc = 0;
     switch (cfg->id) {
     case AP_CODEC_NONE:
@@ -567,14 +497,14 @@ static int encode_with(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const 
         rc = enc_topk(src, count, param, p);
         break;
     case AP_CODEC_RANDK:
-        rc = enc_randk(src, count, param, chunk_seed(cfg->seed, offset), p);
+        rc = enc_randk(src, count, param, chunk_seed(cfg->seed, offset),
+                       !(flags & AP_COMPRESS_NO_SEED), p);
         break;
     default:
         return AP_EINVAL;
     }
     if (rc) return rc;
-    write_hdr(out, cfg->id, (uint32_t)count, offset, (uint32_t)(total - AP_COMPRESS_HDR_LEN),
-              param);
+    ap__cw_hdr_write(out, cfg->id, (uint32_t)count, offset, (uint32_t)(total - hl), param, flags);
     if (out_len) *out_len = total;
     return 0;
 }
@@ -582,7 +512,14 @@ static int encode_with(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const 
 int ap_compress_encode(const ap_codec_cfg_t *cfg, const float *src, size_t count, uint64_t offset,
                        uint8_t *out, size_t cap, size_t *out_len)
 {
-    return encode_with(ap__kernels(), cfg, src, count, offset, out, cap, out_len);
+    return encode_with(ap__kernels(), cfg, src, count, offset, 0, out, cap, out_len);
+}
+
+int ap_compress_encode_ex(const ap_codec_cfg_t *cfg, const float *src, size_t count,
+                          uint64_t offset, unsigned flags, uint8_t *out, size_t cap,
+                          size_t *out_len)
+{
+    return encode_with(ap__kernels(), cfg, src, count, offset, flags, out, cap, out_len);
 }
 
 /* ---- decoders ------------------------------------------------------------------------- */
@@ -594,8 +531,9 @@ static bool all_finite(const uint8_t *p, size_t nfloats)
     return true;
 }
 
-static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_count,
-                       ap_compress_hdr_t *hdr_out, ap__dmode_t m)
+/* seed: the sender's cfg->seed for a chunk without its seed (NULL: unknown). */
+static int decode_impl(const uint8_t *in, size_t len, const uint64_t *seed, float *dst,
+                       size_t dst_count, ap_compress_hdr_t *hdr_out, ap__dmode_t m)
 {
     ap_compress_hdr_t h;
     int rc = ap_compress_parse(in, len, &h);
@@ -603,10 +541,11 @@ static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_cou
         ap_log(AP_LOG_DEBUG, "compress", "rejected chunk: %s", ap_err_name(rc));
         return rc;
     }
+    if (h.codec == AP_CODEC_RANDK && !h.has_seed && !seed) return AP_EPROTO;
     if (h.offset > dst_count || h.count > dst_count - h.offset) return AP_ERANGE;
     if (!dst && h.count) return AP_EINVAL;
     const ap__kernels_t *K = ap__kernels();
-    const uint8_t *p = in + AP_COMPRESS_HDR_LEN;
+    const uint8_t *p = in + h.hdr_len;
     float *d = dst + h.offset;
     size_t n = h.count;
     switch (h.codec) {
@@ -674,13 +613,15 @@ static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_cou
     }
     case AP_CODEC_RANDK: {
         size_t k = h.param;
-        if (!all_finite(p + 8, k)) return AP_ECORRUPT;
+        uint64_t cs = h.has_seed ? get_u64(p) : chunk_seed(*seed, h.offset);
+        const uint8_t *pv = h.has_seed ? p + 8 : p;
+        if (!all_finite(pv, k)) return AP_ECORRUPT;
         randk_gen_t g;
-        randk_init(&g, get_u64(p), n);
+        randk_init(&g, cs, n);
         float scale = k ? (float)((double)n / (double)k) : 0.0f;
         if (!m.add) memset(d, 0, 4 * n);
         for (size_t j = 0; j < k; j++) {
-            float v = get_f32(p + 8 + 4 * j) * scale;
+            float v = get_f32(pv + 4 * j) * scale;
             float *t = d + randk_index(&g, j);
             *t = m.add ? *t + m.alpha * v : v;
         }
@@ -696,13 +637,28 @@ static int decode_impl(const uint8_t *in, size_t len, float *dst, size_t dst_cou
 int ap_compress_decode(const uint8_t *in, size_t len, float *dst, size_t dst_count,
                        ap_compress_hdr_t *hdr)
 {
-    return decode_impl(in, len, dst, dst_count, hdr, (ap__dmode_t){.add = false, .alpha = 1});
+    return decode_impl(in, len, NULL, dst, dst_count, hdr, (ap__dmode_t){.add = false, .alpha = 1});
 }
 
 int ap_compress_decode_add(const uint8_t *in, size_t len, float alpha, float *dst, size_t dst_count,
                            ap_compress_hdr_t *hdr)
 {
-    return decode_impl(in, len, dst, dst_count, hdr, (ap__dmode_t){.add = true, .alpha = alpha});
+    return decode_impl(in, len, NULL, dst, dst_count, hdr,
+                       (ap__dmode_t){.add = true, .alpha = alpha});
+}
+
+int ap_compress_decode_seeded(const uint8_t *in, size_t len, uint64_t seed, float *dst,
+                              size_t dst_count, ap_compress_hdr_t *hdr)
+{
+    return decode_impl(in, len, &seed, dst, dst_count, hdr,
+                       (ap__dmode_t){.add = false, .alpha = 1});
+}
+
+int ap_compress_decode_add_seeded(const uint8_t *in, size_t len, uint64_t seed, float alpha,
+                                  float *dst, size_t dst_count, ap_compress_hdr_t *hdr)
+{
+    return decode_impl(in, len, &seed, dst, dst_count, hdr,
+                       (ap__dmode_t){.add = true, .alpha = alpha});
 }
 
 /* Internal: encode with an explicit kernel set (tests compare fast vs scalar). */
@@ -711,7 +667,7 @@ int ap__compress_encode_k(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, con
 int ap__compress_encode_k(const ap__kernels_t *K, const ap_codec_cfg_t *cfg, const float *src,
                           size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
 {
-    return encode_with(K, cfg, src, count, offset, out, cap, out_len);
+    return encode_with(K, cfg, src, count, offset, 0, out, cap, out_len);
 }
 
 /* ---- tensors -------------------------------------------------------------------------- */
@@ -837,15 +793,22 @@ const float *ap_compress_ef_residual(const ap_compress_ef_t *ef)
 int ap_compress_ef_encode(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg, const float *src,
                           size_t count, uint64_t offset, uint8_t *out, size_t cap, size_t *out_len)
 {
+    return ap_compress_ef_encode_ex(ef, cfg, src, count, offset, 0, out, cap, out_len);
+}
+
+int ap_compress_ef_encode_ex(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg, const float *src,
+                             size_t count, uint64_t offset, unsigned flags, uint8_t *out,
+                             size_t cap, size_t *out_len)
+{
     if (!ef || !cfg || (!src && count)) return AP_EINVAL;
     if (offset > ef->n || count > ef->n - offset) return AP_ERANGE;
     float *e = ef->e + offset, *t = ef->tmp + offset;
     for (size_t i = 0; i < count; i++) t[i] = src[i] + e[i];
     size_t len;
-    int rc = ap_compress_encode(cfg, t, count, offset, out, cap, &len);
+    int rc = ap_compress_encode_ex(cfg, t, count, offset, flags, out, cap, &len);
     if (rc) return rc;
     /* decode what was sent into the residual slot, then e = (x + e) - sent */
-    rc = ap_compress_decode(out, len, ef->e, ef->n, NULL);
+    rc = ap_compress_decode_seeded(out, len, cfg->seed, ef->e, ef->n, NULL);
     if (rc) return rc;
     for (size_t i = 0; i < count; i++) e[i] = t[i] - e[i];
     if (out_len) *out_len = len;

@@ -211,14 +211,97 @@ static ap_codec_cfg_t worker_codec(const ap_masha_opts_t *o, size_t d)
     return c;
 }
 
+static int wire_of(const ap_masha_opts_t *o)
+{
+    return o->wire == 1 ? 1 : AP__MASHA_V2;
+}
+
+/* Chunk flags of a wire version: version 2 sends compact chunks without the
+ * rand-k seed (every receiver derives it). */
+static unsigned chunk_flags(int wire)
+{
+    return wire == 1 ? 0 : AP_COMPRESS_COMPACT | AP_COMPRESS_NO_SEED;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) v >>= 7, n++;
+    return n;
+}
+
+/* Bytes of a request of worker m carrying a chunk of d elements under c. */
+static uint64_t req_bytes(int wire, const ap_codec_cfg_t *c, size_t d, unsigned m)
+{
+    size_t hdr = wire == 1 ? AP__MASHA_HDR : 2 + varint_len(m);
+    return hdr + ap_compress_size_ex(c, d, 0, chunk_flags(wire));
+}
+
 uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_masha_opts_t *o,
                                uint64_t iters, uint64_t refreshes)
 {
     size_t d = p->d;
+    int wire = wire_of(o);
     ap_codec_cfg_t none = {.id = AP_CODEC_NONE}, wc = worker_codec(o, d);
-    uint64_t full = AP__MASHA_HDR + ap_compress_size(&none, d);
+    uint64_t full = req_bytes(wire, &none, d, 0);
     if (o->method == AP_MASHA_EXTRAGRADIENT) return iters * 2 * full;
-    return (1 + refreshes) * full + iters * (AP__MASHA_HDR + ap_compress_size(&wc, d));
+    return (1 + refreshes) * full + iters * req_bytes(wire, &wc, d, 0);
+}
+
+static size_t varint_put(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+int ap__masha_hdr_parse(const uint8_t *b, size_t len, bool is_reply, ap__masha_hdr_t *h)
+{
+    if (!b || len < 1) return AP_EPROTO;
+    memset(h, 0, sizeof *h);
+    if (b[0] == AP__MASHA_VERSION) {
+        if (len < AP__MASHA_HDR) return AP_EPROTO;
+        h->version = 1;
+        h->phase = b[1];
+        memcpy(&h->iter, b + 4, 4);
+        if (is_reply) {
+            if (b[2] > 1 || b[3] != 0) return AP_EPROTO;
+            h->refresh = b[2] != 0;
+        } else
+            h->worker = (unsigned)b[2] | ((unsigned)b[3] << 8);
+        h->hdr_len = AP__MASHA_HDR;
+    } else if (b[0] >> 4 == AP__MASHA_V2) {
+        if (len < 2) return AP_EPROTO;
+        h->version = 2;
+        h->phase = b[0] & 7;
+        h->iter = b[1];
+        size_t at = 2;
+        if (is_reply)
+            h->refresh = (b[0] & 8) != 0;
+        else { /* varint worker index < 2^16, shortest form */
+            if (b[0] & 8) return AP_EPROTO;
+            uint32_t v = 0;
+            for (int i = 0;; i++) {
+                if (i == 3 || at >= len) return AP_EPROTO;
+                uint8_t c = b[at++];
+                v |= (uint32_t)(c & 0x7f) << (7 * i);
+                if (!(c & 0x80)) {
+                    if (i > 0 && c == 0) return AP_EPROTO;
+                    break;
+                }
+            }
+            if (v > 65535) return AP_EPROTO;
+            h->worker = v;
+        }
+        h->hdr_len = at;
+    } else
+        return AP_EVERSION;
+    if (h->phase < AP__MP_FULL || h->phase > AP__MP_EG_B) return AP_EPROTO;
+    return 0;
 }
 
 /* ---- worker ------------------------------------------------------------------------ */
@@ -237,6 +320,9 @@ struct ap__masha_worker {
     size_t msg_len, msg_cap;
     ap__masha_phase_t phase;
     uint64_t iter;
+    uint64_t msg_seed; /* codec seed of the pending request */
+    int wire;          /* 1 or 2 */
+    bool wire_fixed;   /* a reply in this version was accepted */
     ap_masha_result_t counts;
     bool stopped;
 };
@@ -255,6 +341,7 @@ ap__masha_worker_t *ap__masha_worker_new(const ap_masha_problem_t *p, const ap_m
     w->d = d;
     w->tau = tau_of(o, d);
     w->codec = worker_codec(o, d);
+    w->wire = wire_of(o);
     w->z = calloc(d, sizeof(double));
     w->w = calloc(d, sizeof(double));
     w->zh = calloc(d, sizeof(double));
@@ -296,19 +383,28 @@ static int build_msg(ap__masha_worker_t *w, ap__masha_phase_t ph, const ap_codec
                      bool ef, uint64_t nvalues)
 {
     uint8_t *h = w->msg;
-    h[0] = AP__MASHA_VERSION;
-    h[1] = (uint8_t)ph;
-    h[2] = (uint8_t)(w->m & 0xff);
-    h[3] = (uint8_t)(w->m >> 8);
-    uint32_t it = (uint32_t)w->iter;
-    memcpy(h + 4, &it, 4);
+    size_t hl;
+    if (w->wire == 1) {
+        h[0] = AP__MASHA_VERSION;
+        h[1] = (uint8_t)ph;
+        h[2] = (uint8_t)(w->m & 0xff);
+        h[3] = (uint8_t)(w->m >> 8);
+        uint32_t it = (uint32_t)w->iter;
+        memcpy(h + 4, &it, 4);
+        hl = AP__MASHA_HDR;
+    } else {
+        h[0] = (uint8_t)(AP__MASHA_V2 << 4 | ph);
+        h[1] = (uint8_t)w->iter;
+        hl = 2 + varint_put(h + 2, (uint64_t)w->m);
+    }
     size_t len;
-    int rc = ef ? ap_compress_ef_encode(w->ef, cfg, w->fbuf, w->d, 0, h + AP__MASHA_HDR,
-                                        w->msg_cap - AP__MASHA_HDR, &len)
-                : ap_compress_encode(cfg, w->fbuf, w->d, 0, h + AP__MASHA_HDR,
-                                     w->msg_cap - AP__MASHA_HDR, &len);
+    unsigned fl = chunk_flags(w->wire);
+    int rc = ef ? ap_compress_ef_encode_ex(w->ef, cfg, w->fbuf, w->d, 0, fl, h + hl,
+                                           w->msg_cap - hl, &len)
+                : ap_compress_encode_ex(cfg, w->fbuf, w->d, 0, fl, h + hl, w->msg_cap - hl, &len);
     if (rc) return rc;
-    w->msg_len = AP__MASHA_HDR + len;
+    w->msg_len = hl + len;
+    w->msg_seed = cfg->seed;
     w->phase = ph;
     w->counts.bytes_up += w->msg_len;
     w->counts.floats_up += nvalues;
@@ -355,6 +451,41 @@ int ap__masha_worker_start(ap__masha_worker_t *w)
     return build_full(w);
 }
 
+int ap__masha_worker_wire(const ap__masha_worker_t *w)
+{
+    return w->wire;
+}
+
+int ap__masha_worker_downgrade(ap__masha_worker_t *w)
+{
+    if (w->wire == 1) return 0;
+    if (w->wire_fixed) return AP_ESTATE;
+    ap__masha_hdr_t h;
+    int rc = ap__masha_hdr_parse(w->msg, w->msg_len, false, &h);
+    if (rc) return rc;
+    uint8_t *out = malloc(w->msg_cap);
+    if (!out) return AP_ENOMEM;
+    size_t len = 0;
+    rc = ap_compress_reframe(w->msg + h.hdr_len, w->msg_len - h.hdr_len, true, w->msg_seed, 0,
+                             out + AP__MASHA_HDR, w->msg_cap - AP__MASHA_HDR, &len);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    out[0] = AP__MASHA_VERSION;
+    out[1] = (uint8_t)w->phase;
+    out[2] = (uint8_t)(w->m & 0xff);
+    out[3] = (uint8_t)(w->m >> 8);
+    uint32_t it = (uint32_t)w->iter;
+    memcpy(out + 4, &it, 4);
+    w->counts.bytes_up += AP__MASHA_HDR + len - w->msg_len;
+    free(w->msg);
+    w->msg = out;
+    w->msg_len = AP__MASHA_HDR + len;
+    w->wire = 1;
+    return 0;
+}
+
 const uint8_t *ap__masha_worker_msg(const ap__masha_worker_t *w, size_t *len)
 {
     *len = w->stopped ? 0 : w->msg_len;
@@ -389,18 +520,23 @@ int ap__masha_worker_on_reply(ap__masha_worker_t *w, const uint8_t *rep, size_t 
 {
     *iter_done = false;
     if (w->stopped) return AP_ESTATE;
-    if (len < AP__MASHA_HDR || rep[0] != AP__MASHA_VERSION || rep[1] != (uint8_t)w->phase)
+    ap__masha_hdr_t mh;
+    int rc = ap__masha_hdr_parse(rep, len, true, &mh);
+    if (rc) return rc;
+    uint32_t want_it = w->wire == 1 ? (uint32_t)w->iter : (uint32_t)(w->iter & 0xff);
+    if (mh.version != w->wire || mh.phase != (uint8_t)w->phase || mh.iter != want_it)
         return AP_EPROTO;
-    uint32_t it;
-    memcpy(&it, rep + 4, 4);
-    if (it != (uint32_t)w->iter) return AP_EPROTO;
-    bool bit = rep[2] != 0;
+    if (mh.refresh && w->phase != AP__MP_DIFF) return AP_EPROTO;
+    bool bit = mh.refresh;
+    const uint8_t *ch = rep + mh.hdr_len;
+    size_t chl = len - mh.hdr_len;
     ap_compress_hdr_t h;
-    int rc = ap_compress_parse(rep + AP__MASHA_HDR, len - AP__MASHA_HDR, &h);
+    rc = ap_compress_parse(ch, chl, &h);
     if (rc) return rc;
-    if (h.offset != 0 || h.count != w->d) return AP_EPROTO;
-    rc = ap_compress_decode(rep + AP__MASHA_HDR, len - AP__MASHA_HDR, w->g, w->d, NULL);
+    if (h.version != w->wire || h.offset != 0 || h.count != w->d) return AP_EPROTO;
+    rc = ap_compress_decode_seeded(ch, chl, mix3(w->o.seed, w->iter, 0), w->g, w->d, NULL);
     if (rc) return rc;
+    w->wire_fixed = true;
     w->counts.bytes_down += len;
     size_t d = w->d;
     switch (w->phase) {
@@ -451,12 +587,12 @@ struct ap__masha_server {
     float *scratch; /* check(): validation decode */
     uint8_t *seen;
     int count;
-    uint8_t phase;
-    uint32_t iter;
+    uint8_t phase; /* the phase and iteration the next requests must carry */
+    uint64_t iter;
     uint64_t rng[4];
     ap_compress_ef_t *ef; /* server-side error feedback (MASHA2 + server top-k) */
-    uint8_t *rep;
-    size_t rep_len, rep_cap;
+    uint8_t *rep[2];      /* reply in wire version 1 and 2 */
+    size_t rep_len[2], rep_cap;
 };
 
 ap__masha_server_t *ap__masha_server_new(size_t d, int workers, const ap_masha_opts_t *o)
@@ -469,15 +605,17 @@ ap__masha_server_t *ap__masha_server_new(size_t d, int workers, const ap_masha_o
     s->d = d;
     s->M = workers;
     s->tau = tau_of(o, d);
+    s->phase = o->method == AP_MASHA_EXTRAGRADIENT ? AP__MP_EG_A : AP__MP_FULL;
     s->agg = calloc(d, sizeof(float));
     s->scratch = calloc(d, sizeof(float));
     s->seen = calloc((size_t)workers, 1);
     ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
     s->rep_cap = AP__MASHA_HDR + ap_compress_size(&none, d);
-    s->rep = malloc(s->rep_cap);
+    s->rep[0] = malloc(s->rep_cap);
+    s->rep[1] = malloc(s->rep_cap);
     if (o->method == AP_MASHA_2 && o->server_fraction > 0) s->ef = ap_compress_ef_new(d);
     ap__rng_seed(s->rng, o->seed ^ 0x5e5e5e5e5e5e5e5eull);
-    if (!s->agg || !s->scratch || !s->seen || !s->rep ||
+    if (!s->agg || !s->scratch || !s->seen || !s->rep[0] || !s->rep[1] ||
         (o->method == AP_MASHA_2 && o->server_fraction > 0 && !s->ef)) {
         ap__masha_server_free(s);
         return NULL;
@@ -491,47 +629,42 @@ void ap__masha_server_free(ap__masha_server_t *s)
     free(s->agg);
     free(s->scratch);
     free(s->seen);
-    free(s->rep);
+    free(s->rep[0]);
+    free(s->rep[1]);
     ap_compress_ef_free(s->ef);
     free(s);
 }
 
-/* Validates a request's header and phase; sets *m. */
-static int server_admit(ap__masha_server_t *s, const uint8_t *req, size_t len, unsigned *mo)
+/* Validates a request's header and phase against the run; sets *mh. */
+static int server_admit(ap__masha_server_t *s, const uint8_t *req, size_t len, ap__masha_hdr_t *mh)
 {
-    if (len < AP__MASHA_HDR || req[0] != AP__MASHA_VERSION) return AP_EPROTO;
-    uint8_t ph = req[1];
-    unsigned m = (unsigned)req[2] | ((unsigned)req[3] << 8);
-    uint32_t it;
-    memcpy(&it, req + 4, 4);
-    if (ph < AP__MP_FULL || ph > AP__MP_EG_B || m >= (unsigned)s->M) return AP_EPROTO;
-    if (s->count > 0 && (ph != s->phase || it != s->iter || s->seen[m])) return AP_EPROTO;
-    ap_compress_hdr_t h;
-    int rc = ap_compress_parse(req + AP__MASHA_HDR, len - AP__MASHA_HDR, &h);
+    int rc = ap__masha_hdr_parse(req, len, false, mh);
     if (rc) return rc;
-    if (h.offset != 0 || h.count != s->d) return AP_EPROTO;
-    if (s->count == 0) {
-        s->phase = ph;
-        s->iter = it;
-    }
-    *mo = m;
+    uint32_t it = mh->version == 1 ? (uint32_t)s->iter : (uint32_t)(s->iter & 0xff);
+    if (mh->worker >= (unsigned)s->M || mh->phase != s->phase || mh->iter != it ||
+        s->seen[mh->worker])
+        return AP_EPROTO;
+    ap_compress_hdr_t h;
+    rc = ap_compress_parse(req + mh->hdr_len, len - mh->hdr_len, &h);
+    if (rc) return rc;
+    if (h.version != mh->version || h.offset != 0 || h.count != s->d) return AP_EPROTO;
     return 0;
 }
 
-/* All M requests are in agg: builds the reply, resets for the next phase. */
+/* The codec seed of worker m's request in the current phase. */
+static uint64_t req_seed(const ap__masha_server_t *s, unsigned m)
+{
+    return mix3(s->o.seed, s->iter, (uint64_t)m + 1);
+}
+
+/* All M requests are in agg: builds the replies, moves to the next phase. */
 static int server_reply_build(ap__masha_server_t *s)
 {
-    uint8_t *r = s->rep;
-    r[0] = AP__MASHA_VERSION;
-    r[1] = s->phase;
-    r[2] = 0;
-    r[3] = 0;
-    memcpy(r + 4, &s->iter, 4);
     ap_codec_cfg_t c = {.id = AP_CODEC_NONE};
-    bool ef = false;
+    bool ef = false, bit = false;
     if (s->phase == AP__MP_DIFF) {
         double u = (double)(ap__rng_next(s->rng) >> 11) / 9007199254740992.0;
-        r[2] = u < 1 - s->tau ? 1 : 0;
+        bit = u < 1 - s->tau;
         if (s->o.server_fraction > 0) {
             c.k = k_of(&s->o, s->d, s->o.server_fraction);
             c.id = s->o.method == AP_MASHA_1 ? AP_CODEC_RANDK : AP_CODEC_TOPK;
@@ -539,28 +672,67 @@ static int server_reply_build(ap__masha_server_t *s)
             ef = s->ef != NULL;
         }
     }
-    size_t l;
-    int rc = ef ? ap_compress_ef_encode(s->ef, &c, s->agg, s->d, 0, r + AP__MASHA_HDR,
-                                        s->rep_cap - AP__MASHA_HDR, &l)
-                : ap_compress_encode(&c, s->agg, s->d, 0, r + AP__MASHA_HDR,
-                                     s->rep_cap - AP__MASHA_HDR, &l);
+    /* version 2 first (the residual moves once), version 1 re-framed from it */
+    uint8_t *r2 = s->rep[1], *r1 = s->rep[0];
+    r2[0] = (uint8_t)(AP__MASHA_V2 << 4 | (bit ? 8 : 0) | s->phase);
+    r2[1] = (uint8_t)s->iter;
+    size_t l, fl = chunk_flags(2);
+    int rc =
+        ef ? ap_compress_ef_encode_ex(s->ef, &c, s->agg, s->d, 0, (unsigned)fl, r2 + 2,
+                                      s->rep_cap - 2, &l)
+           : ap_compress_encode_ex(&c, s->agg, s->d, 0, (unsigned)fl, r2 + 2, s->rep_cap - 2, &l);
     if (rc) return rc;
-    s->rep_len = AP__MASHA_HDR + l;
+    s->rep_len[1] = 2 + l;
+    r1[0] = AP__MASHA_VERSION;
+    r1[1] = s->phase;
+    r1[2] = bit ? 1 : 0;
+    r1[3] = 0;
+    uint32_t it = (uint32_t)s->iter;
+    memcpy(r1 + 4, &it, 4);
+    rc = ap_compress_reframe(r2 + 2, l, true, c.seed, 0, r1 + AP__MASHA_HDR,
+                             s->rep_cap - AP__MASHA_HDR, &l);
+    if (rc) return rc;
+    s->rep_len[0] = AP__MASHA_HDR + l;
     s->count = 0;
     memset(s->seen, 0, (size_t)s->M);
+    switch (s->phase) { /* the next phase every worker sends */
+    case AP__MP_FULL:
+        s->phase = AP__MP_DIFF;
+        break;
+    case AP__MP_DIFF:
+        s->iter++;
+        s->phase = bit ? AP__MP_FULL : AP__MP_DIFF;
+        break;
+    case AP__MP_EG_A:
+        s->phase = AP__MP_EG_B;
+        break;
+    default:
+        s->iter++;
+        s->phase = AP__MP_EG_A;
+    }
     return 1;
+}
+
+static int server_decode(ap__masha_server_t *s, const uint8_t *req, size_t len,
+                         const ap__masha_hdr_t *mh, bool add)
+{
+    const uint8_t *ch = req + mh->hdr_len;
+    size_t chl = len - mh->hdr_len;
+    uint64_t seed = req_seed(s, mh->worker);
+    return add ? ap_compress_decode_add_seeded(ch, chl, seed, 1.0f / (float)s->M, s->agg, s->d,
+                                               NULL)
+               : ap_compress_decode_seeded(ch, chl, seed, s->scratch, s->d, NULL);
 }
 
 int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
 {
-    unsigned m;
-    int rc = server_admit(s, req, len, &m);
+    ap__masha_hdr_t mh;
+    int rc = server_admit(s, req, len, &mh);
     if (rc) return rc;
     if (s->count == 0) memset(s->agg, 0, s->d * sizeof(float));
-    rc = ap_compress_decode_add(req + AP__MASHA_HDR, len - AP__MASHA_HDR, 1.0f / (float)s->M,
-                                s->agg, s->d, NULL);
+    rc = server_decode(s, req, len, &mh, true);
     if (rc) return rc;
-    s->seen[m] = 1;
+    s->seen[mh.worker] = 1;
     s->count++;
     if (s->count < s->M) return 0;
     return server_reply_build(s);
@@ -568,12 +740,12 @@ int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len)
 
 int ap__masha_server_check(ap__masha_server_t *s, const uint8_t *req, size_t len)
 {
-    unsigned m;
-    int rc = server_admit(s, req, len, &m);
+    ap__masha_hdr_t mh;
+    int rc = server_admit(s, req, len, &mh);
     if (rc) return rc;
-    rc = ap_compress_decode(req + AP__MASHA_HDR, len - AP__MASHA_HDR, s->scratch, s->d, NULL);
+    rc = server_decode(s, req, len, &mh, false);
     if (rc) return rc;
-    s->seen[m] = 1;
+    s->seen[mh.worker] = 1;
     s->count++;
     return s->count < s->M ? 0 : 1;
 }
@@ -583,17 +755,21 @@ int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs,
     if (s->count != s->M) return AP_ESTATE;
     memset(s->agg, 0, s->d * sizeof(float));
     for (int m = 0; m < s->M; m++) {
-        int rc = ap_compress_decode_add(reqs[m] + AP__MASHA_HDR, lens[m] - AP__MASHA_HDR,
-                                        1.0f / (float)s->M, s->agg, s->d, NULL);
+        ap__masha_hdr_t mh;
+        int rc = ap__masha_hdr_parse(reqs[m], lens[m], false, &mh);
+        if (!rc && mh.worker != (unsigned)m) rc = AP_EPROTO;
+        if (!rc) rc = server_decode(s, reqs[m], lens[m], &mh, true);
         if (rc) return rc; /* cannot happen: check() decoded it */
     }
     return server_reply_build(s);
 }
 
-const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, size_t *len)
+const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, int version, size_t *len)
 {
-    *len = s->rep_len;
-    return s->rep;
+    if (version == 0) version = wire_of(&s->o);
+    int i = version == 1 ? 0 : 1;
+    *len = s->rep_len[i];
+    return s->rep[i];
 }
 
 /* ---- in-process solver ------------------------------------------------------------- */
@@ -637,7 +813,7 @@ int ap_masha_run(const ap_masha_problem_t *p, const ap_masha_opts_t *o, ap_masha
             rc = AP_ESTATE;
             goto out;
         }
-        const uint8_t *rep = ap__masha_server_reply(s, &len);
+        const uint8_t *rep = ap__masha_server_reply(s, 0, &len);
         bool it_done = false;
         for (int m = 0; m < M; m++)
             if ((rc = ap__masha_worker_on_reply(ws[m], rep, len, &it_done))) goto out;

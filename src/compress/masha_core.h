@@ -6,11 +6,32 @@
 #include "apiary/compress.h"
 #include "apiary/masha.h"
 
-/* Message header (8 bytes, then one compress.h chunk):
+/* Message headers, then one compress.h chunk (docs/compression.md):
+ * version 1 (/apiary/masha/1, 8 bytes, version 1 chunk):
  *   request: u8 version=1, u8 phase, u16 LE worker, u32 LE iteration
- *   reply:   u8 version=1, u8 phase, u8 refresh bit, u8 0, u32 LE iteration */
+ *   reply:   u8 version=1, u8 phase, u8 refresh bit, u8 0, u32 LE iteration
+ * version 2 (/apiary/masha/2, 3..5 bytes, compact chunk with offset 0 and
+ * no rand-k seed: both sides derive it from the run seed, the iteration and
+ * the worker index):
+ *   request: u8 0x20 | phase, u8 iteration mod 256, varint worker
+ *   reply:   u8 0x20 | refresh << 3 | phase, u8 iteration mod 256 */
 #define AP__MASHA_HDR     8
 #define AP__MASHA_VERSION 1
+#define AP__MASHA_V2      2
+
+/* A parsed request or reply header. */
+typedef struct ap__masha_hdr {
+    int version;     /* 1 or 2 */
+    uint8_t phase;   /* 1..4 */
+    uint32_t iter;   /* version 1: the iteration; version 2: its low 8 bits */
+    unsigned worker; /* requests */
+    bool refresh;    /* replies */
+    size_t hdr_len;  /* the chunk follows */
+} ap__masha_hdr_t;
+
+/* Parses the header of a request (is_reply false) or a reply: AP_EPROTO if
+ * short or malformed, AP_EVERSION for an unknown version. */
+int ap__masha_hdr_parse(const uint8_t *b, size_t len, bool is_reply, ap__masha_hdr_t *h);
 
 typedef enum ap__masha_phase {
     AP__MP_FULL = 1, /* F_m(w) in full (MASHA init/refresh) */
@@ -27,6 +48,12 @@ ap__masha_worker_t *ap__masha_worker_new(const ap_masha_problem_t *p, const ap_m
 void ap__masha_worker_free(ap__masha_worker_t *w);
 /* Builds the first request. */
 int ap__masha_worker_start(ap__masha_worker_t *w);
+/* The worker's wire version (1 or 2). */
+int ap__masha_worker_wire(const ap__masha_worker_t *w);
+/* Switches the worker to wire version 1 (the server does not speak 2): the
+ * pending request is re-framed (same values) and the byte count adjusted.
+ * AP_ESTATE once a version 2 reply was accepted. */
+int ap__masha_worker_downgrade(ap__masha_worker_t *w);
 /* The pending request (valid until the next call). */
 const uint8_t *ap__masha_worker_msg(const ap__masha_worker_t *w, size_t *len);
 /* Applies the server's reply and builds the next request. *iter_done is set
@@ -52,7 +79,9 @@ int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len);
 int ap__masha_server_check(ap__masha_server_t *s, const uint8_t *req, size_t len);
 int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs,
                               const size_t *lens);
-/* The reply for the completed phase (valid until the next add). */
-const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, size_t *len);
+/* The reply for the completed phase in wire version `version` (1 or 2; 0 =
+ * the opts' wire version), for the workers that spoke it (valid until the
+ * next add). */
+const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, int version, size_t *len);
 
 #endif

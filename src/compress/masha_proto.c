@@ -14,6 +14,7 @@ struct ap_masha_node {
     /* server */
     ap__masha_server_t *srv;
     ap_rpc_req_t **pending; /* per worker index */
+    uint8_t *ver;           /* per worker index: wire version of the pending request */
     int M;
     const uint8_t **reqs; /* per worker index: pending request data */
     size_t *lens;
@@ -73,19 +74,22 @@ static void server_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, 
     }
 }
 
-static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+/* A request on the protocol of wire version `version` (1 or 2). */
+static void server_handle(ap_masha_node_t *n, ap_rpc_req_t *req, int version)
 {
-    ap_masha_node_t *n = arg;
     size_t len;
     const uint8_t *data = ap_rpc_req_data(req, &len);
     char sid[AP_PEER_SHORT_LEN];
-    if (len < AP__MASHA_HDR) {
+    ap__masha_hdr_t mh;
+    int prc = ap__masha_hdr_parse(data, len, false, &mh);
+    if (prc || mh.version != version) {
         ap_peer_id_short(ap_rpc_req_peer(req), sid);
-        ap_log(AP_LOG_WARN, "masha", "short request from %s", sid);
-        ap_rpc_respond_error(req, AP_EPROTO, "short request");
+        ap_log(AP_LOG_WARN, "masha", "malformed request from %s: %s", sid,
+               prc ? ap_err_name(prc) : "wrong version for the protocol");
+        ap_rpc_respond_error(req, prc ? prc : AP_EPROTO, "malformed request");
         return;
     }
-    unsigned m = (unsigned)data[2] | ((unsigned)data[3] << 8);
+    unsigned m = mh.worker;
     const ap_peer_id_t *peer = ap_rpc_req_peer(req);
     if (n->finished) {
         ap_peer_id_short(peer, sid);
@@ -106,7 +110,8 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         ap_rpc_respond_error(req, rc, "bad masha request");
         return;
     }
-    n->pending[m] = req; /* add() checked m < M and no duplicate */
+    n->pending[m] = req; /* check() checked m < M and no duplicate */
+    n->ver[m] = (uint8_t)version;
     n->started = true;
     if (!n->bound[m]) {
         n->bound[m] = true;
@@ -128,14 +133,15 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         return;
     }
     size_t rlen;
-    const uint8_t *rep = ap__masha_server_reply(n->srv, &rlen);
+    const uint8_t *rep;
     for (int i = 0; i < n->M; i++) {
         ap_rpc_req_t *r = n->pending[i];
         n->pending[i] = NULL;
+        rep = ap__masha_server_reply(n->srv, n->ver[i], &rlen);
         if (r) ap_rpc_respond(r, rep, rlen);
     }
-    (void)rt;
     if (!n->sh) return;
+    rep = ap__masha_server_reply(n->srv, ap__masha_worker_wire(n->sh), &rlen);
     bool it_done;
     rc = ap__masha_worker_on_reply(n->sh, rep, rlen, &it_done);
     if (rc) {
@@ -145,6 +151,15 @@ static void server_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
         return;
     }
     if (!ap__masha_worker_msg(n->sh, &rlen)) server_finish(n, 0);
+}
+
+static void server_handler_v1(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt, server_handle(arg, req, 1);
+}
+static void server_handler_v2(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt, server_handle(arg, req, 2);
 }
 
 int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const ap_masha_opts_t *o,
@@ -166,11 +181,17 @@ int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const 
     n->reqs = calloc(nw, sizeof *n->reqs);
     n->lens = calloc(nw, sizeof *n->lens);
     n->bound = calloc(nw, sizeof *n->bound);
-    if (!n->srv || !n->pending || !n->owner || !n->bound || !n->reqs || !n->lens) {
+    n->ver = calloc(nw, sizeof *n->ver);
+    if (!n->srv || !n->pending || !n->owner || !n->bound || !n->reqs || !n->lens || !n->ver) {
         ap_masha_node_free(n);
         return AP_ENOMEM;
     }
-    int rc = ap_rt_rpc_register(rt, AP_MASHA_PROTO, msg_cap(d), server_handler, n);
+    /* both versions: workers of either share the run (wire = 1: version 1 only) */
+    int rc = ap_rt_rpc_register(rt, AP_MASHA_PROTO, msg_cap(d), server_handler_v1, n);
+    if (!rc && o->wire != 1) {
+        rc = ap_rt_rpc_register(rt, AP_MASHA_PROTO2, msg_cap(d), server_handler_v2, n);
+        if (rc) ap_rt_rpc_unregister(rt, AP_MASHA_PROTO);
+    }
     if (rc) {
         ap__masha_server_free(n->srv);
         n->srv = NULL;
@@ -223,6 +244,13 @@ static void worker_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp,
     (void)rt;
     ap_masha_node_t *n = arg;
     n->call = 0;
+    if (status == AP_ENOPROTO && ap__masha_worker_wire(n->wk) == 2 &&
+        ap__masha_worker_downgrade(n->wk) == 0) {
+        ap_log(AP_LOG_INFO, "masha", "server does not serve %s: speaking %s", AP_MASHA_PROTO2,
+               AP_MASHA_PROTO);
+        worker_send(n); /* the same request in version 1 */
+        return;
+    }
     if (status) {
         ap_log(AP_LOG_WARN, "masha", "call to server failed: %s%s%s", ap_err_name(status),
                errmsg ? ": " : "", errmsg ? errmsg : "");
@@ -249,7 +277,8 @@ static void worker_send(ap_masha_node_t *n)
     size_t len;
     const uint8_t *msg = ap__masha_worker_msg(n->wk, &len);
     ap_rpc_opts_t ro = {.timeout_us = 120 * 1000000ull, .max_resp = n->max_resp};
-    n->call = ap_rt_rpc_call(n->rt, &n->server, AP_MASHA_PROTO, msg, len, &ro, worker_done, n);
+    const char *proto = ap__masha_worker_wire(n->wk) == 1 ? AP_MASHA_PROTO : AP_MASHA_PROTO2;
+    n->call = ap_rt_rpc_call(n->rt, &n->server, proto, msg, len, &ro, worker_done, n);
     if (!n->call) worker_finish(n, AP_ENOMEM);
 }
 
@@ -285,7 +314,10 @@ void ap_masha_node_free(ap_masha_node_t *n)
 {
     if (!n) return;
     if (n->is_server) {
-        if (n->srv) ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO);
+        if (n->srv) {
+            ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO);
+            if (n->o.wire != 1) ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO2);
+        }
         for (int i = 0; n->pending && i < n->M; i++)
             if (n->pending[i]) ap_rpc_respond_error(n->pending[i], AP_ESHUTDOWN, "server stopped");
         if (n->watch) ap_rt_peer_unwatch(n->rt, n->watch);
@@ -297,6 +329,7 @@ void ap_masha_node_free(ap_masha_node_t *n)
         free(n->reqs);
         free(n->lens);
         free(n->bound);
+        free(n->ver);
     } else {
         n->done = NULL;
         if (n->call) ap_rt_rpc_cancel(n->rt, n->call);

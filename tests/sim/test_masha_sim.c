@@ -4,10 +4,15 @@
  * (same iterations, refreshes, bytes), and on the simulator every worker's
  * runtime byte counter must equal the analytic count: the protocol bytes of
  * its requests plus, per message, the protocol name (aux) and the
- * simulator's AP_SIM_FRAME_OVERHEAD, plus one SYN to open its connection. */
+ * simulator's AP_SIM_FRAME_OVERHEAD, plus one SYN to open its connection.
+ * Wire versions: a server that serves only /apiary/masha/1 (as one built
+ * before version 2) makes every worker fall back after its first call and
+ * the run is the version 1 run; workers of both versions share a server and
+ * each gets the counts of its own version. */
 #include "aptest.h"
 #include "testbed.h"
 
+#include "apiary/compress.h"
 #include "apiary/masha.h"
 #include "apiary/sim.h"
 
@@ -40,7 +45,10 @@ static bool all_done(void *arg)
     return true;
 }
 
-static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double gamma, double frac)
+enum { MIX_NONE, MIX_OLD_SERVER, MIX_WORKERS };
+
+static void run_mix(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double gamma,
+                    double frac, int mix)
 {
     ap_masha_bilinear_cfg_t pc = {.n = 50, .workers = M, .lambda = 0.05, .h = 0.1, .seed = 2021};
     ap_masha_opts_t o = {.method = method,
@@ -54,7 +62,9 @@ static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double ga
     ap_testbed_t *tb = tbo->create(M + 1, ap_test_seed(7));
     assert_non_null(tb);
     ap_masha_node_t *srv, *wk[M];
-    assert_ok(ap_masha_server_start(tbo->node(tb, 0), &pc, &o, &srv));
+    ap_masha_opts_t o1 = o; /* version 1 only */
+    o1.wire = 1;
+    assert_ok(ap_masha_server_start(tbo->node(tb, 0), &pc, mix == MIX_OLD_SERVER ? &o1 : &o, &srv));
     assert_ok(ap_masha_server_track(srv, on_done, &sres));
     const ap_peer_id_t *sid = ap_rt_self(tbo->node(tb, 0));
     char addr[1][AP_RT_ADDR_MAX];
@@ -62,45 +72,69 @@ static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double ga
     for (int m = 0; m < M; m++) {
         ap_rt_t *rt = tbo->node(tb, 1 + m);
         assert_ok(ap_rt_add_addr(rt, sid, addr[0]));
-        assert_ok(ap_masha_worker_start(rt, sid, &pc, &o, m, on_done, &res[m], &wk[m]));
+        const ap_masha_opts_t *wo = mix == MIX_WORKERS && m % 2 == 0 ? &o1 : &o;
+        assert_ok(ap_masha_worker_start(rt, sid, &pc, wo, m, on_done, &res[m], &wk[m]));
     }
     assert_true(tbo->run_until(tb, all_done, NULL, 600ull * 1000000));
 
     ap_masha_problem_t *p = ap_masha_bilinear_new(&pc);
-    ap_masha_result_t ref;
-    assert_ok(ap_masha_run(p, &o, &ref));
+    ap_masha_result_t ref2, ref1;
+    assert_ok(ap_masha_run(p, &o, &ref2));
+    assert_ok(ap_masha_run(p, &o1, &ref1));
+    /* the same run in either version; only the framing differs */
+    assert_int_equal(ref1.iters, ref2.iters);
+    assert_true(ref1.rel_dist2 == ref2.rel_dist2);
+    assert_true(ref2.bytes_up < ref1.bytes_up);
+    assert_true(ref2.bytes_down < ref1.bytes_down);
+    const ap_masha_result_t *ref = mix == MIX_OLD_SERVER ? &ref1 : &ref2;
     uint64_t nmsgs =
-        method == AP_MASHA_EXTRAGRADIENT ? 2 * ref.iters : 1 + ref.refreshes + ref.iters;
+        method == AP_MASHA_EXTRAGRADIENT ? 2 * ref->iters : 1 + ref->refreshes + ref->iters;
+    uint64_t per_msg = strlen(AP_MASHA_PROTO) + 1 + AP_SIM_FRAME_OVERHEAD;
     for (int m = 0; m < M; m++) {
+        bool v1 = mix == MIX_OLD_SERVER || (mix == MIX_WORKERS && m % 2 == 0);
+        const ap_masha_result_t *want_r = v1 ? &ref1 : &ref2;
         assert_int_equal(res[m].status, 0);
         assert_true(res[m].r.converged);
-        assert_int_equal(res[m].r.iters, ref.iters);
-        assert_int_equal(res[m].r.refreshes, ref.refreshes);
-        assert_int_equal(res[m].r.bytes_up, ref.bytes_up);
-        assert_int_equal(res[m].r.bytes_up, ap_masha_upload_bytes(p, &o, ref.iters, ref.refreshes));
+        assert_int_equal(res[m].r.iters, ref->iters);
+        assert_int_equal(res[m].r.refreshes, ref->refreshes);
+        assert_true(res[m].r.rel_dist2 == ref->rel_dist2);
+        assert_int_equal(res[m].r.bytes_up, want_r->bytes_up);
+        assert_int_equal(res[m].r.bytes_down, want_r->bytes_down);
+        assert_int_equal(res[m].r.bytes_up,
+                         ap_masha_upload_bytes(p, v1 ? &o1 : &o, ref->iters, ref->refreshes));
         if (tbo->virtual_time) {
             ap_rt_stats_t st;
             ap_rt_get_stats(tbo->node(tb, 1 + m), &st);
-            uint64_t want = ref.bytes_up +
-                            nmsgs * (strlen(AP_MASHA_PROTO) + 1 + AP_SIM_FRAME_OVERHEAD) +
-                            AP_SIM_FRAME_OVERHEAD /* SYN */;
+            uint64_t want = want_r->bytes_up + nmsgs * per_msg + AP_SIM_FRAME_OVERHEAD /* SYN */;
+            if (mix == MIX_OLD_SERVER) /* the first request, in version 2, refused */
+                want += 2 + 1 +
+                        (uint64_t)ap_compress_size_ex(&(ap_codec_cfg_t){.id = AP_CODEC_NONE}, 100,
+                                                      0, AP_COMPRESS_COMPACT) +
+                        per_msg;
             assert_int_equal(st.bytes_sent, want);
         }
     }
-    /* the tracked server saw the same end as every worker */
+    /* the tracked server saw the same end as every worker (its shadow
+     * speaks the server's version) */
+    const ap_masha_result_t *sref = mix == MIX_OLD_SERVER ? &ref1 : &ref2;
     assert_int_equal(sres.status, 0);
     assert_true(sres.r.converged);
-    assert_int_equal(sres.r.iters, ref.iters);
-    assert_int_equal(sres.r.refreshes, ref.refreshes);
-    assert_int_equal(sres.r.bytes_up, ref.bytes_up);
-    assert_int_equal(sres.r.bytes_down, ref.bytes_down);
+    assert_int_equal(sres.r.iters, ref->iters);
+    assert_int_equal(sres.r.refreshes, ref->refreshes);
+    assert_int_equal(sres.r.bytes_up, sref->bytes_up);
+    assert_int_equal(sres.r.bytes_down, sref->bytes_down);
     print_message("%s: method %d, %llu iterations, %llu B of MASHA messages up per worker\n",
-                  tbo->name, (int)method, (unsigned long long)ref.iters,
-                  (unsigned long long)ref.bytes_up);
+                  tbo->name, (int)method, (unsigned long long)ref->iters,
+                  (unsigned long long)ref->bytes_up);
     for (int m = 0; m < M; m++) ap_masha_node_free(wk[m]);
     ap_masha_node_free(srv);
     ap_masha_problem_free(p);
     tbo->destroy(tb);
+}
+
+static void run(const ap_testbed_ops_t *tbo, ap_masha_method_t method, double gamma, double frac)
+{
+    run_mix(tbo, method, gamma, frac, MIX_NONE);
 }
 
 static void test_sim_eg(void **s)
@@ -119,14 +153,27 @@ static void test_uv_masha1(void **s)
 {
     (void)s, run(&ap_testbed_uv, AP_MASHA_1, 0.4, 0.1);
 }
+static void test_sim_old_server(void **s)
+{
+    (void)s, run_mix(&ap_testbed_sim, AP_MASHA_1, 0.4, 0.1, MIX_OLD_SERVER);
+    run_mix(&ap_testbed_sim, AP_MASHA_EXTRAGRADIENT, 1.8, 0, MIX_OLD_SERVER);
+}
+static void test_sim_mixed_workers(void **s)
+{
+    (void)s, run_mix(&ap_testbed_sim, AP_MASHA_2, 0.2, 0.1, MIX_WORKERS);
+}
+static void test_uv_old_server(void **s)
+{
+    (void)s, run_mix(&ap_testbed_uv, AP_MASHA_1, 0.4, 0.1, MIX_OLD_SERVER);
+}
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sim_eg),
-        cmocka_unit_test(test_sim_masha1),
-        cmocka_unit_test(test_sim_masha2),
-        cmocka_unit_test(test_uv_masha1),
+        cmocka_unit_test(test_sim_eg),         cmocka_unit_test(test_sim_masha1),
+        cmocka_unit_test(test_sim_masha2),     cmocka_unit_test(test_uv_masha1),
+        cmocka_unit_test(test_sim_old_server), cmocka_unit_test(test_sim_mixed_workers),
+        cmocka_unit_test(test_uv_old_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,12 +165,14 @@ static void test_server_compression(void **state)
     ap_masha_result_t r2;
     assert_ok(ap_masha_run(p, &o2, &r2));
     assert_true(r2.converged);
-    /* replies are compressed: fewer download bytes per iteration than dense */
-    ap_masha_opts_t o3 = o2;
+    /* replies are compressed: fewer download bytes per iteration than dense
+     * (rand-k 50 % sends half the values; top-k 50 % values + indices would
+     * be as large as the dense reply) */
+    ap_masha_opts_t o3 = o;
     o3.server_fraction = 0;
     ap_masha_result_t r3;
     assert_ok(ap_masha_run(p, &o3, &r3));
-    assert_true((double)r2.bytes_down / r2.iters < (double)r3.bytes_down / r3.iters);
+    assert_true((double)r.bytes_down / r.iters < (double)r3.bytes_down / r3.iters);
     ap_masha_problem_free(p);
 }
 
@@ -195,8 +197,30 @@ static void test_server_rejects(void **state)
     uint8_t bad[1024];
     assert_true(l1 <= sizeof bad);
     memcpy(bad, m1, l1);
-    bad[1] = 2; /* other phase */
+    bad[0] = (uint8_t)((bad[0] & 0xf8) | AP__MP_DIFF); /* other phase */
     assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    memcpy(bad, m1, l1);
+    bad[1] = 1; /* other iteration */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    memcpy(bad, m1, l1);
+    bad[0] = 0x31; /* unknown version */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EVERSION);
+    memcpy(bad, m1, l1);
+    bad[0] |= 8; /* a request has no refresh bit */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    memcpy(bad, m1, l1);
+    bad[2] = 0x81; /* overlong worker varint */
+    bad[3] = 0x00;
+    assert_true(ap__masha_server_add(s, bad, l1) < 0);
+    /* a version 2 message must carry a version 2 chunk */
+    {
+        ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
+        float zero[100] = {0};
+        uint8_t v1c[3 + 24 + 400] = {0x21, 0, 1};
+        size_t cl;
+        assert_ok(ap_compress_encode(&none, zero, 100, 0, v1c + 3, sizeof v1c - 3, &cl));
+        assert_int_equal(ap__masha_server_add(s, v1c, 3 + cl), AP_EPROTO);
+    }
     memcpy(bad, m1, l1);
     bad[2] = 99; /* worker index out of range */
     assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
@@ -206,6 +230,9 @@ static void test_server_rejects(void **state)
     bool done;
     uint8_t rep[16] = {1, 9, 0, 0, 0, 0, 0, 0};
     assert_int_equal(ap__masha_worker_on_reply(w0, rep, sizeof rep, &done), AP_EPROTO);
+    uint8_t rep2[2] = {0x21, 0};
+    assert_true(ap__masha_worker_on_reply(w0, rep2, 1, &done) < 0);           /* truncated */
+    assert_true(ap__masha_worker_on_reply(w0, rep2, sizeof rep2, &done) < 0); /* no chunk */
     ap__masha_worker_free(w0);
     ap__masha_worker_free(w1);
     ap__masha_server_free(s);
@@ -264,9 +291,9 @@ static void test_server_order_independent(void **state)
         assert_int_equal(rn, 1);
         assert_int_equal(ap__masha_server_complete(two, msg, len), 1);
         size_t l1, l2, l3;
-        const uint8_t *r1 = ap__masha_server_reply(ref, &l1),
-                      *r2 = ap__masha_server_reply(two, &l2),
-                      *r3 = ap__masha_server_reply(naive, &l3);
+        const uint8_t *r1 = ap__masha_server_reply(ref, 0, &l1),
+                      *r2 = ap__masha_server_reply(two, 0, &l2),
+                      *r3 = ap__masha_server_reply(naive, 0, &l3);
         assert_int_equal(l1, l2);
         assert_memory_equal(r1, r2, l1);
         if (l1 != l3 || memcmp(r1, r3, l1)) naive_differs++;
@@ -284,6 +311,171 @@ static void test_server_order_independent(void **state)
     ap_masha_problem_free(p);
 }
 
+/* Mixed wire versions: even workers speak version 1, odd ones version 2, to
+ * one server that answers each in its version. The run is the in-process
+ * run of either version (same values, same seeds: only the framing
+ * differs), and each worker's bytes are the analytic count of its version.
+ * With rand-k at the workers and at the server (MASHA1) and top-k with
+ * server error feedback (MASHA2), so derived seeds are checked both ways. */
+static void run_mixed(const ap_masha_opts_t *o)
+{
+    enum { M = 10 };
+    ap_masha_problem_t *p = make(0.1);
+    size_t d = ap_masha_dim(p);
+    ap__masha_server_t *s = ap__masha_server_new(d, M, o);
+    ap__masha_worker_t *w[M];
+    for (int m = 0; m < M; m++) {
+        ap_masha_opts_t wo = *o;
+        wo.wire = m % 2 ? 2 : 1;
+        w[m] = ap__masha_worker_new(p, &wo, m);
+        assert_non_null(w[m]);
+        assert_int_equal(ap__masha_worker_wire(w[m]), wo.wire);
+        assert_ok(ap__masha_worker_start(w[m]));
+    }
+    for (;;) {
+        size_t len;
+        const uint8_t *msg = ap__masha_worker_msg(w[0], &len);
+        if (!msg) break;
+        int rc = 0;
+        for (int m = 0; m < M; m++) {
+            msg = ap__masha_worker_msg(w[m], &len);
+            assert_non_null(msg);
+            assert_int_equal(msg[0] >> 4 == 2 ? 2 : 1, m % 2 ? 2 : 1);
+            rc = ap__masha_server_add(s, msg, len);
+            assert_true(rc >= 0);
+        }
+        assert_int_equal(rc, 1);
+        bool it_done;
+        for (int m = 0; m < M; m++) {
+            const uint8_t *rep = ap__masha_server_reply(s, m % 2 ? 2 : 1, &len);
+            assert_ok(ap__masha_worker_on_reply(w[m], rep, len, &it_done));
+            /* the other version's reply is refused */
+            if (ap__masha_worker_msg(w[m], &len)) {
+                const uint8_t *other = ap__masha_server_reply(s, m % 2 ? 1 : 2, &len);
+                assert_int_equal(ap__masha_worker_on_reply(w[m], other, len, &it_done), AP_EPROTO);
+            }
+        }
+    }
+    ap_masha_result_t ref, r;
+    assert_ok(ap_masha_run(p, o, &ref));
+    assert_true(ref.converged);
+    ap_masha_opts_t o1 = *o;
+    o1.wire = 1;
+    ap_masha_result_t ref1;
+    assert_ok(ap_masha_run(p, &o1, &ref1));
+    assert_int_equal(ref1.iters, ref.iters);
+    assert_true(ref1.rel_dist2 == ref.rel_dist2);
+    for (int m = 0; m < M; m++) {
+        ap__masha_worker_counts(w[m], &r);
+        assert_int_equal(r.iters, ref.iters);
+        assert_int_equal(r.refreshes, ref.refreshes);
+        assert_int_equal(r.floats_up, ref.floats_up);
+        assert_true(r.rel_dist2 == ref.rel_dist2);
+        const ap_masha_result_t *same = m % 2 ? &ref : &ref1;
+        assert_int_equal(r.bytes_up, same->bytes_up);
+        assert_int_equal(r.bytes_down, same->bytes_down);
+        assert_int_equal(r.bytes_up,
+                         ap_masha_upload_bytes(p, m % 2 ? o : &o1, r.iters, r.refreshes));
+    }
+    print_message("method %d: %llu iterations, bytes up per worker v1 %llu, v2 %llu\n",
+                  (int)o->method, (unsigned long long)ref.iters, (unsigned long long)ref1.bytes_up,
+                  (unsigned long long)ref.bytes_up);
+    assert_true(ref.bytes_up < ref1.bytes_up);
+    for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
+    ap__masha_server_free(s);
+    ap_masha_problem_free(p);
+}
+
+static void test_mixed_versions(void **state)
+{
+    (void)state;
+    ap_masha_opts_t o = {.method = AP_MASHA_1,
+                         .gamma = 0.1,
+                         .fraction = 0.1,
+                         .server_fraction = 0.5,
+                         .seed = 3,
+                         .target = 1e-6,
+                         .max_iters = 200000};
+    run_mixed(&o);
+    o = (ap_masha_opts_t){.method = AP_MASHA_2,
+                          .gamma = 0.2,
+                          .fraction = 0.1,
+                          .server_fraction = 0.5,
+                          .seed = 3,
+                          .target = 1e-6,
+                          .max_iters = 200000};
+    run_mixed(&o);
+    o = (ap_masha_opts_t){.method = AP_MASHA_EXTRAGRADIENT,
+                          .gamma = 1.8,
+                          .seed = 3,
+                          .target = 1e-6,
+                          .max_iters = 1000};
+    run_mixed(&o);
+}
+
+/* A worker whose server lacks version 2 re-frames its pending request as
+ * version 1 (same values) and the run goes on in version 1. */
+static void test_downgrade(void **state)
+{
+    (void)state;
+    enum { M = 10 };
+    ap_masha_problem_t *p = make(0.1);
+    ap_masha_opts_t o = {.method = AP_MASHA_2,
+                         .gamma = 0.2,
+                         .fraction = 0.1,
+                         .server_fraction = 0.5,
+                         .seed = 4,
+                         .target = 1e-6,
+                         .max_iters = 200000};
+    ap_masha_opts_t o1 = o;
+    o1.wire = 1;
+    ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), M, &o1);
+    ap__masha_worker_t *w[M];
+    for (int m = 0; m < M; m++) {
+        w[m] = ap__masha_worker_new(p, &o, m);
+        assert_ok(ap__masha_worker_start(w[m]));
+        assert_int_equal(ap__masha_worker_wire(w[m]), 2);
+        assert_ok(ap__masha_worker_downgrade(w[m]));
+        assert_int_equal(ap__masha_worker_wire(w[m]), 1);
+    }
+    int phases = 0;
+    for (;;) {
+        size_t len;
+        if (!ap__masha_worker_msg(w[0], &len)) break;
+        for (int m = 0; m < M; m++) {
+            const uint8_t *msg = ap__masha_worker_msg(w[m], &len);
+            assert_int_equal(msg[0], 1);
+            assert_true(ap__masha_server_add(s, msg, len) >= 0);
+        }
+        const uint8_t *rep = ap__masha_server_reply(s, 0, &len);
+        bool it_done;
+        for (int m = 0; m < M; m++) assert_ok(ap__masha_worker_on_reply(w[m], rep, len, &it_done));
+        if (phases++ == 0) assert_int_equal(ap__masha_worker_downgrade(w[0]), 0); /* no-op */
+    }
+    ap_masha_result_t ref, r;
+    assert_ok(ap_masha_run(p, &o1, &ref));
+    ap__masha_worker_counts(w[3], &r);
+    assert_int_equal(r.iters, ref.iters);
+    assert_int_equal(r.bytes_up, ref.bytes_up);
+    assert_true(r.rel_dist2 == ref.rel_dist2);
+    /* once a version 2 reply was accepted there is no way back */
+    ap__masha_worker_t *w2 = ap__masha_worker_new(p, &o, 0);
+    ap__masha_server_t *s2 = ap__masha_server_new(ap_masha_dim(p), 1, &o);
+    assert_ok(ap__masha_worker_start(w2));
+    size_t len;
+    const uint8_t *msg = ap__masha_worker_msg(w2, &len);
+    assert_int_equal(ap__masha_server_add(s2, msg, len), 1);
+    const uint8_t *rep = ap__masha_server_reply(s2, 2, &len);
+    bool it_done;
+    assert_ok(ap__masha_worker_on_reply(w2, rep, len, &it_done));
+    assert_int_equal(ap__masha_worker_downgrade(w2), AP_ESTATE);
+    ap__masha_worker_free(w2);
+    ap__masha_server_free(s2);
+    for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
+    ap__masha_server_free(s);
+    ap_masha_problem_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +484,8 @@ int main(void)
         cmocka_unit_test(test_server_compression),
         cmocka_unit_test(test_server_rejects),
         cmocka_unit_test(test_server_order_independent),
+        cmocka_unit_test(test_mixed_versions),
+        cmocka_unit_test(test_downgrade),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

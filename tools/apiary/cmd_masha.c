@@ -82,6 +82,8 @@ static void usage(FILE *f)
             "  --compress-seed S     compressor seeds and refresh coin (default: --seed)\n"
             "  --target T            stop at |z-z*|^2 <= T |z0-z*|^2 (default 1e-6)\n"
             "  --max-iters N         give up after N iterations (default 100000)\n"
+            "  --wire V              2: /apiary/masha/2 compact headers, falling back to 1 if\n"
+            "                        the server lacks it (default); 1: /apiary/masha/1 only\n"
             "common:\n"
             "  --announce MULTIADDR  address to give to peers instead of --listen's, e.g.\n"
             "                        a forwarded port /ip4/A.B.C.D/tcp/PORT (repeatable)\n"
@@ -169,7 +171,8 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
         O_TIMEOUT,
         O_LOG,
         O_HELP,
-        O_ANNOUNCE
+        O_ANNOUNCE,
+        O_WIRE
     };
     static const struct option opts[] = {{"listen", required_argument, NULL, O_LISTEN},
                                          {"announce", required_argument, NULL, O_ANNOUNCE},
@@ -188,6 +191,7 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
                                          {"compress-seed", required_argument, NULL, O_CSEED},
                                          {"target", required_argument, NULL, O_TARGET},
                                          {"max-iters", required_argument, NULL, O_MAXIT},
+                                         {"wire", required_argument, NULL, O_WIRE},
                                          {"identity", required_argument, NULL, O_IDENTITY},
                                          {"timeout", required_argument, NULL, O_TIMEOUT},
                                          {"log-level", required_argument, NULL, O_LOG},
@@ -289,6 +293,12 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
             if (!parse_u64("--max-iters", optarg, 1, UINT32_MAX, &a->o.max_iters))
                 return EXIT_USAGE;
             break;
+        case O_WIRE: {
+            uint64_t wv;
+            if (!parse_u64("--wire", optarg, 1, 2, &wv)) return EXIT_USAGE;
+            a->o.wire = (int)wv;
+            break;
+        }
         case O_IDENTITY:
             a->identity = optarg;
             break;
