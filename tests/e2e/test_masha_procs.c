@@ -241,7 +241,10 @@ static void check_summary(const char *js, const ap_masha_result_t *ref)
 
 #define M 10
 
-static void run_ten(const char *method, double gamma, double frac, double sfrac)
+/* server_wire 1: the server serves only /apiary/masha/1 (as one built before
+ * version 2); the workers fall back to it over TCP + Noise and the run is
+ * the version 1 run. */
+static void run_ten(const char *method, double gamma, double frac, double sfrac, int server_wire)
 {
     uint64_t cseed = ap_test_seed(7);
     ap_masha_bilinear_cfg_t pc = {.n = 50, .workers = M, .lambda = 0.05, .h = 0.1, .seed = 2021};
@@ -253,7 +256,8 @@ static void run_ten(const char *method, double gamma, double frac, double sfrac)
                          .server_fraction = sfrac,
                          .seed = cseed,
                          .max_iters = 100000,
-                         .target = 1e-6};
+                         .target = 1e-6,
+                         .wire = server_wire};
     ap_masha_problem_t *p = ap_masha_bilinear_new(&pc);
     assert_non_null(p);
     ap_masha_result_t ref;
@@ -272,7 +276,10 @@ static void run_ten(const char *method, double gamma, double frac, double sfrac)
     "--workers", "10", "--dim", "50", "--lambda", "0.05", "--h", "0.1", "--seed", "2021",          \
         "--method", method, "--gamma", g, "--fraction", f, "--server-fraction", sf,                \
         "--compress-seed", cs, "--timeout", to
-    const char *sargs[] = {"masha", "server", "--listen", "/ip4/127.0.0.1/tcp/0", COMMON, NULL};
+    const char *sargs[] = {"masha",    "server",
+                           "--listen", "/ip4/127.0.0.1/tcp/0",
+                           COMMON,     server_wire == 1 ? "--wire" : NULL,
+                           "1",        NULL};
     child_t *s = spawn(sargs);
     char addr[512];
     server_addr(s, addr, sizeof addr);
@@ -298,13 +305,19 @@ static void run_ten(const char *method, double gamma, double frac, double sfrac)
 static void test_masha1_ten_processes(void **state)
 {
     (void)state;
-    run_ten("masha1", 0.686, 0.1, 0);
+    run_ten("masha1", 0.686, 0.1, 0, 0);
+}
+
+static void test_masha1_old_server(void **state)
+{
+    (void)state;
+    run_ten("masha1", 0.686, 0.1, 0, 1);
 }
 
 static void test_masha2_server_compressed(void **state)
 {
     (void)state;
-    run_ten("masha2", 0.403, 0.1, 0.5);
+    run_ten("masha2", 0.403, 0.1, 0.5, 0);
 }
 
 /* M = 2 small runs for the failure cases. */
@@ -472,6 +485,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_masha1_ten_processes, teardown),
+        cmocka_unit_test_teardown(test_masha1_old_server, teardown),
         cmocka_unit_test_teardown(test_masha2_server_compressed, teardown),
         cmocka_unit_test_teardown(test_wrong_server_id, teardown),
         cmocka_unit_test_teardown(test_worker_killed_midrun, teardown),
