@@ -24,6 +24,7 @@ extern "C" {
 #endif
 
 #define AP_NODE_MAX_ANNOUNCE 4 /* ap_node_opts_t.announce entries */
+#define AP_NODE_MAX_RELAYS   8 /* ap_node_opts_t.relays entries */
 
 /* Limits of the circuit relay v2 service (ap_node_opts_t.relay_service,
  * docs/nat.md); 0 = the default, sized for training's control traffic. */
@@ -84,6 +85,26 @@ typedef struct ap_node_opts {
     ap_node_relay_limits_t relay_limits;
     /* A TCP node's connection admission (ignored by an in-process node). */
     ap_node_admission_t admission;
+    /* Relays for a node behind a NAT (circuit relay v2 client, docs/nat.md):
+     * TCP multiaddrs with /p2p/RELAY ("/ip4/198.51.100.7/tcp/4001/p2p/
+     * 12D3KooW..."), at most AP_NODE_MAX_RELAYS; copied. The node keeps a
+     * reservation on each (refreshed before it expires, made again after a
+     * failure) and advertises its circuit addresses
+     * ("/ip4/R/tcp/P/p2p/RELAY/p2p-circuit/p2p/SELF") after its direct ones
+     * (ap_rt_listen_addrs, identify, the DHT), except while AutoNAT finds it
+     * public. Peers dial direct addresses first and circuits last. When a
+     * peer reaches the node through a relay, the node starts DCUtR hole
+     * punching (unless no_hole_punch) and moves its traffic to the direct
+     * connection once there is one. Needs a TCP node with a listener:
+     * AP_EINVAL otherwise; AP_EADDR for a malformed relay address. */
+    const char *const *relays;
+    int nrelays;
+    /* Bulk protocols (all-reduce parts, state downloads) also over relayed
+     * connections; by default they are refused there with AP_EPERM (a relay
+     * carries control traffic: DHT, matchmaking, progress). */
+    bool relay_bulk;
+    /* No DCUtR: relayed connections stay relayed. */
+    bool no_hole_punch;
 } ap_node_opts_t;
 
 /* Creates a node on host h. opts may be NULL. *out receives the runtime.
@@ -206,6 +227,25 @@ AP_EXPORT ap_node_reach_t ap_node_reachability(ap_rt_t *rt, char *addr, size_t n
  * ap_node_reachability_sync returns the verdict or a negative error. */
 AP_EXPORT int ap_node_nat_start_sync(ap_rt_t *rt, const ap_node_nat_opts_t *o);
 AP_EXPORT int ap_node_reachability_sync(ap_rt_t *rt, char *addr, size_t n);
+
+/* ---- relays and hole punching (docs/nat.md) -------------------------------- */
+
+typedef struct ap_node_relay_stats {
+    unsigned reservations;      /* obtained on our relays, refreshes included */
+    unsigned live_reservations; /* held now */
+    uint64_t relayed_in;        /* relayed connections peers opened to us (the node's) */
+    uint64_t relayed_out;       /* ... we opened through a relay */
+    uint64_t bulk_refused;      /* bulk streams refused over relayed connections */
+    unsigned punch_started;     /* DCUtR hole punches, either side */
+    unsigned punch_direct;      /* ... that ended in a direct connection */
+    unsigned punch_failed;      /* ... that did not */
+    uint64_t direct_taken;      /* hole-punched connections the node's traffic moved to */
+} ap_node_relay_stats_t;
+
+/* The counters above (zero for a node without TCP). Loop thread; the _sync
+ * form from any other thread (through ap_node_call_sync). */
+AP_EXPORT void ap_node_relay_stats(ap_rt_t *rt, ap_node_relay_stats_t *out);
+AP_EXPORT int ap_node_relay_stats_sync(ap_rt_t *rt, ap_node_relay_stats_t *out);
 
 /* ---- blocking bridge for user threads ------------------------------------ */
 

@@ -74,7 +74,9 @@ class NodeOpts(ctypes.Structure):
     _fields_ = [("ed25519_sk", P(c_u8)), ("ed25519_seed", P(c_u8)), ("rng_seed", c_u64),
                 ("listen", c_char_p), ("announce", P(c_char_p)), ("nannounce", c_int),
                 ("dial_only", c_bool), ("relay_service", c_bool),
-                ("relay_limits", NodeRelayLimits), ("admission", NodeAdmission)]
+                ("relay_limits", NodeRelayLimits), ("admission", NodeAdmission),
+                ("relays", P(c_char_p)), ("nrelays", c_int), ("relay_bulk", c_bool),
+                ("no_hole_punch", c_bool)]
 
 
 class DhtConfig(ctypes.Structure):

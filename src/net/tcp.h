@@ -93,6 +93,7 @@ typedef struct ap_tcp_cfg {
     bool keep_duplicates;          /* see ONE CONNECTION PER PEER above */
     size_t conns_per_ip;           /* open inbound connections per source IP; 0 = 64 */
     uint32_t evict_idle_ms; /* idle this long, an inbound connection may make room; 0 = 200 */
+    bool reuse_port;        /* listeners set SO_REUSEPORT: dials may leave from their port */
 } ap_tcp_cfg_t;
 
 typedef struct ap_tcp_cbs {
@@ -157,6 +158,25 @@ struct ap_relay_limits;
 int ap__tcp_serve_relay(ap_tcp_t *t, const struct ap_relay_limits *lim);
 /* The relay service, or NULL. */
 struct ap_relay_service *ap__tcp_relay(ap_tcp_t *t);
+/* Circuit relay v2 client on that host (relay_svc.h, ap__relay_client_new):
+ * reservations on relays[0..n), relayed connections handed to on_inbound.
+ * Freed with the host. NULL: out of memory, a bad relay address, or
+ * already made. */
+struct ap_relay_client;
+struct ap_p2p_conn;
+struct ap_relay_client *ap__tcp_use_relays(ap_tcp_t *t, const ap_multiaddr_t *relays, size_t n,
+                                           void (*on_inbound)(void *arg, struct ap_p2p_conn *c),
+                                           void *arg);
+struct ap_relay_client *ap__tcp_relay_client(ap_tcp_t *t);
+/* DCUtR on that host (p2p/dcutr_uv.h, ap__dcutr_serve); freed with it. */
+struct ap_dcutr;
+struct ap_dcutr_opts;
+struct ap_dcutr *ap__tcp_serve_dcutr(ap_tcp_t *t, const struct ap_dcutr_opts *o,
+                                     void (*cb)(void *arg, const ap_peer_id_t *peer, bool b_side,
+                                                int status, int attempts, double ms,
+                                                struct ap_p2p_conn *direct),
+                                     void *arg);
+struct ap_dcutr *ap__tcp_dcutr(ap_tcp_t *t);
 
 typedef void (*ap_tcp_dial_fn)(void *arg, int status, ap_tcp_conn_t *c);
 /* Dials addr (ip4/ip6/dns4/dns6 + /tcp [+ /p2p/ID]) with a timeout covering

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 /* ---- handshake ------------------------------------------------------------------- */
 
@@ -272,6 +274,17 @@ int ap__tcp_listen(ap_tcp_t *t, const char *multiaddr)
     }
     l->data = t;
     t->handles++;
+    if (t->cfg.reuse_port) { /* hole punching dials from this port (p2p/dcutr_uv.h) */
+        int one = 1, fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+            setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0 ||
+            (rc = uv_tcp_open(l, fd)) != 0) {
+            if (fd >= 0) close(fd);
+            ap_error(MOD, "cannot listen on %s: cannot set SO_REUSEPORT", multiaddr);
+            uv_close((uv_handle_t *)l, ap__tcp_listener_closed);
+            return AP_ESYS;
+        }
+    }
     rc = uv_tcp_bind(l, (struct sockaddr *)&ss, 0);
     if (rc == 0) rc = uv_listen((uv_stream_t *)l, 511, on_connection);
     int len = sizeof ss;

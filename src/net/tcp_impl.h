@@ -116,6 +116,8 @@ struct ap_tcp {
     struct ap_p2p_host *p2p;            /* serves libp2p dialers on the same port (tcp_p2p.c) */
     struct ap_autonat_service *autonat; /* AutoNAT v1 on that host */
     struct ap_relay_service *relay;     /* circuit relay v2 hop on it, or NULL */
+    struct ap_relay_client *relay_cl;   /* reservations on relays (ap__tcp_use_relays), or NULL */
+    struct ap_dcutr *dcutr;             /* hole punching on it, or NULL */
     ap_tcp_addrs_fn announce;           /* identify's listen addresses (ap__tcp_set_announce) */
     const struct ap_p2p_bridge *bridge; /* the node the host serves (ap__tcp_set_bridge) */
     struct ap_rcmgr *rc;                /* the host's resource manager (ap__tcp_set_rcmgr) */

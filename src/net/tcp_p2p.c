@@ -10,6 +10,7 @@
 #include "apiary/log.h"
 #include "net/tcp_impl.h"
 #include "p2p/autonat_uv.h"
+#include "p2p/dcutr_uv.h"
 #include "p2p/p2p_conn.h"
 #include "p2p/relay_svc.h"
 
@@ -112,6 +113,36 @@ struct ap_relay_service *ap__tcp_relay(ap_tcp_t *t)
     return t->relay;
 }
 
+ap_relay_client_t *ap__tcp_use_relays(ap_tcp_t *t, const ap_multiaddr_t *relays, size_t n,
+                                      ap_relay_inbound_fn on_inbound, void *arg)
+{
+    if (t->relay_cl) return NULL;
+    ap_p2p_host_t *h = ap__tcp_p2p_host(t);
+    if (!h) return NULL;
+    t->relay_cl = ap__relay_client_new(h, relays, n, on_inbound, arg);
+    return t->relay_cl;
+}
+
+ap_relay_client_t *ap__tcp_relay_client(ap_tcp_t *t)
+{
+    return t->relay_cl;
+}
+
+ap_dcutr_t *ap__tcp_serve_dcutr(ap_tcp_t *t, const ap_dcutr_opts_t *o, ap_dcutr_result_fn cb,
+                                void *arg)
+{
+    if (t->dcutr) return NULL;
+    ap_p2p_host_t *h = ap__tcp_p2p_host(t);
+    if (!h) return NULL;
+    t->dcutr = ap__dcutr_serve(h, o, cb, arg);
+    return t->dcutr;
+}
+
+ap_dcutr_t *ap__tcp_dcutr(ap_tcp_t *t)
+{
+    return t->dcutr;
+}
+
 bool ap__tcp_sniff(ap_tcp_conn_t *c, const uint8_t *p, size_t n)
 {
     ap_tcp_t *t = c->t;
@@ -144,6 +175,10 @@ static void p2p_freed(void *arg)
     t->autonat = NULL;
     if (t->relay) ap__relay_service_free(t->relay);
     t->relay = NULL;
+    ap__relay_client_free(t->relay_cl);
+    t->relay_cl = NULL;
+    ap__dcutr_free(t->dcutr);
+    t->dcutr = NULL;
     t->handles--;
     ap__tcp_maybe_finish(t);
 }

@@ -2,6 +2,8 @@
  * dialling through a relay (see relay_svc.h). */
 #include "apiary/error.h"
 #include "apiary/log.h"
+#include "base/buf.h"
+#include "p2p/identify.h"
 #include "p2p/relay_svc.h"
 
 #include <stdlib.h>
@@ -33,6 +35,10 @@ typedef struct relay_ent {
     size_t nraddrs;
     ap_relay_rd_t rd;
     uv_timer_t timer; /* refresh, retry */
+    /* what the relay sees of us (identify on the relay connection) */
+    bool id_asked, has_obs;
+    ap_multiaddr_t obs;
+    ap_buf_t idb;
 } relay_ent_t;
 
 struct ap_relay_client {
@@ -46,6 +52,7 @@ struct ap_relay_client {
 };
 
 static void ent_tick(uv_timer_t *t);
+static void ent_identify(relay_ent_t *e);
 
 static void ent_later(relay_ent_t *e, uint64_t ms)
 {
@@ -91,6 +98,52 @@ static void resv_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
              (long long)ttl);
     uint64_t refresh = (uint64_t)ttl * 750u; /* at 3/4 of its lifetime */
     ent_later(e, refresh < 1000 ? 1000 : refresh);
+    ent_identify(e);
+}
+
+/* identify on the relay connection: the address the relay sees us at */
+static void rid_data(ap_p2p_stream_t *s, const uint8_t *p, size_t n)
+{
+    relay_ent_t *e = ap__p2p_stream_udata(s);
+    if (!e) return;
+    size_t hl, bl;
+    int f = 0;
+    if (e->idb.len + n > AP_IDENTIFY_MSG_MAX + 16 || ap__buf_append(&e->idb, p, n) != 0 ||
+        (f = ap__identify_frame(e->idb.data, e->idb.len, &hl, &bl)) < 0) {
+        f = -1;
+    } else if (f == 0 || e->idb.len < hl + bl) {
+        return;
+    } else {
+        static ap_identify_t id; /* large; the loop thread is the only user */
+        if (ap__identify_decode(e->idb.data + hl, bl, &id) == 0 && id.has_observed &&
+            !id.observed.circuit &&
+            (id.observed.host == AP_MA_HOST_IP4 || id.observed.host == AP_MA_HOST_IP6)) {
+            e->obs = id.observed;
+            e->obs.has_tcp = e->obs.has_peer = false;
+            e->has_obs = true;
+        }
+    }
+    ap__buf_free(&e->idb);
+    ap__p2p_stream_set_udata(s, NULL);
+    ap__p2p_stream_close(s);
+}
+
+static void rid_close(ap_p2p_stream_t *s, int st)
+{
+    relay_ent_t *e = ap__p2p_stream_udata(s);
+    (void)st;
+    if (e) ap__buf_free(&e->idb);
+}
+
+static const ap_p2p_proto_t rid_proto = {AP_IDENTIFY_PROTO, NULL, rid_data, NULL, rid_close};
+
+static void ent_identify(relay_ent_t *e)
+{
+    ap_p2p_stream_t *s;
+    if (e->id_asked || !e->conn) return;
+    e->id_asked = true;
+    e->idb.len = 0;
+    if (ap__p2p_stream_open(e->conn, &rid_proto, e, &s) != 0) e->id_asked = false;
 }
 
 static void resv_close(ap_p2p_stream_t *s, int st)
@@ -128,6 +181,7 @@ static void ent_closed(ap_p2p_conn_t *c, void *arg, int status)
     (void)c;
     e->conn = NULL;
     e->live = false;
+    e->id_asked = false;
     if (status == AP_ESHUTDOWN) {
         uv_timer_stop(&e->timer);
         return;
@@ -146,7 +200,7 @@ static void ent_tick(uv_timer_t *t)
         ent_reserve(e);
         return;
     }
-    if (ap__p2p_dial(e->cl->h, &e->ma, &ent_cbs, e, NULL) != 0) ent_later(e, RETRY_MS);
+    if (ap__p2p_dial_streams(e->cl->h, &e->ma, &ent_cbs, e, NULL) != 0) ent_later(e, RETRY_MS);
 }
 
 /* ---- the stop protocol (a relay brings us a circuit) ------------------------------ */
@@ -262,6 +316,7 @@ static void ent_timer_closed(uv_handle_t *hd)
 {
     relay_ent_t *e = hd->data;
     ap_relay_client_t *cl = e->cl;
+    ap__buf_free(&e->idb);
     if (--cl->nclosing == 0) free(cl);
 }
 
@@ -291,6 +346,19 @@ int ap__relay_client_addrs(const ap_relay_client_t *cl, ap_multiaddr_t *out, int
             a.has_dst = false;
             out[k++] = a;
         }
+    }
+    return k;
+}
+
+int ap__relay_client_observed(const ap_relay_client_t *cl, ap_multiaddr_t *out, int max)
+{
+    int k = 0;
+    for (size_t i = 0; i < cl->n && k < max; i++) {
+        const relay_ent_t *e = &cl->r[i];
+        if (!e->has_obs) continue;
+        bool dup = false;
+        for (int j = 0; j < k && !dup; j++) dup = ap_multiaddr_eq(&out[j], &e->obs);
+        if (!dup) out[k++] = e->obs;
     }
     return k;
 }
@@ -459,7 +527,7 @@ int ap__circuit_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_co
     d->timer.data = d;
     uv_timer_start(&d->timer, d_timeout, DIAL_TIMEOUT_MS, 0);
     ap_p2p_conn_t *c = ap__p2p_host_find(h, &ma->peer, AP_P2P_FIND_DIRECT);
-    if (c) {
+    if (c && !ap__p2p_conn_native(c)) { /* a connection with yamux streams */
         d_open_hop(d, c);
         return 0;
     }
@@ -471,7 +539,7 @@ int ap__circuit_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_co
     }
     r->d = d;
     d->rc = r;
-    int rc = ap__p2p_dial(h, &d->relay, &rc_cbs, r, NULL);
+    int rc = ap__p2p_dial_streams(h, &d->relay, &rc_cbs, r, NULL);
     if (rc) {
         free(r);
         d->rc = NULL;

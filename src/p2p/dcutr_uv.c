@@ -75,7 +75,9 @@ static void send_msg(ap_p2p_stream_t *s, ap_dcutr_t *d, int type)
     msg.type = type;
     if (type == AP_DCUTR_CONNECT) {
         ap_multiaddr_t a[AP_DCUTR_ADDRS_MAX];
-        int k = ap__p2p_host_addrs(d->h, a, AP_DCUTR_ADDRS_MAX);
+        int k = d->o.addrs ? d->o.addrs(d->o.addrs_arg, a, AP_DCUTR_ADDRS_MAX)
+                           : ap__p2p_host_addrs(d->h, a, AP_DCUTR_ADDRS_MAX);
+        k = k < 0 ? 0 : k > AP_DCUTR_ADDRS_MAX ? AP_DCUTR_ADDRS_MAX : k;
         for (int i = 0; i < k; i++)
             if (!a[i].circuit && a[i].has_tcp && a[i].host != AP_MA_HOST_NONE)
                 msg.addrs[msg.naddrs++] = a[i];
@@ -114,7 +116,10 @@ static void dial_one(punch_t *p, int idx)
     p->dials[idx] = pd;
 }
 
-/* The punch moves on: its dials are closed except keep (the winner). */
+static const ap_p2p_conn_cbs_t no_cbs = {NULL, NULL};
+
+/* The punch moves on: its dials are closed except keep (the winner), whose
+ * callbacks the punch lets go of. */
 static void detach_dials(punch_t *p, ap_p2p_conn_t *keep)
 {
     for (size_t i = 0; i < AP_DCUTR_DIAL_MAX; i++) {
@@ -122,7 +127,13 @@ static void detach_dials(punch_t *p, ap_p2p_conn_t *keep)
         if (!pd) continue;
         p->dials[i] = NULL;
         pd->p = NULL;
-        if (pd->c && pd->c != keep) ap__p2p_conn_close(pd->c);
+        if (pd->c && pd->c == keep) {
+            /* unless another owner (the node, for a connection it accepted) has it */
+            if (ap__p2p_conn_arg(keep) == pd) ap__p2p_conn_set_cbs(keep, &no_cbs, NULL, NULL);
+            free(pd);
+        } else if (pd->c) {
+            ap__p2p_conn_close(pd->c);
+        }
     }
 }
 

@@ -40,10 +40,15 @@ typedef struct ap_dcutr_opts {
     uint64_t attempt_ms; /* 3000 */
     uint64_t grace_ms;   /* 2000: the relayed connection closes after it */
     int attempts;        /* 3 (B side) */
+    /* The addresses sent in CONNECT (NULL: the host's, ap__p2p_host_addrs);
+     * circuits among them are left out. */
+    ap_p2p_addrs_fn addrs;
+    void *addrs_arg;
 } ap_dcutr_opts_t;
 
 /* One result per punch, on either side: status 0 and the direct
- * connection, or a negative AP_E* code (AP_ETIMEDOUT: no attempt got
+ * connection (the punch no longer holds its callbacks: the receiver may
+ * take it over with ap__p2p_conn_set_cbs), or a negative AP_E* code (AP_ETIMEDOUT: no attempt got
  * through); attempts used; ms from the start (B: ap__dcutr_start; A: the
  * first CONNECT) to the direct connection. */
 typedef void (*ap_dcutr_result_fn)(void *arg, const ap_peer_id_t *peer, bool b_side, int status,

@@ -187,8 +187,11 @@ static int y_open(void *arg, uint32_t id)
     bool all = !c->relayed || c->h->relay_bulk;
     ap__mss_init(&s->mss, false, all ? c->h->names : c->h->ctl_names,
                  all ? c->h->nprotos : c->h->nctl);
-    if (c->h->bridge && !c->relayed)
-        ap__mss_set_accept(&s->mss, c->h->bridge->serves, c->h->bridge_arg);
+    const ap_p2p_bridge_t *b = c->h->bridge;
+    if (b && !c->relayed)
+        ap__mss_set_accept(&s->mss, b->serves, c->h->bridge_arg);
+    else if (b && b->serves_relayed) /* the node's control protocols only */
+        ap__mss_set_accept(&s->mss, b->serves_relayed, c->h->bridge_arg);
     stream_flush_mss(s);
     return 0;
 }
@@ -513,6 +516,11 @@ void ap__p2p_conn_set_cbs(ap_p2p_conn_t *c, const ap_p2p_conn_cbs_t *cbs,
     c->arg = arg;
 }
 
+void *ap__p2p_conn_arg(const ap_p2p_conn_t *c)
+{
+    return c->arg;
+}
+
 void ap__p2p_conn_set_user(ap_p2p_conn_t *c, void *user)
 {
     c->user = user;
@@ -578,14 +586,13 @@ static void noise_step(ap_p2p_conn_t *c)
         ap__p2p_conn_fail(c, AP_ESTATE);
         return;
     }
-    ap_p2p_host_t *h = c->h;
-    if (mux >= 0 && (size_t)mux < h->creds.nmuxers) {
+    if (mux >= 0 && (size_t)mux < c->cr->nmuxers) {
         c->early = true;
-        start_mux(c, h->creds.muxers[mux]);
+        start_mux(c, c->cr->muxers[mux]);
         return;
     }
     c->phase = P_MUXSEL;
-    ap__mss_init(&c->mss, c->initiator, h->creds.muxers, h->creds.nmuxers);
+    ap__mss_init(&c->mss, c->initiator, c->cr->muxers, c->cr->nmuxers);
     flush_mss(c, true);
 }
 
@@ -721,7 +728,8 @@ ap_p2p_conn_t *ap__p2p_conn_new(ap_p2p_host_t *h, bool initiator, const ap_peer_
     if (!c) return NULL;
     c->h = h;
     c->initiator = initiator;
-    if (ap__secure_init(&c->hs, &h->creds, initiator, expected, NULL) != 0 ||
+    c->cr = &h->creds;
+    if (ap__secure_init(&c->hs, c->cr, initiator, expected, NULL) != 0 ||
         uv_tcp_init(h->loop, &c->tcp) != 0) {
         free(c);
         return NULL;
@@ -774,6 +782,21 @@ int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_c
                  void *arg, ap_p2p_conn_t **out)
 {
     return ap__p2p_dial_from(h, ma, 0, true, cbs, arg, out);
+}
+
+int ap__p2p_dial_streams(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
+                         void *arg, ap_p2p_conn_t **out)
+{
+    ap_p2p_conn_t *c = NULL;
+    int rc = ap__p2p_dial_from(h, ma, 0, true, cbs, arg, &c);
+    if (rc || !c) return rc;
+    c->cr = &h->ycreds; /* nothing was sent yet: the handshake starts once connected */
+    if (ap__secure_init(&c->hs, c->cr, true, ma->has_peer ? &ma->peer : NULL, NULL) != 0) {
+        ap__p2p_conn_fail(c, AP_ENOMEM);
+        return 0; /* on_close reports it */
+    }
+    if (out) *out = c;
+    return 0;
 }
 
 int ap__p2p_dial_from(ap_p2p_host_t *h, const ap_multiaddr_t *ma, uint16_t port, bool initiator,

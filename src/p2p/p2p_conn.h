@@ -73,6 +73,9 @@ typedef struct ap_p2p_bridge {
     /* Whether a stream named proto is the node's: its negotiation selects
      * it, and the stream is served by proto below. */
     bool (*serves)(void *arg, const char *proto);
+    /* The same on a relayed connection (NULL: none of the node's): the
+     * node refuses its bulk protocols there unless it allows them. */
+    bool (*serves_relayed)(void *arg, const char *proto);
     const ap_p2p_proto_t *proto;
     /* An inbound connection is upgraded (before its on_ready): the node
      * takes it over with ap__p2p_conn_set_cbs. */
@@ -84,6 +87,8 @@ void *ap__p2p_host_bridge_arg(const ap_p2p_host_t *h);
 /* Replaces c's callbacks (x may be NULL). */
 void ap__p2p_conn_set_cbs(ap_p2p_conn_t *c, const ap_p2p_conn_cbs_t *cbs,
                           const ap_p2p_conn_xcbs_t *x, void *arg);
+/* The arg c's callbacks get. */
+void *ap__p2p_conn_arg(const ap_p2p_conn_t *c);
 void ap__p2p_conn_set_user(ap_p2p_conn_t *c, void *user);
 void *ap__p2p_conn_user(const ap_p2p_conn_t *c);
 bool ap__p2p_conn_initiator(const ap_p2p_conn_t *c);
@@ -201,6 +206,10 @@ int ap__p2p_host_addrs(ap_p2p_host_t *h, ap_multiaddr_t *out, int max);
  * prove, else AP_EAUTH). */
 int ap__p2p_dial(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
                  void *arg, ap_p2p_conn_t **out);
+/* As ap__p2p_dial, listing yamux alone: a connection for libp2p protocols
+ * (relay reservations and hops), never the native muxer. */
+int ap__p2p_dial_streams(ap_p2p_host_t *h, const ap_multiaddr_t *ma, const ap_p2p_conn_cbs_t *cbs,
+                         void *arg, ap_p2p_conn_t **out);
 /* As ap__p2p_dial, from a socket bound to port with SO_REUSEADDR and
  * SO_REUSEPORT (the listen port: the host's listener sets both), and with
  * the role given: initiator false runs multistream-select and Noise as the

@@ -22,6 +22,7 @@ void ap__p2p_host_release(ap_p2p_host_t *h)
     void *arg = h->done_arg;
     ap_admit_close(&h->own_admit);
     ap__secure_creds_clear(&h->creds);
+    ap__secure_creds_clear(&h->ycreds);
     free(h);
     if (done) done(arg);
 }
@@ -104,6 +105,12 @@ ap_p2p_host_t *ap__p2p_host_new(uv_loop_t *loop, const ap_identity_t *id, const 
     if (!h) return NULL;
     h->loop = loop;
     if (ap__secure_creds_init_muxers(&h->creds, id, AP_NOISE_SHA256, NULL, muxer_list, 1) != 0) {
+        free(h);
+        return NULL;
+    }
+    /* a circuit carries libp2p streams only: a relayed connection lists yamux alone */
+    if (ap__secure_creds_init_muxers(&h->ycreds, id, AP_NOISE_SHA256, NULL, muxer_list, 1) != 0) {
+        ap__secure_creds_clear(&h->creds);
         free(h);
         return NULL;
     }
@@ -480,6 +487,11 @@ int ap__p2p_conn_over(ap_p2p_stream_t *carrier, bool initiator, const ap_peer_id
     if (h->freeing || carrier->inner || !carrier->ready) return AP_ESTATE;
     ap_p2p_conn_t *c = ap__p2p_conn_new(h, initiator, expected);
     if (!c) return AP_ENOMEM;
+    c->cr = &h->ycreds;
+    if (ap__secure_init(&c->hs, c->cr, initiator, expected, NULL) != 0) {
+        ap__p2p_conn_fail(c, AP_ENOMEM);
+        return AP_ENOMEM;
+    }
     c->relayed = true;
     c->car = carrier;
     carrier->inner = c;

@@ -23,6 +23,7 @@
 struct ap_p2p_host {
     uv_loop_t *loop;
     ap_secure_creds_t creds;
+    ap_secure_creds_t ycreds; /* yamux only: what a relayed connection lists */
     char agent[AP_IDENTIFY_STR_MAX + 1];
     const ap_p2p_proto_t *protos[PROTOS_MAX];
     const char *names[PROTOS_MAX];
@@ -72,9 +73,10 @@ struct ap_p2p_conn {
     ap_u64map_t streams; /* yamux id -> ap_p2p_stream_t * */
     ap_peer_id_t peer;
     char peer_short[AP_PEER_SHORT_LEN];
-    ap_multiaddr_t remote; /* the address the peer is seen at */
-    bool wq_blocked;       /* a stream waits for the socket's queue to drain */
-    bool relayed;          /* over a circuit: car carries the bytes */
+    ap_multiaddr_t remote;       /* the address the peer is seen at */
+    bool wq_blocked;             /* a stream waits for the socket's queue to drain */
+    bool relayed;                /* over a circuit: car carries the bytes */
+    const ap_secure_creds_t *cr; /* the credentials (and muxers) of the handshake */
     struct ap_p2p_stream *car;
     struct wblk *cur;   /* the open write block (not yet handed to libuv) */
     struct wblk *spare; /* blocks kept for reuse */

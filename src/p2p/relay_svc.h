@@ -64,6 +64,9 @@ ap_relay_client_t *ap__relay_client_new(ap_p2p_host_t *h, const ap_multiaddr_t *
 void ap__relay_client_free(ap_relay_client_t *cl);
 /* Writes the circuit addresses of the live reservations (at most max). */
 int ap__relay_client_addrs(const ap_relay_client_t *cl, ap_multiaddr_t *out, int max);
+/* The IPs (ip4/ip6, no port) our relays see us at, as identify on each
+ * relay connection reported them (at most max, distinct). */
+int ap__relay_client_observed(const ap_relay_client_t *cl, ap_multiaddr_t *out, int max);
 /* Reservations obtained so far (refreshes included) and live now. */
 unsigned ap__relay_client_reservations(const ap_relay_client_t *cl, unsigned *live);
 

@@ -5,6 +5,7 @@
 
 #include "apiary/multiaddr.h"
 #include "apiary/node.h"
+#include "apiary/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,4 +87,55 @@ bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int 
         return false;
     }
     return true;
+}
+
+bool ap_cli_relays_add(const char *cmd, const char *text, ap_cli_relays_t *r)
+{
+    char *copy = strdup(text);
+    if (!copy) {
+        fprintf(stderr, "apiary %s: out of memory\n", cmd);
+        return false;
+    }
+    bool ok = true;
+    for (char *sv = NULL, *t = strtok_r(copy, ",", &sv); t && ok; t = strtok_r(NULL, ",", &sv)) {
+        ap_multiaddr_t ma;
+        if (r->n == AP_NODE_MAX_RELAYS) {
+            fprintf(stderr, "apiary %s: at most %d relays\n", cmd, AP_NODE_MAX_RELAYS);
+            ok = false;
+        } else if (strlen(t) >= AP_RT_ADDR_MAX || ap_multiaddr_parse(&ma, t) != 0 || ma.circuit ||
+                   !ma.has_peer || !ma.has_tcp || ma.port == 0 || ma.host == AP_MA_HOST_NONE) {
+            fprintf(stderr,
+                    "apiary %s: --relays takes relay addresses with their PeerID, "
+                    "/ip4/A.B.C.D/tcp/PORT/p2p/12D3KooW... (got '%s')\n",
+                    cmd, t);
+            ok = false;
+        } else {
+            snprintf(r->addr[r->n], AP_RT_ADDR_MAX, "%s", t);
+            r->list[r->n] = r->addr[r->n];
+            r->n++;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+void ap_cli_relays_apply(const ap_cli_relays_t *r, ap_node_opts_t *no)
+{
+    no->relays = r->n ? r->list : NULL;
+    no->nrelays = r->n;
+    no->relay_bulk = r->bulk;
+    no->no_hole_punch = r->no_punch;
+}
+
+void ap_cli_relays_report(const char *cmd, ap_rt_t *rt)
+{
+    ap_node_relay_stats_t st;
+    if (ap_node_relay_stats_sync(rt, &st) != 0) return;
+    if (!st.reservations && !st.relayed_in && !st.relayed_out && !st.punch_started) return;
+    printf("apiary %s: relays: reservations %u (live %u) | relayed connections in %llu, out %llu "
+           "| hole punches %u: direct %u, failed %u | moved to direct %llu | bulk refused %llu\n",
+           cmd, st.reservations, st.live_reservations, (unsigned long long)st.relayed_in,
+           (unsigned long long)st.relayed_out, st.punch_started, st.punch_direct, st.punch_failed,
+           (unsigned long long)st.direct_taken, (unsigned long long)st.bulk_refused);
+    fflush(stdout);
 }

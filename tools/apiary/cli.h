@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "apiary/node.h"
 #include "apiary/runtime.h"
 
 typedef struct ap_cli_cmd {
@@ -53,6 +54,23 @@ bool ap_cli_peer_list(const char *cmd, const char *text, char **list, int *n, in
 bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int naddrs,
                             char *const *peers, int npeers);
 
+/* --relays MULTIADDR[,MULTIADDR...], --relay-bulk, --no-hole-punch
+ * (addrs.c, docs/nat.md), shared by the long-running commands. */
+typedef struct ap_cli_relays {
+    char addr[AP_NODE_MAX_RELAYS][AP_RT_ADDR_MAX];
+    const char *list[AP_NODE_MAX_RELAYS];
+    int n;
+    bool bulk, no_punch;
+} ap_cli_relays_t;
+/* Adds the comma-separated relays of text (each a TCP multiaddr with
+ * /p2p/RELAY); false, with a message, on a bad or an extra one. */
+bool ap_cli_relays_add(const char *cmd, const char *text, ap_cli_relays_t *r);
+/* Sets no's relay options from r (r must outlive the ap_node_new call). */
+void ap_cli_relays_apply(const ap_cli_relays_t *r, ap_node_opts_t *no);
+/* One line on stdout, "apiary CMD: relays: reservations ... | hole punches
+ * ...", when the node was given relays or saw relayed connections. */
+void ap_cli_relays_report(const char *cmd, ap_rt_t *rt);
+
 /* AutoNAT and port mapping for a long-running node (nat_cli.c,
  * docs/nat.md): starts ap_node_nat_start on rt unless client (a node that
  * only asks has nothing to check), with port mapping unless no_port_map or
@@ -65,6 +83,7 @@ bool ap_cli_check_reachable(const char *cmd, char (*addrs)[AP_RT_ADDR_MAX], int 
 typedef struct ap_cli_nat {
     const char *cmd;
     bool client, no_port_map;
+    bool relays; /* the node has relays: a private verdict leaves averaging as it is */
     struct ap_dht *dht;
     struct ap_collab *const *collab;
     int last; /* the previous verdict (ap_node_reach_t), set by the callback */

@@ -47,6 +47,11 @@ static void usage(FILE *f)
            "  --relay-service           node: relay for peers behind NAT (circuit relay v2:\n"
            "                            they reserve a slot here and are reached through it)\n"
            "  --relay-max-reservations N  node: peers holding a relay slot at once (default 128)\n"
+           "  --relays MADDR[,MADDR...] node behind a NAT: hold a reservation on these relays\n"
+           "                            (with /p2p/<PeerID>; <= 8) and advertise the circuit\n"
+           "                            addresses through them after the direct ones\n"
+           "  --relay-bulk              also send bulk data over relayed connections\n"
+           "  --no-hole-punch           keep relayed connections (no DCUtR to a direct one)\n"
            "  --stats-interval S        node: log routing-table size and stored keys every S\n"
            "                            seconds (default 30)\n"
            "  --stats                   node: also print the resource scopes (use and limits of\n"
@@ -89,6 +94,7 @@ typedef struct opts {
     bool relay_service;
     long long relay_max_resv;                             /* 0 = default */
     long long max_hs, hs_per_ip, max_conns, conns_per_ip; /* admission; 0 = default */
+    ap_cli_relays_t relays;
 } opts_t;
 
 static int add_peers(opts_t *o, const char *list)
@@ -171,6 +177,7 @@ static int node_open(node_t *n, const opts_t *o, const char *dflt_listen)
                                        .handshakes_per_ip = (uint32_t)o->hs_per_ip,
                                        .conns = (uint32_t)o->max_conns,
                                        .conns_per_ip = (uint32_t)o->conns_per_ip}};
+    if (dflt_listen) ap_cli_relays_apply(&o->relays, &no);
     if (!rc) rc = ap_node_new(n->host, &no, &n->rt);
     if (have_id) ap_identity_wipe(&id);
     if (!rc && (o->max_memory_mib || o->peer_memory_mib)) {
@@ -383,8 +390,11 @@ static int run_node(const opts_t *o)
     printf("DHT node %s%s\n", id, o->client ? " (client mode)" : "");
     printf("share one of these with --initial-peers:\n");
     for (int i = 0; i < na; i++) printf("  %s\n", addrs[i]);
-    ap_cli_nat_t nat = {
-        .cmd = "dht", .client = o->client, .no_port_map = o->no_port_map, .dht = n.dht};
+    ap_cli_nat_t nat = {.cmd = "dht",
+                        .client = o->client,
+                        .no_port_map = o->no_port_map,
+                        .relays = o->relays.n > 0,
+                        .dht = n.dht};
     ap_cli_nat_start(n.rt, o->listen ? o->listen : "/ip4/0.0.0.0/tcp/0", &nat);
     mon_server_t *mon = NULL;
     if (o->http) {
@@ -416,6 +426,7 @@ static int run_node(const opts_t *o)
         }
     }
     if (o->stats) print_resources(n.rt, true);
+    ap_cli_relays_report("dht", n.rt);
     fprintf(stderr, "apiary dht: %s, shutting down\n", ap_cli_stop_name());
     mon_server_stop(mon);
     ap_cli_nat_detach(n.rt, &nat);
@@ -448,6 +459,9 @@ static int dht_main(int argc, char **argv)
                                           {"handshakes-per-ip", required_argument, NULL, 'w'},
                                           {"max-conns", required_argument, NULL, 'C'},
                                           {"conns-per-ip", required_argument, NULL, 'p'},
+                                          {"relays", required_argument, NULL, 'Y'},
+                                          {"relay-bulk", no_argument, NULL, 'B'},
+                                          {"no-hole-punch", no_argument, NULL, 'Z'},
                                           {"log-level", required_argument, NULL, 'l'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
@@ -529,6 +543,15 @@ static int dht_main(int argc, char **argv)
             break;
         case 'p':
             if (!ap_cli_int("--conns-per-ip", optarg, 1, 1 << 20, &o.conns_per_ip)) goto out;
+            break;
+        case 'Y':
+            if (!ap_cli_relays_add("dht", optarg, &o.relays)) goto out;
+            break;
+        case 'B':
+            o.relays.bulk = true;
+            break;
+        case 'Z':
+            o.relays.no_punch = true;
             break;
         case 'M':
             if (!ap_cli_int("--max-memory", optarg, 8, 1 << 20, &o.max_memory_mib)) goto out;

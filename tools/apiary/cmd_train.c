@@ -54,6 +54,11 @@ static void usage(void)
         "  --identity PATH           Ed25519 key file, created (mode 0600) if missing\n"
         "  --relay-service           relay for peers behind NAT (circuit relay v2, limits\n"
         "                            sized for control traffic; docs/nat.md)\n"
+        "  --relays MADDR[,MADDR...] behind a NAT: hold a reservation on these relays (with\n"
+        "                            /p2p/<PeerID>; <= 8), advertise the circuits through\n"
+        "                            them, hole-punch (DCUtR) to peers that come that way\n"
+        "  --relay-bulk              also send averaging and state over relayed connections\n"
+        "  --no-hole-punch           keep relayed connections (no DCUtR)\n"
         "  --target-batch-size N     samples per global epoch (default 256)\n"
         "  --batch-size N            local batch (default 8)\n"
         "  --model gpt|mlp           the model kit's tiny GPT on --data, or an MLP on\n"
@@ -140,6 +145,7 @@ typedef struct topts {
     int batch;
     bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, bad_agg, no_port_map;
     bool relay_service;
+    ap_cli_relays_t relays;
     double btard_tau;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
@@ -397,6 +403,7 @@ static int run(const topts_t *o)
                          .announce = o->announce,
                          .nannounce = o->client ? 0 : o->nannounce,
                          .relay_service = o->relay_service && !o->client};
+    if (!o->client) ap_cli_relays_apply(&o->relays, &no);
     if (!rc) rc = ap_node_new(host, &no, &rt);
     if (have_id) ap_identity_wipe(&id);
     if (rc) {
@@ -513,6 +520,7 @@ static int run(const topts_t *o)
     ap_cli_nat_t nat = {.cmd = "train",
                         .client = o->client,
                         .no_port_map = o->no_port_map,
+                        .relays = o->relays.n > 0,
                         .dht = dht,
                         .collab = &c};
     if (!rc && !fatal) ap_cli_nat_start(rt, no.listen, &nat);
@@ -762,6 +770,7 @@ static int run(const topts_t *o)
                    (unsigned long long)overshoot_n);
         }
         fflush(stdout);
+        ap_cli_relays_report("train", rt);
         ap_cli_nat_detach(rt, &nat);
         ap_collab_free_sync(rt, c);
     }
@@ -834,6 +843,9 @@ static int train_main(int argc, char **argv)
         {"client", no_argument, NULL, 'c'},
         {"no-port-map", no_argument, NULL, 0x4e50},
         {"relay-service", no_argument, NULL, 0x5253},
+        {"relays", required_argument, NULL, 0x524c},
+        {"relay-bulk", no_argument, NULL, 0x5242},
+        {"no-hole-punch", no_argument, NULL, 0x4e48},
         {"auxiliary", no_argument, NULL, 'a'},
         {"bandwidth", required_argument, NULL, 'B'},
         {"compression", required_argument, NULL, 'C'},
@@ -923,6 +935,15 @@ static int train_main(int argc, char **argv)
             break;
         case 0x5253:
             o.relay_service = true;
+            break;
+        case 0x524c:
+            if (!ap_cli_relays_add("train", optarg, &o.relays)) return 2;
+            break;
+        case 0x5242:
+            o.relays.bulk = true;
+            break;
+        case 0x4e48:
+            o.relays.no_punch = true;
             break;
         case 'a':
             o.aux = true;

@@ -18,11 +18,15 @@ static void on_change(ap_rt_t *rt, void *arg, ap_node_reach_t r, const char *add
     if (!nat->client && r != AP_NODE_REACH_UNKNOWN) {
         ap_collab_t *c = nat->collab ? *nat->collab : NULL;
         if (nat->dht) ap_dht_set_client_mode(nat->dht, priv);
-        if (c) ap_collab_set_client(c, priv);
+        /* with relays, peers reach it through them (and hole punching) */
+        if (c && !nat->relays) ap_collab_set_client(c, priv);
+        if (c && nat->relays) c = NULL;
         if (priv)
-            what = nat->dht && c ? "; the DHT and averaging run client-only"
-                   : nat->dht    ? "; the DHT runs client-only"
-                                 : "";
+            what = nat->dht && c             ? "; the DHT and averaging run client-only"
+                   : nat->dht && nat->relays ? "; the DHT runs client-only, peers reach it "
+                                               "through its relays"
+                   : nat->dht                ? "; the DHT runs client-only"
+                                             : "";
         else if (nat->last == AP_NODE_REACH_PRIVATE)
             what = nat->dht && c ? "; the DHT and averaging answer again"
                    : nat->dht    ? "; the DHT answers again"

@@ -91,13 +91,23 @@ int ap__node_addrs(ap_node_t *n, char (*addrs)[AP_RT_ADDR_MAX], int max, bool wi
         src = (const char(*)[AP_RT_ADDR_MAX])n->ifaddr;
         count = n->nifaddr;
     }
+    /* circuit addresses (through our relays) after the direct ones; they get
+     * at least half of the room when there are more addresses than room */
+    char circ[AP_NODE_MAX_CIRCUITS][AP_RT_ADDR_MAX];
+    int ncirc = ap__tcpc_circuit_addrs(n, circ, AP_NODE_MAX_CIRCUITS);
+    int croom = ncirc < max / 2 ? ncirc : max / 2;
+    int ndirect = count < max - croom ? count : max - croom;
+    if (ndirect < 0) ndirect = 0;
     char id[AP_PEER_ID_STR_MAX];
     if (with_id) ap_peer_id_str(&n->rt.self, id);
-    for (int i = 0; i < count && i < max; i++) {
+    int k = 0;
+    for (int i = 0; i < count + ncirc && k < max; i++) {
+        if (i < count && i >= ndirect) continue;
+        const char *a = i < count ? src[i] : circ[i - count];
         if (with_id)
-            snprintf(addrs[i], AP_RT_ADDR_MAX, "%.180s/p2p/%s", src[i], id);
+            snprintf(addrs[k++], AP_RT_ADDR_MAX, "%.180s/p2p/%s", a, id);
         else
-            snprintf(addrs[i], AP_RT_ADDR_MAX, "%s", src[i]);
+            snprintf(addrs[k++], AP_RT_ADDR_MAX, "%s", a);
     }
-    return count;
+    return count + ncirc;
 }

@@ -67,6 +67,7 @@ struct ap_conn {
     void *user;
     ap_peer_id_t remote; /* valid once up */
     bool dialer;         /* this side dialed (picks odd stream ids) */
+    bool relayed;        /* through a circuit relay: a direct connection is preferred */
 };
 
 #endif

@@ -417,6 +417,11 @@ static void walk_close(uv_handle_t *hd, void *arg)
     if (!uv_is_closing(hd)) uv_close(hd, NULL);
 }
 
+static void count_closing(uv_handle_t *hd, void *arg)
+{
+    if (uv_is_closing(hd)) (*(int *)arg)++;
+}
+
 int ap_host_free(ap_host_t *h)
 {
     if (!h) return 0;
@@ -432,6 +437,15 @@ int ap_host_free(ap_host_t *h)
         ap_task_t *next = t->next;
         t->run(t, true);
         t = next;
+    }
+    /* Closes in flight finish first: their callbacks free what they close and
+     * may close more (a node's libp2p host, then its services' timers), which
+     * walk_close would close without a callback. */
+    for (int i = 0; i < 256; i++) {
+        int closing = 0;
+        uv_walk(&h->loop, count_closing, &closing);
+        if (!closing) break;
+        uv_run(&h->loop, UV_RUN_NOWAIT);
     }
     uv_walk(&h->loop, walk_close, NULL);
     uv_run(&h->loop, UV_RUN_DEFAULT);

@@ -4,6 +4,7 @@
 #include "runtime/uv/mux_impl.h"
 
 #include "apiary/log.h"
+#include "apiary/multiaddr.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,16 +62,19 @@ bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer)
     return false;
 }
 
+/* The connection new streams to peer go on: a direct one up, else a
+ * relayed one up, else one being dialled. */
 static ap_mconn_t *find_conn(ap_node_t *n, const ap_peer_id_t *peer)
 {
-    ap_mconn_t *dialing = NULL;
+    ap_mconn_t *dialing = NULL, *relayed = NULL;
     for (ap_mconn_t *c = n->conns; c; c = c->next) {
         if (!c->known_peer || !ap_peer_id_eq(&c->peer, peer)) continue;
         if (c->goaway_sent || c->goaway_rcvd) continue; /* draining: no new streams */
-        if (c->state == MC_UP) return c;
+        if (c->state == MC_UP && !(c->t && c->t->relayed)) return c;
+        if (c->state == MC_UP && !relayed) relayed = c;
         if (c->state == MC_DIALING && !dialing) dialing = c;
     }
-    return dialing;
+    return relayed ? relayed : dialing;
 }
 
 static void on_up(void *user, ap_conn_t *t, const ap_peer_id_t *remote);
@@ -127,7 +131,9 @@ static void conn_resolve_dup(ap_mconn_t *c)
             !ap_peer_id_eq(&o->peer, &c->peer))
             continue;
         ap_mconn_t *loser;
-        if (o->t->dialer != c->t->dialer)
+        if (o->t->relayed != c->t->relayed) /* a direct connection replaces a relayed one */
+            loser = o->t->relayed ? o : c;
+        else if (o->t->dialer != c->t->dialer)
             loser = dialled_by_smaller(c) ? o : c;
         else if (c->t->dialer)
             loser = c;
@@ -212,6 +218,18 @@ static void dial_done(ap_dial_t *d, int status, const ap_peer_id_t *peer)
 
 static void dial_timeout(ap_rt_t *rt, void *arg);
 
+/* The order in which b's addresses are dialled: direct ones first, newest
+ * first, then circuit addresses (through a relay), newest first. Writes
+ * indices into order; returns how many. */
+static int book_order(const ap_book_t *b, int order[AP_NODE_MAX_ADDRS])
+{
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = b->n - 1; i >= 0; i--)
+            if ((strstr(b->addrs[i], "/p2p-circuit") != NULL) == (pass == 1)) order[k++] = i;
+    return k;
+}
+
 /* An implicit dial whose address failed before the connection came up moves
  * on to the peer's next older address: a peer may advertise several (one
  * per interface) of which only some are reachable from here. Streams and
@@ -226,11 +244,14 @@ static bool conn_redial(ap_mconn_t *c, int status)
     for (size_t i = 0; i < n->nbook && !b; i++)
         if (ap_peer_id_eq(&n->book[i].peer, &c->peer)) b = &n->book[i];
     if (!b) return false;
-    for (int k = c->book_next < b->n ? c->book_next : b->n - 1; k >= 0; k--) {
+    int order[AP_NODE_MAX_ADDRS];
+    int no = book_order(b, order);
+    for (int k = c->book_next; k < no; k++) {
         ap_conn_t *t;
-        if (ap__addr_dial(n, b->addrs[k], &t) < 0) continue;
+        const char *addr = b->addrs[order[k]];
+        if (ap__addr_dial(n, addr, &t) < 0) continue;
         ap_debug("mux", "dial to %s failed (%s): trying %s", c->short_id, ap_err_name(status),
-                 b->addrs[k]);
+                 addr);
         c->t->vt->close(c->t);
         c->t = t;
         c->next_sid = t->dialer ? 1 : 2;
@@ -239,7 +260,7 @@ static bool conn_redial(ap_mconn_t *c, int status)
                                  .on_read = ap__mconn_on_read,
                                  .on_drain = on_drain,
                                  .on_close = on_close};
-        c->book_next = k - 1;
+        c->book_next = k + 1;
         if (c->dial_timer) ap_rt_timer_stop(&n->rt, c->dial_timer);
         c->dial_timer = ap_rt_timer_start(&n->rt, AP_MUX_DIAL_TIMEOUT_US, 0, dial_timeout, c);
         return true;
@@ -442,16 +463,18 @@ int ap__mconn_get(ap_node_t *n, const ap_peer_id_t *peer, ap_mconn_t **out)
     for (size_t i = 0; i < n->nbook; i++) {
         ap_book_t *b = &n->book[i];
         if (!ap_peer_id_eq(&b->peer, peer)) continue;
-        for (int k = b->n - 1; k >= 0; k--) {
+        int order[AP_NODE_MAX_ADDRS];
+        int no = book_order(b, order);
+        for (int k = 0; k < no; k++) {
             ap_conn_t *t;
-            if (ap__addr_dial(n, b->addrs[k], &t) < 0) continue;
+            if (ap__addr_dial(n, b->addrs[order[k]], &t) < 0) continue;
             c = ap__mconn_new(n, t, false);
             if (!c) {
                 t->vt->close(t);
                 return AP_ENOMEM;
             }
             conn_set_peer(c, peer);
-            c->book_next = k - 1;
+            c->book_next = k + 1;
             c->dial_timer = ap_rt_timer_start(&n->rt, AP_MUX_DIAL_TIMEOUT_US, 0, dial_timeout, c);
             *out = c;
             return 0;
@@ -469,6 +492,15 @@ int ap__mux_add_addr(ap_rt_t *rt, const ap_peer_id_t *peer, const char *addr)
     ap_peer_id_t id;
     if (!peer || !addr) return AP_EINVAL;
     if (strlen(addr) >= AP_RT_ADDR_MAX) return AP_EADDR;
+    char full[AP_RT_ADDR_MAX];
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) == 0 && ma.circuit && !ma.has_dst) {
+        /* a circuit address as its owner announces it: through the relay to peer */
+        ma.has_dst = true;
+        ma.dst = *peer;
+        if (ap_multiaddr_print(&ma, full, sizeof full) < 0) return AP_EADDR;
+        addr = full;
+    }
     int rc = ap__addr_parse(n, addr, &has_id, &id);
     if (rc < 0) return rc;
     if (has_id && !ap_peer_id_eq(&id, peer)) return AP_EADDR;

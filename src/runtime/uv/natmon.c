@@ -187,7 +187,7 @@ static int pick(natmon_t *m)
                 for (int a = 0; a < n->book[b].n; a++) {
                     ap_multiaddr_t ma;
                     if (ap_multiaddr_parse(&ma, n->book[b].addrs[a]) != 0 || !ma.has_tcp ||
-                        ma.host != AP_MA_HOST_IP4)
+                        ma.host != AP_MA_HOST_IP4 || ma.circuit)
                         continue;
                     ma.has_peer = true;
                     ma.peer = c->peer;

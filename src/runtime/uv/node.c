@@ -302,6 +302,7 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
         return AP_ENOMEM;
     }
     const ap_uv_transport_t *tp = listen_transport(&o);
+    n->hole_punch = o.nrelays > 0 && !o.no_hole_punch && !o.dial_only;
     if (!tp)
         rc = o.dial_only ? AP_EINVAL : AP_EADDR;
     else
@@ -312,6 +313,10 @@ static int node_new(ap_host_t *h, const ap_node_opts_t *opts, ap_rt_t **out)
     }
     if (rc >= 0 && o.relay_service) {
         rc = tp == &ap__uv_tcp_transport ? ap__tcpc_serve_relay(n, &o.relay_limits) : AP_EINVAL;
+        if (rc < 0) tp->stop(n);
+    }
+    if (rc >= 0 && (o.nrelays || (o.relay_bulk && tp == &ap__uv_tcp_transport))) {
+        rc = tp == &ap__uv_tcp_transport ? ap__tcpc_use_relays(n, &o) : AP_EINVAL;
         if (rc < 0) tp->stop(n);
     }
     if (rc < 0) {

@@ -29,8 +29,12 @@
  * violation resets that stream with one log line naming the peer. */
 #include "runtime/uv/p2p_bridge.h"
 
+#include "apiary/avg.h"
+#include "apiary/collab.h"
 #include "apiary/error.h"
 #include "apiary/log.h"
+#include "apiary/masha.h"
+#include "p2p/relay_svc.h"
 #include "base/u64map.h"
 #include "runtime/rt_impl.h"
 #include "runtime/uv/frame.h"
@@ -51,6 +55,9 @@ typedef struct bconn {
     ap_p2pb_t *b;
     ap_p2p_conn_t *pc; /* NULL once the libp2p connection is gone */
     bool up, released, closed, blocked, native;
+    bool dialing;        /* a circuit dial: pc comes with its on_ready */
+    bool in_dial;        /* inside ap__circuit_dial */
+    int dial_err;        /* its failure reported from inside */
     ap_buf_t part;       /* outbound: the start of a frame written in part */
     ap_u64map_t streams; /* the mux's stream id -> bstream_t * */
     ap_buf_t inq;        /* frames for the mux, delivered from the timer */
@@ -175,11 +182,19 @@ static void out_open(bconn_t *bc, const ap_frame_t *f, const uint8_t *frame, siz
         return;
     }
     bs->pr = (ap_p2p_proto_t){bs->name, b_open, b_data, NULL, b_close};
-    int rc = ap__p2p_stream_open(bc->pc, &bs->pr, bs, &bs->ps);
+    int rc = AP_EPERM;
+    if (bc->conn.relayed && !bc->b->relay_bulk && ap__p2pb_bulk(bs->name)) {
+        bc->b->stats.bulk_refused++;
+        ap_debug(MOD, "peer %s: %s not opened over a relayed connection (bulk)", bc->who, bs->name);
+    } else {
+        rc = ap__p2p_stream_open(bc->pc, &bs->pr, bs, &bs->ps);
+    }
     if (rc) {
         ap__u64map_del(&bc->streams, f->sid, NULL);
         free(bs);
-        queue_reset(bc, f->sid, rc, "cannot open a yamux stream");
+        queue_reset(bc, f->sid, rc,
+                    rc == AP_EPERM ? "bulk traffic does not go through a relay"
+                                   : "cannot open a yamux stream");
         return;
     }
     bs->ib.yid = ap__p2p_stream_id(bs->ps);
@@ -304,7 +319,7 @@ static const ap_conn_vt_t bridge_vt = {.write = c_write, .close = c_close};
 
 static void bc_maybe_free(bconn_t *bc)
 {
-    if (!bc->released || bc->pc || bc->kick_open) return;
+    if (!bc->released || bc->pc || bc->kick_open || bc->dialing) return;
     ap__u64map_free(&bc->streams);
     ap__buf_free(&bc->part);
     ap__buf_free(&bc->inq);
@@ -382,6 +397,8 @@ static void pc_ready(ap_p2p_conn_t *pc, void *arg)
         bc->b->stats.conns_native++;
     else
         bc->b->stats.conns_yamux++;
+    bc->conn.relayed = ap__p2p_conn_relayed(pc);
+    if (bc->conn.relayed) bc->b->stats.relayed_out++;
     bc->conn.remote = *ap__p2p_conn_peer(pc);
     ap_peer_id_short(&bc->conn.remote, bc->who);
     if (bc->conn.cbs.on_up) bc->conn.cbs.on_up(bc->conn.user, &bc->conn, &bc->conn.remote);
@@ -457,16 +474,35 @@ static bool serves(void *arg, const char *proto)
            (ap__rt_find_handler(&b->node->rt, proto) || ap__rt_find_listener(&b->node->rt, proto));
 }
 
+bool ap__p2pb_bulk(const char *proto)
+{
+    static const char *const bulk[] = {AP_AVG_PROTO, AP_COLLAB_STATE_PROTO, AP_MASHA_PROTO};
+    for (size_t i = 0; i < sizeof bulk / sizeof bulk[0]; i++)
+        if (strcmp(proto, bulk[i]) == 0) return true;
+    return false;
+}
+
+/* A relayed connection carries the node's control protocols (DHT,
+ * matchmaking, progress), its bulk ones only when the node allows it. */
+static bool serves_relayed(void *arg, const char *proto)
+{
+    ap_p2pb_t *b = arg;
+    if (!serves(arg, proto)) return false;
+    if (b->relay_bulk || !ap__p2pb_bulk(proto)) return true;
+    b->stats.bulk_refused++;
+    return false;
+}
+
 /* An inbound connection becomes one of the node's when the node's protocols
  * first travel on it: its first mux bytes (native) or the first stream
  * named for one of them (yamux). Until then it serves identify, ping and
  * AutoNAT only, so a connection that is not the peer's mux (an AutoNAT
  * dial-back, a peer's one-shot identify) never competes with the peer's
  * real connection in the node. */
-static bconn_t *adopt(ap_p2pb_t *b, ap_p2p_conn_t *pc)
+static bconn_t *adopt_as(ap_p2pb_t *b, ap_p2p_conn_t *pc, bool dialer)
 {
-    if (!b->node || atomic_load(&b->node->closing) || ap__p2p_conn_initiator(pc)) return NULL;
-    bconn_t *bc = bc_new(b, false);
+    if (!b->node || atomic_load(&b->node->closing)) return NULL;
+    bconn_t *bc = bc_new(b, dialer);
     if (!bc) return NULL;
     bc->pc = pc;
     bc->up = true;
@@ -475,12 +511,25 @@ static bconn_t *adopt(ap_p2pb_t *b, ap_p2p_conn_t *pc)
         b->stats.conns_native++;
     else
         b->stats.conns_yamux++;
+    bc->conn.relayed = ap__p2p_conn_relayed(pc);
+    if (bc->conn.relayed) b->stats.relayed_in++;
     bc->conn.remote = *ap__p2p_conn_peer(pc);
     ap_peer_id_short(&bc->conn.remote, bc->who);
     ap__p2p_conn_set_cbs(pc, &pc_cbs, &pc_xcbs, bc);
     ap__p2p_conn_set_user(pc, bc);
     ap__node_accept_conn(b->node, &bc->conn);
     return bc;
+}
+
+static bconn_t *adopt(ap_p2pb_t *b, ap_p2p_conn_t *pc)
+{
+    return ap__p2p_conn_initiator(pc) ? NULL : adopt_as(b, pc, false);
+}
+
+void ap__p2pb_take(ap_p2pb_t *b, ap_p2p_conn_t *pc)
+{
+    if (ap__p2p_conn_user(pc)) return; /* already the node's */
+    if (adopt_as(b, pc, ap__p2p_conn_initiator(pc))) b->stats.direct_taken++;
 }
 
 static void pending_data(ap_p2p_conn_t *pc, void *arg, const uint8_t *p, size_t n)
@@ -504,7 +553,7 @@ int ap__p2pb_init(ap_p2pb_t *b, ap_node_t *n, uv_loop_t *loop, bool native)
 {
     b->node = n;
     b->loop = loop;
-    b->ops = (ap_p2p_bridge_t){native, serves, &inbound_proto, on_conn};
+    b->ops = (ap_p2p_bridge_t){native, serves, serves_relayed, &inbound_proto, on_conn};
     return 0;
 }
 
@@ -527,6 +576,53 @@ int ap__p2pb_dial(ap_p2pb_t *b, ap_p2p_host_t *h, const char *addr, ap_conn_t **
     bc->pc = pc;
     ap__p2p_conn_set_cbs(pc, &pc_cbs, &pc_xcbs, bc);
     ap__p2p_conn_set_user(pc, bc);
+    *out = &bc->conn;
+    return 0;
+}
+
+/* ---- through a circuit relay ---------------------------------------------------------- */
+
+static void circ_ready(ap_p2p_conn_t *pc, void *arg)
+{
+    bconn_t *bc = arg;
+    bc->dialing = false;
+    bc->pc = pc;
+    ap__p2p_conn_set_cbs(pc, &pc_cbs, &pc_xcbs, bc);
+    ap__p2p_conn_set_user(pc, bc);
+    if (bc->released) { /* the mux gave up meanwhile: its on_close frees bc */
+        ap__p2p_conn_close(pc);
+        return;
+    }
+    pc_ready(pc, bc);
+}
+
+static void circ_closed(ap_p2p_conn_t *pc, void *arg, int status)
+{
+    bconn_t *bc = arg;
+    bc->dialing = false;
+    if (bc->in_dial) { /* failed at once: the dial returns it */
+        bc->dial_err = status ? status : AP_EUNREACH;
+        return;
+    }
+    pc_close(pc, bc, status ? status : AP_EUNREACH);
+}
+
+static const ap_p2p_conn_cbs_t circ_cbs = {circ_ready, circ_closed};
+
+int ap__p2pb_dial_circuit(ap_p2pb_t *b, ap_p2p_host_t *h, const ap_multiaddr_t *ma, ap_conn_t **out)
+{
+    bconn_t *bc = bc_new(b, true);
+    if (!bc) return AP_ENOMEM;
+    bc->conn.relayed = true;
+    bc->dialing = bc->in_dial = true;
+    int rc = ap__circuit_dial(h, ma, &circ_cbs, bc);
+    bc->in_dial = false;
+    if (rc == 0 && bc->dial_err) rc = bc->dial_err;
+    if (rc) {
+        bc->dialing = false;
+        bc_discard(bc);
+        return rc;
+    }
     *out = &bc->conn;
     return 0;
 }

@@ -18,7 +18,8 @@
 #include "apiary/log.h"
 #include "apiary/multiaddr.h"
 #include "net/tcp.h"
-#include "p2p/relay.h"
+#include "p2p/dcutr_uv.h"
+#include "p2p/relay_svc.h"
 #include "runtime/uv/p2p_bridge.h"
 
 #include <sodium.h>
@@ -191,7 +192,8 @@ static int tcpc_start(ap_node_t *n, const char *listen)
                         .hs_per_ip = ad->handshakes_per_ip,
                         .handshake_timeout_ms = ad->handshake_timeout_ms,
                         .max_conns = ad->conns,
-                        .conns_per_ip = ad->conns_per_ip};
+                        .conns_per_ip = ad->conns_per_ip,
+                        .reuse_port = n->hole_punch};
     int rc = ap__tcp_new(&n->host->loop, &id, &cfg, &cbs, tc, &tc->t);
     ap_identity_wipe(&id);
     if (rc < 0) {
@@ -245,6 +247,11 @@ static int tcpc_dial(ap_node_t *n, const char *addr, ap_conn_t **out)
 {
     tcpc_t *tc = n->tcpc;
     if (!tc) return AP_ENOTSUP; /* the node does not run TCP */
+    ap_multiaddr_t ma;
+    if (ap_multiaddr_parse(&ma, addr) == 0 && ma.circuit) {
+        ap_p2p_host_t *h = ap__tcp_p2p_host(tc->t);
+        return h ? ap__p2pb_dial_circuit(&tc->b, h, &ma, out) : AP_ENOMEM;
+    }
     if (tc->wire != AP_NODE_WIRE_NATIVE) {
         ap_p2p_host_t *h = ap__tcp_p2p_host(tc->t);
         return h ? ap__p2pb_dial(&tc->b, h, addr, out) : AP_ENOMEM;
@@ -266,9 +273,10 @@ static int tcpc_parse(ap_node_t *n, const char *addr, bool *has_id, ap_peer_id_t
     ap_multiaddr_t ma;
     if (ap_multiaddr_parse(&ma, addr) != 0 || !ma.has_tcp || ma.host == AP_MA_HOST_NONE)
         return AP_EADDR;
+    if (ma.circuit && (!ma.has_peer || !ma.has_dst)) return AP_EADDR; /* relay and target */
     if (n && !n->tcpc) return AP_ENOTSUP; /* a node without TCP cannot reach it */
-    *has_id = ma.has_peer;
-    if (ma.has_peer) *id = ma.peer;
+    *has_id = ma.circuit ? ma.has_dst : ma.has_peer;
+    if (*has_id) *id = ma.circuit ? ma.dst : ma.peer;
     return 0;
 }
 
@@ -292,6 +300,134 @@ int ap__tcpc_serve_relay(ap_node_t *n, const ap_node_relay_limits_t *l)
     if (l->circuit_bytes) lim.circuit_bytes = l->circuit_bytes;
     if (lim.max_reservations > AP_RELAY_TABLE_MAX) return AP_EINVAL;
     return ap__tcp_serve_relay(tc->t, &lim);
+}
+
+/* ---- relays and hole punching ------------------------------------------------------ */
+
+#define PUNCH_GRACE_MS 30000 /* the mux drains the relayed connection (GOAWAY) before this */
+
+/* A peer reached us through one of our relays: the B side of DCUtR. */
+static void on_relayed(void *arg, ap_p2p_conn_t *c)
+{
+    tcpc_t *tc = arg;
+    ap_dcutr_t *d = ap__tcp_dcutr(tc->t);
+    if (!tc->node || atomic_load(&tc->node->closing) || !d) return;
+    char b[AP_PEER_SHORT_LEN];
+    int rc = ap__dcutr_start(d, c);
+    if (rc)
+        ap_info("relay", "peer %s: cannot start hole punching: %s",
+                ap_peer_id_short(ap__p2p_conn_peer(c), b), ap_err_name(rc));
+}
+
+static void on_punch(void *arg, const ap_peer_id_t *peer, bool b_side, int status, int attempts,
+                     double ms, ap_p2p_conn_t *direct)
+{
+    tcpc_t *tc = arg;
+    (void)peer;
+    (void)b_side;
+    (void)attempts;
+    (void)ms;
+    if (status == 0 && direct && tc->node && !atomic_load(&tc->node->closing))
+        ap__p2pb_take(&tc->b, direct);
+}
+
+/* What DCUtR offers the peer: the IPs our relays see us at with our listen
+ * port (a port-preserving NAT maps it there), then our direct addresses. */
+static int punch_addrs(void *arg, ap_multiaddr_t *out, int max)
+{
+    tcpc_t *tc = arg;
+    ap_node_t *n = tc->node;
+    ap_relay_client_t *cl = ap__tcp_relay_client(tc->t);
+    ap_multiaddr_t bound;
+    if (!n || ap_multiaddr_parse(&bound, n->addr) != 0) return 0;
+    int k = cl ? ap__relay_client_observed(cl, out, max) : 0;
+    for (int i = 0; i < k; i++) {
+        out[i].has_tcp = true;
+        out[i].port = bound.port;
+    }
+    char a[AP_NODE_MAX_ANNOUNCE][AP_RT_ADDR_MAX];
+    int na = ap__node_addrs(n, a, AP_NODE_MAX_ANNOUNCE, false);
+    for (int i = 0; i < na && i < AP_NODE_MAX_ANNOUNCE && k < max; i++) {
+        ap_multiaddr_t ma;
+        if (ap_multiaddr_parse(&ma, a[i]) != 0 || ma.circuit) continue;
+        bool dup = false;
+        for (int j = 0; j < k && !dup; j++) dup = ap_multiaddr_eq(&out[j], &ma);
+        if (!dup) out[k++] = ma;
+    }
+    return k;
+}
+
+int ap__tcpc_use_relays(ap_node_t *n, const ap_node_opts_t *o)
+{
+    tcpc_t *tc = n->tcpc;
+    if (o->relay_bulk && tc) {
+        ap_p2p_host_t *h = ap__tcp_p2p_host(tc->t);
+        if (!h) return AP_ENOMEM;
+        ap__p2p_host_relay_bulk(h, true);
+        tc->b.relay_bulk = true;
+    }
+    if (o->nrelays <= 0) return 0;
+    if (!tc || !n->addr[0]) return AP_EINVAL; /* in-process or dial-only */
+    if (!o->relays || o->nrelays > AP_NODE_MAX_RELAYS) return AP_EINVAL;
+    ap_multiaddr_t r[AP_NODE_MAX_RELAYS];
+    for (int i = 0; i < o->nrelays; i++)
+        if (!o->relays[i] || ap_multiaddr_parse(&r[i], o->relays[i]) != 0 || r[i].circuit ||
+            !r[i].has_peer || !r[i].has_tcp || r[i].port == 0 || r[i].host == AP_MA_HOST_NONE ||
+            ap_peer_id_eq(&r[i].peer, &n->rt.self))
+            return AP_EADDR;
+    if (n->hole_punch) {
+        ap_multiaddr_t bound;
+        if (ap_multiaddr_parse(&bound, n->addr) != 0) return AP_EINVAL;
+        ap_dcutr_opts_t d = {
+            .port = bound.port, .grace_ms = PUNCH_GRACE_MS, .addrs = punch_addrs, .addrs_arg = tc};
+        if (!ap__tcp_serve_dcutr(tc->t, &d, on_punch, tc)) return AP_ENOMEM;
+    }
+    if (!ap__tcp_use_relays(tc->t, r, (size_t)o->nrelays, on_relayed, tc)) return AP_ENOMEM;
+    return 0;
+}
+
+int ap__tcpc_circuit_addrs(ap_node_t *n, char (*out)[AP_RT_ADDR_MAX], int max)
+{
+    ap_relay_client_t *cl = n->tcpc ? ap__tcp_relay_client(n->tcpc->t) : NULL;
+    if (!cl || max <= 0 || ap_node_reachability(&n->rt, NULL, 0) == AP_NODE_REACH_PUBLIC) return 0;
+    ap_multiaddr_t ma[AP_NODE_MAX_CIRCUITS];
+    int k = ap__relay_client_addrs(cl, ma, max < AP_NODE_MAX_CIRCUITS ? max : AP_NODE_MAX_CIRCUITS);
+    int got = 0;
+    for (int i = 0; i < k; i++)
+        if (ap_multiaddr_print(&ma[i], out[got], AP_RT_ADDR_MAX) > 0) got++;
+    return got;
+}
+
+void ap_node_relay_stats(ap_rt_t *rt, ap_node_relay_stats_t *out)
+{
+    ap_node_t *n = (ap_node_t *)rt;
+    memset(out, 0, sizeof *out);
+    tcpc_t *tc = n->tcpc;
+    if (!tc) return;
+    ap_relay_client_t *cl = ap__tcp_relay_client(tc->t);
+    if (cl) out->reservations = ap__relay_client_reservations(cl, &out->live_reservations);
+    ap_dcutr_t *d = ap__tcp_dcutr(tc->t);
+    if (d) {
+        ap_dcutr_stats_t st = ap__dcutr_stats(d);
+        out->punch_started = st.started;
+        out->punch_direct = st.direct;
+        out->punch_failed = st.failed;
+    }
+    out->relayed_in = tc->b.stats.relayed_in;
+    out->relayed_out = tc->b.stats.relayed_out;
+    out->bulk_refused = tc->b.stats.bulk_refused;
+    out->direct_taken = tc->b.stats.direct_taken;
+}
+
+static void relay_stats_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    ap_node_relay_stats(rt, arg);
+    ap_sync_complete(done, 0);
+}
+
+int ap_node_relay_stats_sync(ap_rt_t *rt, ap_node_relay_stats_t *out)
+{
+    return ap_node_call_sync(rt, relay_stats_fn, out);
 }
 
 const ap_p2pb_t *ap__tcpc_bridge(ap_node_t *n)

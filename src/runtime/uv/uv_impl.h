@@ -39,7 +39,7 @@
 #define AP_MUX_DIAL_TIMEOUT_US (10000000u)  /* implicit dials */
 #define AP_MUX_DRAIN_US        (30000000u)  /* a connection after GOAWAY: close by then */
 #define AP_MSG_CACHE_BYTES     (16u << 20)  /* recycled message buffers per node */
-#define AP_NODE_MAX_ADDRS      4            /* remembered addresses per peer */
+#define AP_NODE_MAX_ADDRS      8            /* remembered addresses per peer */
 
 /* ---- id map: nonzero u64 id -> pointer (base/u64map.h) ------------------- */
 typedef ap_u64map_t ap_idmap_t;
@@ -256,8 +256,9 @@ struct ap_mconn {
     bool rc_counted;                  /* the connection is counted in them */
     uint64_t rc_warned_us;            /* last refusal WARN (one per 10 s per connection) */
     uint64_t dial_timer;
-    /* implicit dial: the next older address in the peer's book to try if this
-     * one fails before the connection is up (-1: none left) */
+    /* implicit dial: the position, in the order the peer's book is dialled
+     * (direct addresses newest first, then circuits), of the next address to
+     * try if this one fails before the connection is up (-1: none left) */
     int book_next;
     /* GOAWAY (docs/protocol.md): no new streams on this connection once
      * either is set; closed when both are set and no stream is left, or when
@@ -299,6 +300,7 @@ struct ap_node {
     struct ap_tcpc *tcpc;                    /* tcp_conn.c's state, or NULL */
     ap_node_admission_t admission;           /* its port's admission limits (0 = default) */
     struct ap_natmon *natmon;                /* natmon.c's state (AutoNAT), or NULL */
+    bool hole_punch;                         /* relays given and DCUtR on (tcp_conn.c) */
     char addr[AP_RT_ADDR_MAX];               /* the bound listen address ("" dial-only) */
     /* What peers are told (addrs.c): the announced addresses, or for a
      * wildcard listen address the interface addresses read at ifaddr_at. */
@@ -418,6 +420,14 @@ void ap__tcpc_set_rcmgr(ap_node_t *n, ap_rcmgr_t *m);
 /* Serves circuit relay v2 hop on the node's TCP port (tcp_conn.c): AP_EINVAL
  * without a TCP listener. */
 int ap__tcpc_serve_relay(ap_node_t *n, const ap_node_relay_limits_t *l);
+/* The relay options of o on n (tcp_conn.c): relay_bulk; reservations on
+ * o->relays and, with n->hole_punch, DCUtR. AP_EINVAL without a TCP
+ * listener, AP_EADDR for a bad relay address. */
+int ap__tcpc_use_relays(ap_node_t *n, const ap_node_opts_t *o);
+/* The circuit addresses n advertises now (none while AutoNAT finds it
+ * public), text without /p2p/SELF; at most AP_NODE_MAX_CIRCUITS. */
+#define AP_NODE_MAX_CIRCUITS 4
+int ap__tcpc_circuit_addrs(ap_node_t *n, char (*out)[AP_RT_ADDR_MAX], int max);
 
 /* node.c: the transport for addr, through the table (the entry's parse
  * result: AP_EADDR if no transport knows addr). */
