@@ -209,6 +209,13 @@ typedef enum ap_btard_fault {
      * to ~0: its aggregate is no CenteredClip fixed point of the inputs it
      * lists (provable by that one message; the verified step below) */
     AP_BTARD_FAULT_BAD_AGGREGATE = 5,
+    /* the verified step's gradient check: a member's committed part is not
+     * the gradient a validator (and every judge) recomputes from the public
+     * state and the member's seeded minibatch */
+    AP_BTARD_FAULT_BAD_GRADIENT = 6,
+    /* an accusation that does not hold: the accuser was not the target's
+     * validator, or the target's part matches the recomputation */
+    AP_BTARD_FAULT_FALSE_ACCUSATION = 7,
 } ap_btard_fault_t;
 
 /* Name of a fault ("no_commit", ...), "none" for NONE. Static string. */
@@ -433,7 +440,23 @@ AP_EXPORT size_t ap_btard_banlist_count(const ap_btard_banlist_t *bl);
  * disputes it. The step is to be applied only if no part failed. An honest
  * aggregator never signs a failing check: ap_btard_verified_clip iterates
  * until the residual is under half the tolerance, and the check is skipped
- * (the part fails) if it is not. */
+ * (the part fails) if it is not.
+ * Gradient check (cfg.validators > 0 and cfg.grad): the seed picks the
+ * validators and their targets; a validator recomputes its target's vector
+ * and, for each part j whose check lists the target's committed input,
+ * compares that entry's |x - v| and projection with those of the
+ * recomputation against the aggregate v (slack AP_BTARD_GRAD_ATOL +
+ * AP_BTARD_GRAD_RTOL |g - v|, twice that for the projection); on a mismatch
+ * its signed StepReport accuses (target, j). Every member judges every
+ * accusation the same way: a mismatch convicts the target
+ * (AP_BTARD_FAULT_BAD_GRADIENT), a match or an accuser that is not the
+ * target's validator convicts the accuser (AP_BTARD_FAULT_FALSE_ACCUSATION);
+ * an accusation on a part the target disputed, or whose check or aggregate
+ * is missing, is not judged. MPRNG faults of the step's round (no_reveal,
+ * bad_reveal, equivocation) convict too. A step with a conviction is not
+ * applied. Only bad_aggregate, bad_reveal and equivocation bans are
+ * self-proving (ap_btard_ban_encode refuses the others: they are kept by
+ * the members that judged them). */
 
 #define AP_BTARD_STEP_PROTO     "/apiary/btard/step/1"
 #define AP_BTARD_STEP_MAX_PEERS 64
@@ -492,9 +515,11 @@ typedef struct ap_btard_verdict {
     bool apply;        /* every part passed: apply the aggregated step */
     uint32_t parts_ok; /* parts that passed */
     uint32_t parts_failed;
-    uint32_t disputes;          /* parts disputed by some member */
-    size_t nconvicted;          /* members proven to have cheated in this step */
-    const ap_btard_ban_t *bans; /* one per convicted member (its evidence borrowed) */
+    uint32_t disputes;               /* parts disputed by some member */
+    uint32_t accusations;            /* accusations judged (gradient check) */
+    uint8_t seed[AP_BTARD_HASH_LEN]; /* the step's seed (status 0) */
+    size_t nconvicted;               /* members proven to have cheated in this step */
+    const ap_btard_ban_t *bans;      /* one per convicted member (its evidence borrowed) */
 } ap_btard_verdict_t;
 
 typedef void (*ap_btard_step_fn)(void *arg, const ap_btard_verdict_t *v);
@@ -502,8 +527,21 @@ typedef void (*ap_btard_step_fn)(void *arg, const ap_btard_verdict_t *v);
 /* Attacks on the check (experiments, off unless asked). */
 typedef enum ap_btard_step_attack {
     AP_BTARD_STEP_HONEST = 0,
-    AP_BTARD_STEP_FALSE_DISPUTE = 1, /* disputes every part it sent */
+    AP_BTARD_STEP_FALSE_DISPUTE = 1,   /* disputes every part it sent */
+    AP_BTARD_STEP_FALSE_ACCUSE = 2,    /* accuses the next member in the group every step */
+    AP_BTARD_STEP_WITHHOLD_REVEAL = 3, /* withholds its reveal in the step's MPRNG round */
 } ap_btard_step_attack_t;
+
+/* Recomputes what member `member` of the step's group should have sent: its
+ * gradient from the public state (the parameters every member holds) and its
+ * minibatch, chosen by a seed known before the round (e.g. from the run, the
+ * step and the member's PeerID with ap_btard_minibatch). out holds the whole
+ * vector (the sum of the round's counts). 0, or an error: then this node
+ * judges no accusation against that member. */
+typedef int (*ap_btard_grad_fn)(void *arg, uint32_t member, float *out);
+
+#define AP_BTARD_GRAD_RTOL 1e-3 /* gradient check: relative slack for another CPU */
+#define AP_BTARD_GRAD_ATOL 1e-6 /* and absolute */
 
 typedef struct ap_btard_step_cfg {
     uint8_t run[AP_BTARD_HASH_LEN];
@@ -520,6 +558,13 @@ typedef struct ap_btard_step_cfg {
     ap_btard_step_attack_t attack;
     ap_btard_step_fn done; /* exactly once, never from inside ap_btard_step_start */
     void *arg;
+    /* The gradient check (off when validators = 0 or grad = NULL): the
+     * step's seed picks `validators` members and a target each
+     * (ap_btard_pick_validators; at most n). Every member judges every
+     * accusation with grad, so all members must use the same validators. */
+    uint32_t validators;
+    ap_btard_grad_fn grad;
+    void *grad_arg;
 } ap_btard_step_cfg_t;
 
 /* Starts the check of one step. sent, result and vclip must stay valid and

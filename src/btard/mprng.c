@@ -54,6 +54,10 @@ const char *ap_btard_fault_name(ap_btard_fault_t f)
         return "equivocation";
     case AP_BTARD_FAULT_BAD_AGGREGATE:
         return "bad_aggregate";
+    case AP_BTARD_FAULT_BAD_GRADIENT:
+        return "bad_gradient";
+    case AP_BTARD_FAULT_FALSE_ACCUSATION:
+        return "false_accusation";
     }
     return "unknown";
 }

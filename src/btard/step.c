@@ -1,57 +1,16 @@
 /* The verified step over the runtime: commitments, the step's MPRNG seed,
  * the aggregators' checks, the members' reports and the verdict (see
  * apiary/btard.h and docs/btard.md). */
-#include "apiary/btard.h"
 #include "apiary/log.h"
-#include "btard/step_wire.h"
+#include "btard/step_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define H                AP_BTARD_HASH_LEN
 #define DEFAULT_PHASE_US 5000000u
 #define PEND_PER_PEER    8
 #define PEND_MAX         256
-
-typedef struct spend {
-    struct spend *next;
-    ap_peer_id_t from;
-    uint8_t ctx[H];
-    size_t len;
-    uint8_t *b;
-} spend_t;
-
-typedef struct step {
-    ap_btard_step_svc_t *svc;
-    struct step *next;
-    ap_btard_step_cfg_t cfg;
-    ap_peer_id_t *peers;
-    uint64_t *counts, *off;
-    size_t n, self;
-    uint8_t ctx[H], mprng_ctx[H];
-    uint8_t seed[H];
-    bool have_seed, sent_check, sent_report, finished, mprng_running;
-    int mprng_status;
-    ap__step_commit_t **commit;
-    ap__agg_check_t **check;
-    uint8_t **check_raw;
-    size_t *check_len;
-    bool *reported;
-    uint32_t *disputes; /* per part: members disputing it */
-    uint8_t (*mine)[H]; /* hash of each part this node sent (zero: none) */
-    float *z;           /* scratch: a direction */
-    uint64_t timer;
-    int stage; /* 0: waiting for the seed, 1: checks, 2: reports */
-} step_t;
-
-struct ap_btard_step_svc {
-    ap_rt_t *rt;
-    ap_btard_svc_t *mprng;
-    step_t *steps;
-    spend_t *pend;
-    size_t npend;
-};
 
 static const uint8_t zero_hash[H];
 
@@ -91,6 +50,15 @@ static void step_free(step_t *s)
     free(s->commit);
     free(s->check);
     free(s->check_raw);
+    for (size_t i = 0; s->report && i < s->n; i++) free(s->report[i]);
+    for (size_t i = 0; s->mev && i < s->n; i++) free(s->mev[i]);
+    free(s->report);
+    free(s->disputed_by);
+    free(s->mfault);
+    free(s->mev);
+    free(s->mev_a);
+    free(s->mev_b);
+    free(s->grad);
     free(s->check_len);
     free(s->reported);
     free(s->disputes);
@@ -122,6 +90,7 @@ static bool entry_has(const ap__agg_check_t *k, const uint8_t hash[H], double w)
 static void conclude(step_t *s, int status)
 {
     ap_btard_verdict_t v = {.status = status};
+    if (s->have_seed) memcpy(v.seed, s->seed, H);
     ap_btard_ban_t *bans = calloc(s->n, sizeof *bans);
     char sh[AP_PEER_SHORT_LEN];
     for (size_t j = 0; status == 0 && j < s->n; j++) {
@@ -137,16 +106,9 @@ static void conclude(step_t *s, int status)
             why = "check on another seed or tau";
         else if (ap_btard_agg_fails(k->e, k->n, k->tau)) {
             why = "projections do not sum to 0";
-            if (bans) {
-                ap_btard_ban_t *b = &bans[v.nconvicted++];
-                memcpy(b->run, s->cfg.run, H);
-                b->step = s->cfg.step;
-                b->round = 0;
-                b->peer = s->peers[j];
-                b->fault = AP_BTARD_FAULT_BAD_AGGREGATE;
-                b->ev_a = s->check_raw[j];
-                b->ev_a_len = s->check_len[j];
-            }
+            if (bans)
+                ap__btard_convict(s, bans, &v.nconvicted, j, AP_BTARD_FAULT_BAD_AGGREGATE, 0,
+                                  s->check_raw[j], s->check_len[j], NULL, 0);
         } else if (memcmp(k->agg, c->agg, H) != 0)
             why = "check names another aggregate than committed";
         for (size_t i = 0; !why && i < s->n; i++) {
@@ -169,11 +131,21 @@ static void conclude(step_t *s, int status)
         } else
             v.parts_ok++;
     }
-    v.apply = status == 0 && v.parts_failed == 0;
+    if (status == 0 && bans) {
+        for (size_t i = 0; i < s->n; i++) {
+            ap_btard_fault_t f = (ap_btard_fault_t)s->mfault[i];
+            if (f == AP_BTARD_FAULT_NO_REVEAL || f == AP_BTARD_FAULT_BAD_REVEAL ||
+                f == AP_BTARD_FAULT_EQUIVOCATION)
+                ap__btard_convict(s, bans, &v.nconvicted, i, f, 1, s->mev[i], s->mev_a[i],
+                                  s->mev[i] ? s->mev[i] + s->mev_a[i] : NULL, s->mev_b[i]);
+        }
+        ap__btard_grad_judge(s, bans, &v.nconvicted, &v.accusations);
+    }
+    v.apply = status == 0 && v.parts_failed == 0 && v.nconvicted == 0;
     v.bans = bans;
     if (!bans) v.nconvicted = 0;
     for (size_t i = 0; i < v.nconvicted; i++)
-        ap_log(AP_LOG_WARN, "btard", "step %llu: aggregator %s convicted (%s)",
+        ap_log(AP_LOG_WARN, "btard", "step %llu: %s convicted (%s)",
                (unsigned long long)s->cfg.step, ap_peer_id_short(&bans[i].peer, sh),
                ap_btard_fault_name(bans[i].fault));
     s->cfg.done(s->cfg.arg, &v);
@@ -257,6 +229,7 @@ static void send_report(step_t *s)
         }
         if (bad) r->disputed[r->n++] = (uint32_t)j;
     }
+    ap__btard_grad_accuse(s, r);
     broadcast_own(s, m);
     free(m);
 }
@@ -350,10 +323,16 @@ static int accept(step_t *s, const ap__step_msg_t *m, const uint8_t *raw, size_t
     }
     if (memcmp(m->u.report.ctx, s->ctx, H) != 0) return AP_EPROTO;
     if (s->reported[i]) return 0;
+    s->report[i] = malloc(sizeof **s->report);
+    if (!s->report[i]) return AP_ENOMEM;
+    *s->report[i] = m->u.report;
     s->reported[i] = true;
     for (uint32_t q = 0; q < m->u.report.n; q++) {
         uint32_t j = m->u.report.disputed[q];
-        if (j < s->n) s->disputes[j]++;
+        if (j < s->n && !(s->disputed_by[j] >> i & 1)) {
+            s->disputes[j]++;
+            s->disputed_by[j] |= 1ull << i;
+        }
     }
     return 1;
 }
@@ -386,9 +365,20 @@ static void feed(step_t *s, const ap_peer_id_t *from, const ap__step_msg_t *m, c
 static void mprng_done(void *arg, int status, const uint8_t seed[AP_BTARD_HASH_LEN],
                        const ap_btard_mprng_t *m)
 {
-    (void)m;
     step_t *s = arg;
     s->mprng_running = false;
+    for (size_t i = 0; m && !s->finished && i < s->n; i++) {
+        s->mfault[i] = (uint8_t)ap_btard_mprng_fault(m, i);
+        const uint8_t *a, *b;
+        size_t al, bl;
+        if (!s->mfault[i] || ap_btard_mprng_evidence(m, i, &a, &al, &b, &bl) != 0) continue;
+        s->mev[i] = malloc(al + bl + 1);
+        if (!s->mev[i]) continue;
+        memcpy(s->mev[i], a, al);
+        memcpy(s->mev[i] + al, b, bl);
+        s->mev_a[i] = al;
+        s->mev_b[i] = bl;
+    }
     if (s->finished) {
         if (!s->cfg.done) step_free(s); /* its service went first */
         return;
@@ -555,6 +545,12 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     s->reported = calloc(n, sizeof *s->reported);
     s->disputes = calloc(n, sizeof *s->disputes);
     s->mine = calloc(n, sizeof *s->mine);
+    s->report = calloc(n, sizeof *s->report);
+    s->disputed_by = calloc(n, sizeof *s->disputed_by);
+    s->mfault = calloc(n, sizeof *s->mfault);
+    s->mev = calloc(n, sizeof *s->mev);
+    s->mev_a = calloc(n, sizeof *s->mev_a);
+    s->mev_b = calloc(n, sizeof *s->mev_b);
     uint64_t maxc = 1, tot = 0;
     for (size_t i = 0; i < n; i++) {
         if (cfg->counts[i] > maxc) maxc = cfg->counts[i];
@@ -562,11 +558,20 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     }
     s->z = maxc <= SIZE_MAX / sizeof(float) ? malloc((size_t)maxc * sizeof(float)) : NULL;
     if (!s->peers || !s->counts || !s->off || !s->commit || !s->check || !s->check_raw ||
-        !s->check_len || !s->reported || !s->disputes || !s->mine || !s->z) {
+        !s->check_len || !s->reported || !s->disputes || !s->mine || !s->z || !s->report ||
+        !s->disputed_by || !s->mfault || !s->mev || !s->mev_a || !s->mev_b) {
         step_free(s);
         return AP_ENOMEM;
     }
-    (void)tot;
+    s->total = tot <= SIZE_MAX / sizeof(float) ? (size_t)tot : 0;
+    s->grad_for = n;
+    if (cfg->grad && cfg->validators) {
+        s->grad = s->total ? malloc(s->total * sizeof(float)) : NULL;
+        if (!s->grad) {
+            step_free(s);
+            return AP_ENOMEM;
+        }
+    }
     memcpy(s->peers, cfg->peers, n * sizeof *s->peers);
     memcpy(s->counts, cfg->counts, n * sizeof *s->counts);
     s->cfg.peers = s->peers;
@@ -576,6 +581,9 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     ap_btard_round_cfg_t rc = {.peers = s->peers,
                                .n = n,
                                .phase_timeout_us = s->cfg.phase_timeout_us,
+                               .attack = cfg->attack == AP_BTARD_STEP_WITHHOLD_REVEAL
+                                             ? AP_BTARD_MPRNG_WITHHOLD_REVEAL
+                                             : AP_BTARD_MPRNG_HONEST,
                                .done = mprng_done,
                                .arg = s};
     memcpy(rc.ctx, s->mprng_ctx, H);

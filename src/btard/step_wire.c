@@ -68,11 +68,14 @@ static size_t body_encode(const ap__step_msg_t *m, uint8_t *out, size_t cap)
     }
     if (m->kind == AP__BTARD_STEP_REPORT) {
         const ap__step_report_t *r = &m->u.report;
-        if (r->n > AP_BTARD_STEP_MAX_PEERS) return 0;
+        if (r->n > AP_BTARD_STEP_MAX_PEERS || r->nacc > AP_BTARD_STEP_MAX_PEERS) return 0;
         Apiary__Btard__StepReport p = APIARY__BTARD__STEP_REPORT__INIT;
         p.ctx = bin(r->ctx, H);
         p.n_disputed = r->n;
         p.disputed = (uint32_t *)r->disputed;
+        p.n_accused = p.n_accused_part = r->nacc;
+        p.accused = (uint32_t *)r->acc_target;
+        p.accused_part = (uint32_t *)r->acc_part;
         if (apiary__btard__step_report__get_packed_size(&p) > cap) return 0;
         return apiary__btard__step_report__pack(&p, out);
     }
@@ -167,12 +170,22 @@ static int decode_report(const uint8_t *b, size_t len, ap__step_report_t *r)
     Apiary__Btard__StepReport *p = apiary__btard__step_report__unpack(NULL, len, b);
     if (!p) return AP_ECORRUPT;
     int rc = AP_ECORRUPT;
-    if (!hash_ok(&p->ctx) || p->n_disputed > AP_BTARD_STEP_MAX_PEERS) goto out;
+    if (!hash_ok(&p->ctx) || p->n_disputed > AP_BTARD_STEP_MAX_PEERS ||
+        p->n_accused > AP_BTARD_STEP_MAX_PEERS || p->n_accused != p->n_accused_part)
+        goto out;
     memcpy(r->ctx, p->ctx.data, H);
     r->n = (uint32_t)p->n_disputed;
     for (size_t i = 0; i < p->n_disputed; i++) {
         if (p->disputed[i] >= AP_BTARD_STEP_MAX_PEERS) goto out;
         r->disputed[i] = p->disputed[i];
+    }
+    r->nacc = (uint32_t)p->n_accused;
+    for (size_t i = 0; i < p->n_accused; i++) {
+        if (p->accused[i] >= AP_BTARD_STEP_MAX_PEERS ||
+            p->accused_part[i] >= AP_BTARD_STEP_MAX_PEERS)
+            goto out;
+        r->acc_target[i] = p->accused[i];
+        r->acc_part[i] = p->accused_part[i];
     }
     rc = 0;
 out:

@@ -32,6 +32,9 @@ typedef struct ap__step_report {
     uint8_t ctx[AP_BTARD_HASH_LEN];
     uint32_t n;
     uint32_t disputed[AP_BTARD_STEP_MAX_PEERS];
+    uint32_t nacc; /* accusations: (acc_target[i], acc_part[i]) */
+    uint32_t acc_target[AP_BTARD_STEP_MAX_PEERS];
+    uint32_t acc_part[AP_BTARD_STEP_MAX_PEERS];
 } ap__step_report_t;
 
 /* One decoded, signature-checked step message. */

@@ -10,7 +10,7 @@
 
 #include "apiary/btard.h"
 
-enum { N = 8, ELEMS = 6000, CHUNK = 500 };
+enum { N = 8, ELEMS = 6000, CHUNK = 500, NEX = 16, BATCH = 4 };
 
 typedef struct peer {
     ap_btard_svc_t *mprng;
@@ -19,6 +19,7 @@ typedef struct peer {
     bool done;
     ap_btard_verdict_t v;
     ap_peer_id_t convicted[N];
+    ap_btard_fault_t fault[N];
     uint8_t ban[N][AP_BTARD_BAN_MAX];
     size_t ban_len[N];
 } peer_t;
@@ -33,7 +34,16 @@ static void on_verdict(void *arg, const ap_btard_verdict_t *v)
     p->v.bans = NULL;
     for (size_t i = 0; i < v->nconvicted && i < N; i++) {
         p->convicted[i] = v->bans[i].peer;
-        assert_ok(ap_btard_ban_encode(&v->bans[i], p->ban[i], sizeof p->ban[i], &p->ban_len[i]));
+        p->fault[i] = v->bans[i].fault;
+        /* only these faults prove themselves */
+        if (v->bans[i].fault == AP_BTARD_FAULT_BAD_AGGREGATE ||
+            v->bans[i].fault == AP_BTARD_FAULT_BAD_REVEAL)
+            assert_ok(
+                ap_btard_ban_encode(&v->bans[i], p->ban[i], sizeof p->ban[i], &p->ban_len[i]));
+        else
+            assert_int_equal(
+                ap_btard_ban_encode(&v->bans[i], p->ban[i], sizeof p->ban[i], &p->ban_len[i]),
+                AP_EINVAL);
     }
 }
 
@@ -51,18 +61,46 @@ typedef struct scenario {
     int disputer; /* member that disputes every part (-1: none) */
     double tau;
     uint64_t seed;
+    uint32_t validators; /* gradient check: validators per step (0: off) */
+    int accuser;         /* false accuser (-1: none) */
+    int withholder;      /* withholds its MPRNG reveal (-1: none) */
 } scenario_t;
 
 static const uint8_t RUN[32] = {7, 7, 7};
 
+/* The public state: a quadratic loss 0.5 |p - y|^2 over NEX public examples
+ * y_e, at parameters p = 0; member i's minibatch comes from a seed every
+ * member knows before the round (the run, the step), so its gradient
+ * -mean(y_b) can be recomputed by anyone. */
+static float Y[NEX][ELEMS];
+static uint8_t BATCH_SEED[32];
+
+static int grad_of(void *arg, uint32_t member, float *out)
+{
+    (void)arg;
+    uint64_t idx[BATCH];
+    ap_btard_minibatch(BATCH_SEED, member, NEX, BATCH, idx);
+    for (size_t k = 0; k < ELEMS; k++) {
+        double acc = 0;
+        for (int b = 0; b < BATCH; b++) acc += Y[idx[b]][k];
+        out[k] = (float)(0.0 - acc / BATCH);
+    }
+    return 0;
+}
+
 static void run(const scenario_t *sc, avg_env_t *e)
 {
     avg_env_init(e, N, ELEMS, sc->seed);
+    ap_btard_round_ctx(RUN, 42, 2, BATCH_SEED);
     for (uint64_t k = 0; k < ELEMS; k++) {
         double c = 10 * sin((double)k * 0.01);
-        for (int i = 0; i < N; i++) {
-            double v = i == sc->poisoner ? c + 1000 : c + 2 * avg_rnd01(e) - 1;
-            e->nd[i].orig[k] = e->nd[i].data[k] = (float)v;
+        for (int x = 0; x < NEX; x++) Y[x][k] = (float)(-c - (2 * avg_rnd01(e) - 1));
+    }
+    for (int i = 0; i < N; i++) {
+        grad_of(NULL, (uint32_t)i, e->nd[i].orig);
+        for (uint64_t k = 0; k < ELEMS; k++) {
+            if (i == sc->poisoner) e->nd[i].orig[k] += 1000;
+            e->nd[i].data[k] = e->nd[i].orig[k];
         }
     }
     ap_avg_member_t mem[N];
@@ -110,10 +148,14 @@ static void run(const scenario_t *sc, avg_env_t *e)
                                  .vclip = &P[i].vc,
                                  .tau = sc->tau,
                                  .phase_timeout_us = 2000000,
-                                 .attack = i == sc->disputer ? AP_BTARD_STEP_FALSE_DISPUTE
-                                                             : AP_BTARD_STEP_HONEST,
+                                 .attack = i == sc->disputer     ? AP_BTARD_STEP_FALSE_DISPUTE
+                                           : i == sc->accuser    ? AP_BTARD_STEP_FALSE_ACCUSE
+                                           : i == sc->withholder ? AP_BTARD_STEP_WITHHOLD_REVEAL
+                                                                 : AP_BTARD_STEP_HONEST,
                                  .done = on_verdict,
-                                 .arg = &P[i]};
+                                 .arg = &P[i],
+                                 .validators = sc->validators,
+                                 .grad = grad_of};
         memcpy(c.run, RUN, 32);
         assert_ok(ap_btard_step_start(P[i].step, &c));
     }
@@ -141,7 +183,7 @@ static void test_clean_round_applies(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -161,7 +203,7 @@ static void test_poisoned_sender_no_false_conviction(void **state)
     const double taus[] = {40, 2};
     for (int t = 0; t < 2; t++) {
         avg_env_t e;
-        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t};
+        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 0);
@@ -179,7 +221,7 @@ static void test_shifting_aggregator_convicted(void **state)
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
         const int bad = (int)(seed % N);
-        scenario_t sc = {bad, -1, -1, 40, seed};
+        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -213,12 +255,117 @@ static void test_false_disputer(void **state)
 {
     (void)state;
     avg_env_t e;
-    scenario_t sc = {-1, -1, 2, 40, 9};
+    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         assert_int_equal(P[i].v.nconvicted, 0);
         assert_false(P[i].v.apply);
         assert_int_equal(P[i].v.disputes, N - 1);
+    }
+    finish(&e);
+}
+
+static bool targeted(const uint8_t seed[32], uint32_t k, int who)
+{
+    uint32_t val[N], tgt[N];
+    assert_ok(ap_btard_pick_validators(seed, N, k, val, tgt));
+    for (uint32_t q = 0; q < k; q++)
+        if ((int)tgt[q] == who) return true;
+    return false;
+}
+
+static bool convicted_as(const peer_t *p, const ap_peer_id_t *who, ap_btard_fault_t f)
+{
+    for (size_t i = 0; i < p->v.nconvicted && i < N; i++)
+        if (ap_peer_id_eq(&p->convicted[i], who)) return p->fault[i] == f;
+    return false;
+}
+
+/* With the gradient check on, honest rounds convict nobody: every
+ * validator's recomputation matches its target's committed part. */
+static void test_gradient_check_clean(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        avg_env_t e;
+        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1};
+        run(&sc, &e);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            assert_true(P[i].v.apply);
+            assert_int_equal(P[i].v.nconvicted, 0);
+            assert_int_equal(P[i].v.accusations, 0);
+        }
+        finish(&e);
+    }
+}
+
+/* A sender whose vector is its gradient + 1000 per element: whenever the
+ * seed makes it some validator's target, every peer convicts it of
+ * bad_gradient (and nobody else); otherwise nobody is convicted. Over the
+ * seeds it is caught at least once. */
+static void test_gradient_check_poisoner(void **state)
+{
+    (void)state;
+    int caught = 0;
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        avg_env_t e;
+        const int bad = (int)(seed % N);
+        const uint32_t k = 3;
+        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1};
+        run(&sc, &e);
+        bool hit = targeted(P[0].v.seed, k, bad);
+        caught += hit;
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            assert_memory_equal(P[i].v.seed, P[0].v.seed, 32);
+            if (hit) {
+                assert_int_equal(P[i].v.nconvicted, 1);
+                assert_true(convicted_as(&P[i], avg_peer_id(&e, bad), AP_BTARD_FAULT_BAD_GRADIENT));
+                assert_false(P[i].v.apply);
+            } else {
+                assert_int_equal(P[i].v.nconvicted, 0);
+            }
+        }
+        finish(&e);
+    }
+    assert_true(caught > 0);
+}
+
+/* A member that accuses an honest peer is convicted of false_accusation by
+ * every peer; the accused is not. */
+static void test_false_accuser(void **state)
+{
+    (void)state;
+    for (uint32_t k = 0; k <= 2; k += 2) {
+        avg_env_t e;
+        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1};
+        run(&sc, &e);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.nconvicted, 1);
+            assert_true(convicted_as(&P[i], avg_peer_id(&e, 5), AP_BTARD_FAULT_FALSE_ACCUSATION));
+            assert_false(P[i].v.apply);
+        }
+        finish(&e);
+    }
+}
+
+/* A member that withholds its reveal in the step's MPRNG round is convicted
+ * (no_reveal) by every honest peer, which still agree on the seed. */
+static void test_withheld_reveal(void **state)
+{
+    (void)state;
+    avg_env_t e;
+    const int bad = 3;
+    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad};
+    run(&sc, &e);
+    for (int i = 0; i < N; i++) {
+        if (i == bad) continue;
+        assert_int_equal(P[i].v.status, 0);
+        assert_memory_equal(P[i].v.seed, P[i == 0 ? 1 : 0].v.seed, 32);
+        assert_int_equal(P[i].v.nconvicted, 1);
+        assert_true(convicted_as(&P[i], avg_peer_id(&e, bad), AP_BTARD_FAULT_NO_REVEAL));
+        assert_false(P[i].v.apply);
     }
     finish(&e);
 }
@@ -231,6 +378,10 @@ int main(void)
         cmocka_unit_test(test_poisoned_sender_no_false_conviction),
         cmocka_unit_test(test_shifting_aggregator_convicted),
         cmocka_unit_test(test_false_disputer),
+        cmocka_unit_test(test_gradient_check_clean),
+        cmocka_unit_test(test_gradient_check_poisoner),
+        cmocka_unit_test(test_false_accuser),
+        cmocka_unit_test(test_withheld_reveal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
