@@ -18,6 +18,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             bool fails = ap_btard_agg_fails(m->u.check.e, m->u.check.n, m->u.check.tau);
             (void)fails;
         }
+        if (m->kind == AP__BTARD_STEP_REPORT &&
+            (m->u.report.nacc > AP_BTARD_STEP_MAX_PEERS || m->u.report.n > AP_BTARD_STEP_MAX_PEERS))
+            abort();
+        for (uint32_t i = 0; m->kind == AP__BTARD_STEP_REPORT && i < m->u.report.nacc; i++)
+            if (m->u.report.acc_target[i] >= AP_BTARD_STEP_MAX_PEERS ||
+                m->u.report.acc_part[i] >= AP_BTARD_STEP_MAX_PEERS)
+                abort();
         if (m->kind == AP__BTARD_STEP_COMMIT &&
             (m->u.commit.n == 0 || m->u.commit.n > AP_BTARD_STEP_MAX_PEERS))
             abort();
