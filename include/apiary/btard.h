@@ -451,9 +451,13 @@ AP_EXPORT size_t ap_btard_banlist_count(const ap_btard_banlist_t *bl);
  * accusation the same way: a mismatch convicts the target
  * (AP_BTARD_FAULT_BAD_GRADIENT), a match or an accuser that is not the
  * target's validator convicts the accuser (AP_BTARD_FAULT_FALSE_ACCUSATION);
- * an accusation on a part the target disputed, or whose check or aggregate
- * is missing, is not judged. MPRNG faults of the step's round (no_reveal,
- * bad_reveal, equivocation) convict too. A step with a conviction is not
+ * an accusation on a part the target disputed, whose check or aggregate is
+ * missing, or whose check is on another seed than this member's, is not
+ * judged, nor are the accusations of a member excluded from the MPRNG round. The provable MPRNG faults of the step's round
+ * (bad_reveal, equivocation) convict too; a missed deadline (no_commit,
+ * no_reveal) never does: the round goes on without that member, which is
+ * listed in verdict.excluded (its own check is then on another seed, so its
+ * part fails and the step is dropped). A step with a conviction is not
  * applied. Only bad_aggregate, bad_reveal and equivocation bans are
  * self-proving (ap_btard_ban_encode refuses the others: they are kept by
  * the members that judged them). */
@@ -520,6 +524,12 @@ typedef struct ap_btard_verdict {
     uint8_t seed[AP_BTARD_HASH_LEN]; /* the step's seed (status 0) */
     size_t nconvicted;               /* members proven to have cheated in this step */
     const ap_btard_ban_t *bans;      /* one per convicted member (its evidence borrowed) */
+    /* members left out of the step's MPRNG round for a missed commit or
+     * reveal deadline (no_commit, no_reveal): not convicted, since a slow
+     * or departing honest peer misses deadlines too; the caller may leave
+     * them out of its next groups */
+    size_t nexcluded;
+    const ap_peer_id_t *excluded;
 } ap_btard_verdict_t;
 
 typedef void (*ap_btard_step_fn)(void *arg, const ap_btard_verdict_t *v);

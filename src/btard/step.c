@@ -131,16 +131,26 @@ static void conclude(step_t *s, int status)
         } else
             v.parts_ok++;
     }
+    ap_peer_id_t *excl = calloc(s->n, sizeof *excl);
     if (status == 0 && bans) {
         for (size_t i = 0; i < s->n; i++) {
             ap_btard_fault_t f = (ap_btard_fault_t)s->mfault[i];
-            if (f == AP_BTARD_FAULT_NO_REVEAL || f == AP_BTARD_FAULT_BAD_REVEAL ||
-                f == AP_BTARD_FAULT_EQUIVOCATION)
+            /* only a fault its own signed messages prove convicts; a missed
+             * deadline may be a slow or departing honest peer: it was left
+             * out of the round, nothing more */
+            if (f == AP_BTARD_FAULT_BAD_REVEAL || f == AP_BTARD_FAULT_EQUIVOCATION)
                 ap__btard_convict(s, bans, &v.nconvicted, i, f, 1, s->mev[i], s->mev_a[i],
                                   s->mev[i] ? s->mev[i] + s->mev_a[i] : NULL, s->mev_b[i]);
+            else if ((f == AP_BTARD_FAULT_NO_COMMIT || f == AP_BTARD_FAULT_NO_REVEAL) && excl) {
+                excl[v.nexcluded++] = s->peers[i];
+                ap_log(AP_LOG_INFO, "btard", "step %llu: %s excluded (%s), not convicted",
+                       (unsigned long long)s->cfg.step, ap_peer_id_short(&s->peers[i], sh),
+                       ap_btard_fault_name(f));
+            }
         }
         ap__btard_grad_judge(s, bans, &v.nconvicted, &v.accusations);
     }
+    v.excluded = excl;
     v.apply = status == 0 && v.parts_failed == 0 && v.nconvicted == 0;
     v.bans = bans;
     if (!bans) v.nconvicted = 0;
@@ -150,6 +160,7 @@ static void conclude(step_t *s, int status)
                ap_btard_fault_name(bans[i].fault));
     s->cfg.done(s->cfg.arg, &v);
     free(bans);
+    free(excl);
     step_free(s);
 }
 

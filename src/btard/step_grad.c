@@ -117,10 +117,21 @@ void ap__btard_grad_accuse(step_t *s, ap__step_report_t *r)
 void ap__btard_grad_judge(step_t *s, ap_btard_ban_t *bans, size_t *nb, uint32_t *accusations)
 {
     for (size_t a = 0; a < s->n; a++) {
+        /* a member left out of the step's MPRNG round (a missed deadline)
+         * drew its validators from another seed: its accusations are not
+         * judged, so a slow honest validator is never a false accuser */
+        if (s->mfault[a] != AP_BTARD_FAULT_NONE) continue;
         const ap__step_report_t *r = s->report[a];
         for (uint32_t q = 0; r && q < r->nacc; q++) {
             size_t t = r->acc_target[q], j = r->acc_part[q];
             (*accusations)++;
+            /* judged only on a check of this node's seed: an honest accuser
+             * accuses only on a check of its own seed, so it then drew its
+             * validators from this one too (a member that ended the MPRNG
+             * round on another seed judges nobody) */
+            bool judgeable =
+                j < s->n && s->counts[j] && s->check[j] && !memcmp(s->check[j]->seed, s->seed, H);
+            if (t < s->n && t != a && !judgeable) continue;
             if (t >= s->n || t == a || !validates(s, a, t)) {
                 ap__btard_convict(s, bans, nb, a, AP_BTARD_FAULT_FALSE_ACCUSATION, 0, NULL, 0, NULL,
                                   0);

@@ -126,6 +126,12 @@ static void verdict(void *arg, const ap_btard_verdict_t *v)
         c->refs++;
         if (ap_btard_ban_publish(c->dht, &v->bans[i], exp, published, c) != 0) c->refs--;
     }
+    for (size_t i = 0; i < v->nexcluded; i++) {
+        char sh[AP_PEER_SHORT_LEN];
+        ap_info(OPT_MOD,
+                "epoch %llu: %s missed a deadline of the round's check: left out, not banned",
+                (unsigned long long)c->epoch, ap_peer_id_short(&v->excluded[i], sh));
+    }
     if (!v->apply) {
         c->st.btard_steps_dropped++;
         ap_warn(OPT_MOD,

@@ -2,9 +2,11 @@
  * loss 0.5 |p - y|^2 over public examples; every step is a ButterflyClip
  * all-reduce of the members' gradients (each on a minibatch drawn from a
  * seed of the run and the step), then the verified step with every member a
- * validator. One node sends its gradient times -1000, another withholds its
- * MPRNG reveal. Both are banned by every honest node, no honest node is,
- * and the honest nodes keep training without them. */
+ * validator. One node sends its gradient times -1000: every honest node
+ * bans it. Another withholds its MPRNG reveal: it is excluded from that
+ * step (an absence proves nothing, so nobody bans it) and sits out the next
+ * SIT_OUT steps. No honest node bans anyone honest, and the honest nodes
+ * keep training. */
 #include "btard_verified_suite.h"
 
 #include "aptest.h"
@@ -24,6 +26,7 @@
 #define MAX_STEPS 14
 #define POISONER  1
 #define WITHHOLD  4
+#define SIT_OUT   2 /* steps a node excluded for a missed deadline sits out */
 
 static const ap_testbed_ops_t *T;
 static const uint8_t RUN[32] = {0x42, 1};
@@ -38,7 +41,8 @@ typedef struct node {
     float data[D]; /* the round's vector, in place */
     bool ar_done, v_done, apply;
     int ar_status;
-    bool banned[N]; /* its own ban list */
+    bool banned[N];   /* its own ban list */
+    bool excluded[N]; /* excluded from this step for a missed deadline */
 } node_t;
 
 typedef struct world {
@@ -50,6 +54,7 @@ typedef struct world {
     int grp[N];
     size_t ng;
     uint64_t step;
+    int sit_out[N]; /* steps node i still sits out */
 } world_t;
 
 static world_t W;
@@ -107,6 +112,10 @@ static void on_verdict(void *arg, const ap_btard_verdict_t *v)
     node_t *d = arg;
     d->v_done = true;
     d->apply = v->apply;
+    memset(d->excluded, 0, sizeof d->excluded);
+    for (size_t i = 0; i < v->nexcluded; i++)
+        for (int j = 0; j < N; j++)
+            if (ap_peer_id_eq(&v->excluded[i], &W.ids[j])) d->excluded[j] = true;
     for (size_t i = 0; i < v->nconvicted; i++)
         for (int j = 0; j < N; j++)
             if (ap_peer_id_eq(&v->bans[i].peer, &W.ids[j])) d->banned[j] = true;
@@ -128,13 +137,23 @@ static bool honest_verdicts(void *arg)
     return true;
 }
 
-/* One step among the nodes that honest node 0 has not banned. Returns
- * whether the honest nodes applied it. */
+static bool in_group(int i)
+{
+    for (size_t g = 0; g < W.ng; g++)
+        if (W.grp[g] == i) return true;
+    return false;
+}
+
+/* One step among the nodes that honest node 0 has not banned and that do
+ * not sit out. Returns whether the honest nodes applied it. */
 static bool one_step(void)
 {
     W.ng = 0;
     for (int i = 0; i < N; i++)
-        if (!W.nd[0].banned[i]) W.grp[W.ng++] = i;
+        if (!W.nd[0].banned[i] && !W.sit_out[i])
+            W.grp[W.ng++] = i;
+        else if (W.sit_out[i])
+            W.sit_out[i]--;
     ap_avg_member_t mem[N];
     ap_peer_id_t ids[N];
     for (size_t g = 0; g < W.ng; g++) {
@@ -190,9 +209,18 @@ static bool one_step(void)
         node_t *d = &W.nd[i];
         assert_int_equal(d->apply, applied); /* the honest agree */
         assert_memory_equal(d->banned, W.nd[0].banned, sizeof d->banned);
+        assert_memory_equal(d->excluded, W.nd[0].excluded, sizeof d->excluded);
         if (d->apply)
             for (size_t k = 0; k < D; k++) d->p[k] -= 0.5f * d->data[k];
     }
+    /* the nodes that sat out or did not apply it (the withholder) catch up
+     * as a returning peer does, by downloading the state: each step's
+     * gradient is taken at the public parameters */
+    for (int i = 0; i < N; i++)
+        if (!W.nd[0].banned[i] && (!honest(i) || !in_group(i)))
+            memcpy(W.nd[i].p, W.nd[0].p, sizeof W.nd[i].p);
+    for (int i = 0; i < N; i++)
+        if (W.nd[0].excluded[i]) W.sit_out[i] = SIT_OUT;
     W.step++;
     return applied;
 }
@@ -223,28 +251,31 @@ static void test_attackers_banned_training_continues(void **st)
         assert_ok(ap_btard_step_svc_new(rt, d->mprng, &d->step));
     }
     const double loss0 = loss(W.nd[0].p);
-    int applied_after = 0, steps = 0;
+    int applied_after = 0, steps = 0, excl_steps = 0;
     while (steps < MAX_STEPS &&
-           !(W.nd[0].banned[POISONER] && W.nd[0].banned[WITHHOLD] && applied_after >= 3)) {
-        bool all_banned = W.nd[0].banned[POISONER] && W.nd[0].banned[WITHHOLD];
+           !(W.nd[0].banned[POISONER] && excl_steps >= 2 && applied_after >= 3)) {
+        bool banned = W.nd[0].banned[POISONER];
         bool a = one_step();
-        if (all_banned && a) applied_after++;
+        if (banned && a) applied_after++;
+        excl_steps += W.nd[0].excluded[WITHHOLD];
         steps++;
         for (int i = 0; i < N; i++)
             if (honest(i))
                 for (int j = 0; j < N; j++)
-                    if (honest(j) && W.nd[i].banned[j])
-                        fail_msg("step %d: honest node %d banned honest node %d", steps, i, j);
+                    if (j != POISONER && W.nd[i].banned[j])
+                        fail_msg("step %d: honest node %d banned node %d", steps, i, j);
     }
     const double loss1 = loss(W.nd[0].p);
-    printf("%s: %d steps, loss %.3f -> %.3f, applied after the bans %d\n", T->name, steps, loss0,
-           loss1, applied_after);
+    printf("%s: %d steps, loss %.3f -> %.3f, applied after the ban %d, withholder excluded in %d\n",
+           T->name, steps, loss0, loss1, applied_after, excl_steps);
     for (int i = 0; i < N; i++) {
         if (!honest(i)) continue;
         assert_true(W.nd[i].banned[POISONER]);
-        assert_true(W.nd[i].banned[WITHHOLD]);
+        assert_false(W.nd[i].banned[WITHHOLD]);
         assert_memory_equal(W.nd[i].p, W.nd[0].p, sizeof W.nd[0].p);
     }
+    /* excluded again after sitting out, never banned */
+    assert_true(excl_steps >= 2);
     assert_true(applied_after >= 3);
     /* the optimum's loss is the examples' variance, ~1/3 per element */
     assert_true(loss1 < 0.05 * loss0);

@@ -5,7 +5,8 @@
  * convict nobody and apply; an aggregator that shifts its part is convicted
  * by every honest peer with evidence that proves it (and nobody else); a
  * member that disputes every part stops the step without convicting
- * anyone. */
+ * anyone; a member that misses a deadline (withholding its reveal, or
+ * honest and slow) is left out of the step's MPRNG round, never convicted. */
 #include "avg_harness.h"
 
 #include "apiary/btard.h"
@@ -22,6 +23,7 @@ typedef struct peer {
     ap_btard_fault_t fault[N];
     uint8_t ban[N][AP_BTARD_BAN_MAX];
     size_t ban_len[N];
+    ap_peer_id_t excluded[N];
 } peer_t;
 
 static peer_t P[N];
@@ -32,6 +34,8 @@ static void on_verdict(void *arg, const ap_btard_verdict_t *v)
     p->done = true;
     p->v = *v;
     p->v.bans = NULL;
+    p->v.excluded = NULL;
+    for (size_t i = 0; i < v->nexcluded && i < N; i++) p->excluded[i] = v->excluded[i];
     for (size_t i = 0; i < v->nconvicted && i < N; i++) {
         p->convicted[i] = v->bans[i].peer;
         p->fault[i] = v->bans[i].fault;
@@ -64,6 +68,7 @@ typedef struct scenario {
     uint32_t validators; /* gradient check: validators per step (0: off) */
     int accuser;         /* false accuser (-1: none) */
     int withholder;      /* withholds its MPRNG reveal (-1: none) */
+    int slow;            /* honest, but its messages reach it late (-1: none) */
 } scenario_t;
 
 static const uint8_t RUN[32] = {7, 7, 7};
@@ -134,6 +139,17 @@ static void run(const scenario_t *sc, avg_env_t *e)
     assert_ok(ap_btard_split(mem, N, ELEMS, counts));
     ap_peer_id_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = mem[i].id;
+    if (sc->slow >= 0)
+        /* the others' messages take 2.5 s to reach it, its own 0.5 s to
+         * reach them: its commitment is in time, its reveal (sent once it
+         * holds every commitment) comes after the others' 2 s reveal
+         * deadline */
+        for (int i = 0; i < N; i++) {
+            if (i == sc->slow) continue;
+            ap_sim_link_t in = {.latency_us = 2500000}, out = {.latency_us = 500000};
+            assert_ok(ap_sim_set_link(e->sim, i, sc->slow, &in));
+            assert_ok(ap_sim_set_link(e->sim, sc->slow, i, &out));
+        }
     for (int i = 0; i < N; i++) {
         avg_node_t *d = &e->nd[i];
         assert_int_equal(d->res.status, 0);
@@ -183,7 +199,7 @@ static void test_clean_round_applies(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -203,7 +219,7 @@ static void test_poisoned_sender_no_false_conviction(void **state)
     const double taus[] = {40, 2};
     for (int t = 0; t < 2; t++) {
         avg_env_t e;
-        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1};
+        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 0);
@@ -221,7 +237,7 @@ static void test_shifting_aggregator_convicted(void **state)
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
         const int bad = (int)(seed % N);
-        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1};
+        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -255,7 +271,7 @@ static void test_false_disputer(void **state)
 {
     (void)state;
     avg_env_t e;
-    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1};
+    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1, -1};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         assert_int_equal(P[i].v.nconvicted, 0);
@@ -288,7 +304,7 @@ static void test_gradient_check_clean(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 2; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1};
+        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -312,7 +328,7 @@ static void test_gradient_check_poisoner(void **state)
         avg_env_t e;
         const int bad = (int)(seed % N);
         const uint32_t k = 3;
-        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1};
+        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1, -1};
         run(&sc, &e);
         bool hit = targeted(P[0].v.seed, k, bad);
         caught += hit;
@@ -339,7 +355,7 @@ static void test_false_accuser(void **state)
     (void)state;
     for (uint32_t k = 0; k <= 2; k += 2) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1};
+        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1, -1};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 1);
@@ -350,24 +366,63 @@ static void test_false_accuser(void **state)
     }
 }
 
-/* A member that withholds its reveal in the step's MPRNG round is convicted
- * (no_reveal) by every honest peer, which still agree on the seed. */
+static bool excluded(const peer_t *p, const ap_peer_id_t *who)
+{
+    for (size_t i = 0; i < p->v.nexcluded && i < N; i++)
+        if (ap_peer_id_eq(&p->excluded[i], who)) return true;
+    return false;
+}
+
+/* A member that withholds its reveal in the step's MPRNG round is excluded
+ * (no_reveal) by every honest peer, which agree on the seed of the round
+ * without it, and convicted by none: an absence proves nothing. Its own
+ * check is on the seed it saw, so its part fails and the step is dropped. */
 static void test_withheld_reveal(void **state)
 {
     (void)state;
     avg_env_t e;
     const int bad = 3;
-    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad};
+    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad, -1};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         if (i == bad) continue;
         assert_int_equal(P[i].v.status, 0);
         assert_memory_equal(P[i].v.seed, P[i == 0 ? 1 : 0].v.seed, 32);
-        assert_int_equal(P[i].v.nconvicted, 1);
-        assert_true(convicted_as(&P[i], avg_peer_id(&e, bad), AP_BTARD_FAULT_NO_REVEAL));
+        assert_int_equal(P[i].v.nconvicted, 0);
+        assert_int_equal(P[i].v.nexcluded, 1);
+        assert_true(excluded(&P[i], avg_peer_id(&e, bad)));
         assert_false(P[i].v.apply);
     }
     finish(&e);
+}
+
+/* An honest member whose messages arrive late (the others' take 2.5 s to
+ * reach it, past the 2 s reveal deadline): the others exclude it from the
+ * MPRNG round and agree on a seed without it. With the gradient check on
+ * (every member a validator) nobody, it included, convicts anyone honest,
+ * also with a poisoner in the group, whom the slow member (on a seed of its
+ * own) may accuse: its accusations are not judged. */
+static void test_slow_honest_peer_not_banned(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        avg_env_t e;
+        const int slow = (int)(seed * 3 % N);
+        const int bad = seed > 2 ? (slow + 2) % N : -1;
+        scenario_t sc = {-1, bad, -1, 40, 30 + seed, N, -1, -1, slow};
+        run(&sc, &e);
+        const int ref = slow == 0 ? 1 : 0;
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            for (size_t q = 0; q < P[i].v.nconvicted && q < N; q++)
+                assert_true(bad >= 0 && ap_peer_id_eq(&P[i].convicted[q], avg_peer_id(&e, bad)));
+            if (i == slow) continue;
+            assert_memory_equal(P[i].v.seed, P[ref].v.seed, 32);
+            assert_true(excluded(&P[i], avg_peer_id(&e, slow)));
+            assert_int_equal(P[i].v.nexcluded, 1);
+        }
+        finish(&e);
+    }
 }
 
 int main(void)
@@ -382,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_gradient_check_poisoner),
         cmocka_unit_test(test_false_accuser),
         cmocka_unit_test(test_withheld_reveal),
+        cmocka_unit_test(test_slow_honest_peer_not_banned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
