@@ -33,10 +33,13 @@
  *                      get SIGTERM 5 s later: served is the share of survivors
  *                      that stop within 10 s with their summary line, the
  *                      memory figures are the first survivor's
+ *   p2p_slowloris, yamux_streams, yamux_window, p2p_oversized, p2p_no_read
+ *                      on the libp2p listener (bench_hostile_p2p.c)
  * --quick: smaller counts (the ctest smoke form). All traffic goes to
  * 127.0.0.1; every loop is bounded in count and time.
  * Options: --attack NAME (only this one), --quick. */
 #include "bench.h"
+#include "hostile.h"
 #include "proc.h"
 
 #include "apiary/dht.h"
@@ -70,30 +73,7 @@
 
 #define LEGIT_KEY "hostile-legit-record"
 
-typedef struct target {
-    pid_t pid;
-    char addr[256]; /* /ip4/127.0.0.1/tcp/PORT/p2p/ID */
-    int port;
-    bool dead;
-    int status;
-} target_t;
-
-typedef struct hctx {
-    ap_bench_ctx_t *b;
-    bool quick;
-    target_t t;
-    ap_host_t *host; /* the attackers' */
-    /* legitimate client (own thread and host) */
-    pthread_t legit;
-    atomic_bool legit_quit, measuring;
-    atomic_int probes, served;
-    /* memory sampler */
-    pthread_t sampler;
-    atomic_bool sampler_quit;
-    atomic_uint_fast64_t peak_kb;
-} hctx_t;
-
-static void sleep_s(double s)
+void hostile_sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
@@ -112,7 +92,7 @@ static uint64_t rss_kb(pid_t pid)
     return kb;
 }
 
-static bool target_alive(target_t *t)
+bool hostile_target_alive(target_t *t)
 {
     if (t->dead) return false;
     int st;
@@ -165,10 +145,10 @@ static int target_start(target_t *t, const char *log)
 
 static void target_stop(target_t *t)
 {
-    if (!t->pid || !target_alive(t)) return;
+    if (!t->pid || !hostile_target_alive(t)) return;
     kill(t->pid, SIGTERM);
-    for (int i = 0; i < 100 && target_alive(t); i++) sleep_s(0.05);
-    if (target_alive(t)) {
+    for (int i = 0; i < 100 && hostile_target_alive(t); i++) hostile_sleep_s(0.05);
+    if (hostile_target_alive(t)) {
         kill(t->pid, SIGKILL);
         waitpid(t->pid, NULL, 0);
     }
@@ -247,7 +227,7 @@ static void *legit_main(void *arg)
             atomic_fetch_add(&cx->probes, 1);
             if (ok) atomic_fetch_add(&cx->served, 1);
         }
-        sleep_s(0.1);
+        hostile_sleep_s(0.1);
     }
     ap_host_free(h);
     return NULL;
@@ -259,7 +239,7 @@ static void *sampler_main(void *arg)
     while (!atomic_load(&cx->sampler_quit)) {
         uint64_t kb = rss_kb(cx->t.pid);
         if (kb > atomic_load(&cx->peak_kb)) atomic_store(&cx->peak_kb, kb);
-        sleep_s(0.05);
+        hostile_sleep_s(0.05);
     }
     return NULL;
 }
@@ -386,18 +366,19 @@ static int raw_attack(hctx_t *cx, bool partial, int nconns, int per_conn, int ba
     if (!cs) return AP_ENOMEM;
     int sent = 0;
     double t0 = ap_bench_now();
-    for (int k = 0; k < nconns && target_alive(&cx->t); k++) {
+    for (int k = 0; k < nconns && hostile_target_alive(&cx->t); k++) {
         if (client_open(&cs[k], cx->host, cx->t.addr, false)) continue;
-        for (int done = 0; done < per_conn && target_alive(&cx->t) && ap_bench_now() - t0 < 60;) {
+        for (int done = 0;
+             done < per_conn && hostile_target_alive(&cx->t) && ap_bench_now() - t0 < 60;) {
             in.n = per_conn - done < batch ? per_conn - done : batch;
             in.sent = 0;
             if (ap_node_call_sync(cs[k].rt, inject_fn, &in)) break;
             done += in.n;
             sent += in.sent;
-            sleep_s(partial ? 0.05 : 0.01); /* let the frames drain */
+            hostile_sleep_s(partial ? 0.05 : 0.01); /* let the frames drain */
         }
     }
-    sleep_s(hold_s); /* nothing read, nothing finished */
+    hostile_sleep_s(hold_s); /* nothing read, nothing finished */
     for (int k = 0; k < nconns; k++) client_close(&cs[k]);
     free(cs);
     char f[64];
@@ -435,11 +416,11 @@ static int attack_sigpipe(hctx_t *cx)
     find_burst_t fb = {.key = "hostile-big-dict", .n = 8};
     if (!p2p || ap_peer_id_parse(&fb.peer, p2p + 5)) return AP_EINVAL;
     int rounds = cx->quick ? 5 : 30;
-    for (int i = 0; i < rounds && target_alive(&cx->t); i++) {
+    for (int i = 0; i < rounds && hostile_target_alive(&cx->t); i++) {
         if (client_open(&c, cx->host, cx->t.addr, false) == 0)
             ap_node_call_sync(c.rt, send_finds, &fb);
         client_close(&c); /* drops the connection before the answers */
-        sleep_s(0.05);
+        hostile_sleep_s(0.05);
     }
     return 0;
 }
@@ -454,7 +435,7 @@ static int attack_store_eviction(hctx_t *cx)
     int n = cx->quick ? 400 : 2000, refused = 0;
     char key[48];
     double t0 = ap_bench_now();
-    for (int i = 0; i < n && target_alive(&cx->t) && ap_bench_now() - t0 < 60; i++) {
+    for (int i = 0; i < n && hostile_target_alive(&cx->t) && ap_bench_now() - t0 < 60; i++) {
         snprintf(key, sizeof key, "hostile-flood-%d", i);
         if (store_rec(&c, key, NULL, v, sizeof v, 23ll * 3600 * 1000)) refused++;
     }
@@ -468,7 +449,7 @@ static int attack_store_eviction(hctx_t *cx)
 /* A connection to the target from attacker address 127.0.0.(2 + src % 8):
  * the attackers come from other addresses than the legitimate client, as
  * they would on the Internet (all of them are loopback). */
-static int tcp_open(int port, int src)
+int hostile_tcp_open(int port, int src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
@@ -493,14 +474,14 @@ static int attack_stalled_handshakes(hctx_t *cx)
     int fds[N];
     bool sent[N];
     for (int i = 0; i < N; i++) {
-        fds[i] = tcp_open(cx->t.port, i);
+        fds[i] = hostile_tcp_open(cx->t.port, i);
         sent[i] = false;
     }
     double t0 = ap_bench_now(), dur = cx->quick ? 4 : 15;
     int reopened = 0, max_reopen = cx->quick ? 1000 : 5000;
     /* a frame header announcing a 32-byte message 1, and 10 of its bytes */
     static const uint8_t half[12] = {0, 32, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-    while (ap_bench_now() - t0 < dur && target_alive(&cx->t)) {
+    while (ap_bench_now() - t0 < dur && hostile_target_alive(&cx->t)) {
         struct pollfd p[N];
         for (int i = 0; i < N; i++) {
             p[i].fd = fds[i];
@@ -510,7 +491,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
         for (int i = 0; i < N; i++) {
             if (fds[i] < 0 || (p[i].revents & (POLLHUP | POLLERR))) {
                 if (fds[i] >= 0) close(fds[i]);
-                fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
+                fds[i] = reopened < max_reopen ? hostile_tcp_open(cx->t.port, i) : -1;
                 sent[i] = false;
                 reopened++;
                 continue;
@@ -522,7 +503,7 @@ static int attack_stalled_handshakes(hctx_t *cx)
                 char junk[256];
                 if (recv(fds[i], junk, sizeof junk, 0) == 0) {
                     close(fds[i]);
-                    fds[i] = reopened < max_reopen ? tcp_open(cx->t.port, i) : -1;
+                    fds[i] = reopened < max_reopen ? hostile_tcp_open(cx->t.port, i) : -1;
                     sent[i] = false;
                     reopened++;
                 }
@@ -541,9 +522,10 @@ static int attack_held_connections(hctx_t *cx)
     if (!cs) return AP_ENOMEM;
     double t0 = ap_bench_now();
     int opened = 0;
-    for (int i = 0; i < n && target_alive(&cx->t) && ap_bench_now() - t0 < 60; i++)
+    for (int i = 0; i < n && hostile_target_alive(&cx->t) && ap_bench_now() - t0 < 60; i++)
         if (client_open(&cs[i], cx->host, cx->t.addr, false) == 0) opened++;
-    sleep_s(cx->quick ? 2 : 10); /* held, idle, while the legitimate client comes and goes */
+    hostile_sleep_s(cx->quick ? 2
+                              : 10); /* held, idle, while the legitimate client comes and goes */
     for (int i = 0; i < n; i++) client_close(&cs[i]);
     free(cs);
     char f[64];
@@ -565,7 +547,7 @@ static int setup_handover(hctx_t *cx)
         client_t c;
         int rc = client_open(&c, cx->host, cx->t.addr, false);
         if (rc) return rc;
-        for (int i = w * 32; i < (w + 1) * 32 && target_alive(&cx->t); i++) {
+        for (int i = w * 32; i < (w + 1) * 32 && hostile_target_alive(&cx->t); i++) {
             snprintf(key, sizeof key, "hostile-held-%d", i);
             store_rec(&c, key, NULL, v, sizeof v, 3600 * 1000);
         }
@@ -577,10 +559,10 @@ static int setup_handover(hctx_t *cx)
 static int attack_handover(hctx_t *cx)
 {
     int n = cx->quick ? 20 : 60;
-    for (int i = 0; i < n && target_alive(&cx->t); i++) {
+    for (int i = 0; i < n && hostile_target_alive(&cx->t); i++) {
         client_t s;
         client_open(&s, cx->host, cx->t.addr, true); /* joins: the target hands over */
-        sleep_s(0.05);
+        hostile_sleep_s(0.05);
         client_close(&s);
     }
     return 0;
@@ -602,7 +584,7 @@ static bool wait_exit(pid_t pid, double timeout_s, int *status)
     double t0 = ap_bench_now();
     while (ap_bench_now() - t0 < timeout_s) {
         if (waitpid(pid, status, WNOHANG) == pid) return true;
-        sleep_s(0.05);
+        hostile_sleep_s(0.05);
     }
     return false;
 }
@@ -650,14 +632,14 @@ static int exact_mode_kill(ap_bench_ctx_t *b, bool quick)
     }
     bool setup = false;
     for (int w = 0; w < 600 && !setup; w++) {
-        sleep_s(0.1);
+        hostile_sleep_s(0.1);
         setup = file_has(logs[0], "epoch 2 ");
     }
     uint64_t base_kb = rss_kb(pids[0]), peak_kb = base_kb;
     kill(pids[2], SIGKILL);
     waitpid(pids[2], NULL, 0);
     for (int i = 0; i < 50; i++) { /* the survivors now wait for a batch that never comes */
-        sleep_s(0.1);
+        hostile_sleep_s(0.1);
         uint64_t kb = rss_kb(pids[0]);
         if (kb > peak_kb) peak_kb = kb;
     }
@@ -708,7 +690,24 @@ static const attack_t attacks[] = {
     {"zero_window", attack_zero_window, NULL},
     {"partial_requests", attack_partial_requests, NULL},
     {"handover", attack_handover, setup_handover},
+    {"p2p_slowloris", hostile_p2p_slowloris, NULL},
+    {"yamux_streams", hostile_yamux_streams, NULL},
+    {"yamux_window", hostile_yamux_window, NULL},
+    {"p2p_oversized", hostile_p2p_oversized, NULL},
+    {"p2p_no_read", hostile_p2p_no_read, NULL},
 };
+
+/* Lines of the target's log that contain what. */
+static int log_count(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
 
 static int run_attack(ap_bench_ctx_t *b, const attack_t *a, bool quick)
 {
@@ -731,7 +730,7 @@ static int run_attack(ap_bench_ctx_t *b, const attack_t *a, bool quick)
                   store_rec(&c, LEGIT_KEY, NULL, (const uint8_t *)"legit", 5, 3600 * 1000) == 0;
     client_close(&c);
     int setup_rc = a->setup ? a->setup(cx) : 0;
-    sleep_s(a->setup ? 2 : 1); /* the set-up's buffers released (host.c) */
+    hostile_sleep_s(a->setup ? 2 : 1); /* the set-up's buffers released (host.c) */
     uint64_t base_kb = rss_kb(cx->t.pid);
     atomic_store(&cx->peak_kb, base_kb);
     pthread_create(&cx->legit, NULL, legit_main, cx);
@@ -743,23 +742,25 @@ static int run_attack(ap_bench_ctx_t *b, const attack_t *a, bool quick)
     atomic_store(&cx->measuring, false);
     atomic_store(&cx->legit_quit, true);
     pthread_join(cx->legit, NULL);
-    sleep_s(3);
+    hostile_sleep_s(3);
     atomic_store(&cx->sampler_quit, true);
     pthread_join(cx->sampler, NULL);
-    bool alive = target_alive(&cx->t);
+    bool alive = hostile_target_alive(&cx->t);
     uint64_t after_kb = alive ? rss_kb(cx->t.pid) : 0;
     bool found = alive && legit_get(cx->host, cx->t.addr);
     int probes = atomic_load(&cx->probes), served = atomic_load(&cx->served);
     double frac = probes ? (double)served / probes : 0;
-    char f[512];
+    /* the target's WARN lines (rate-limited: "(+N similar lines suppressed)" not counted) */
+    int warns = log_count(log, " WARN ");
+    char f[600];
     snprintf(f, sizeof f,
              "\"attack\":\"%s\",\"served_during_attack\":%.4f,\"probes\":%d,"
              "\"peak_rss_mb\":%.1f,\"rss_after_mb\":%.1f,\"baseline_rss_mb\":%.1f,"
              "\"crashed\":%d,\"exit_status\":%d,\"legit_record_found\":%d,\"attack_s\":%.1f,"
-             "\"attack_rc\":%d,\"setup_ok\":%d",
+             "\"attack_rc\":%d,\"setup_ok\":%d,\"target_warn_lines\":%d",
              a->name, frac, probes, atomic_load(&cx->peak_kb) / 1024.0, after_kb / 1024.0,
              base_kb / 1024.0, alive ? 0 : 1, alive ? 0 : cx->t.status, found ? 1 : 0, dt, rc,
-             stored && setup_rc == 0 ? 1 : 0);
+             stored && setup_rc == 0 ? 1 : 0, warns);
     ap_bench_report(b, "served_during_attack", frac, "fraction", f);
     ap_host_free(cx->host);
     target_stop(&cx->t);

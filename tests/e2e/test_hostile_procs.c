@@ -49,7 +49,7 @@ static void test_attacks(void **state)
     }
     int st = pclose(f);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    assert_int_equal(attacks, 8);
+    assert_int_equal(attacks, 13);
 }
 
 static int sh(char *out, size_t n, const char *cmd)
