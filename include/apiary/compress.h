@@ -198,7 +198,8 @@ AP_EXPORT AP_NODISCARD int ap_compress_decode_add_seeded(const uint8_t *in, size
  * e.g. a version 2 chunk for a version 1 peer. seed is the cfg->seed of the
  * sender, needed only when in has no seed and the output wants one. Errors
  * as ap_compress_parse, AP_EPROTO for a seedless chunk that needs its seed
- * and got none (seed_known false), AP_EMSGSIZE if cap is too small. */
+ * and got none (seed_known false), AP_EMSGSIZE if cap is too small. in and
+ * out must not overlap. */
 AP_EXPORT int ap_compress_reframe(const uint8_t *in, size_t len, bool seed_known, uint64_t seed,
                                   unsigned flags, uint8_t *out, size_t cap, size_t *out_len);
 

@@ -108,7 +108,10 @@ AP_EXPORT int ap_masha_run(const ap_masha_problem_t *p, const ap_masha_opts_t *o
                            ap_masha_result_t *r);
 
 /* Upload bytes per worker that the protocol sends for a run of `iters`
- * iterations with `refreshes` reference refreshes (headers included). */
+ * iterations with `refreshes` reference refreshes (headers included), in
+ * wire version o->wire. Version 2 carries the worker index as a varint: the
+ * count is exact for workers 0..127; a worker 128..16383 sends one byte more
+ * per request, from 16384 two. */
 AP_EXPORT uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_masha_opts_t *o,
                                          uint64_t iters, uint64_t refreshes);
 
