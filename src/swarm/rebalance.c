@@ -19,11 +19,22 @@ static void sorted(const double *tot, uint32_t S, double *out)
     qsort(out, S, sizeof *out, cmp_double);
 }
 
+/* Totals within TIE (relative) are equal: sums of the same throughputs in
+ * another grouping differ in their last bits (two stages of 4 + 1 and
+ * 2 + 2 + 1, say), and such rounding must not decide which stage is least
+ * or where two vectors first differ. */
+#define TIE 1e-9
+
+static bool same(double a, double b)
+{
+    return fabs(a - b) <= TIE * fmax(fabs(a), fabs(b));
+}
+
 /* >0 if a is lexicographically above b, 0 if equal, <0 below. */
 static int lex(const double *a, const double *b, uint32_t S)
 {
     for (uint32_t k = 0; k < S; k++)
-        if (a[k] != b[k]) return a[k] > b[k] ? 1 : -1;
+        if (!same(a[k], b[k])) return a[k] > b[k] ? 1 : -1;
     return 0;
 }
 
@@ -31,7 +42,7 @@ static int lex(const double *a, const double *b, uint32_t S)
 static bool clear_gain(const double *a, const double *b, uint32_t S, double margin)
 {
     for (uint32_t k = 0; k < S; k++) {
-        if (a[k] == b[k]) continue;
+        if (same(a[k], b[k])) continue;
         if (a[k] < b[k]) return false;
         return b[k] <= 0 ? true : a[k] - b[k] >= margin * b[k];
     }
@@ -129,14 +140,20 @@ int ap_swarm_rebalance_plan(const ap_swarm_member_t *m, size_t n, uint32_t nstag
     int movers = 0;
     for (uint32_t round = 0; round < S; round++) {
         sorted(tot, S, cur);
-        const double lo = cur[0];
+        /* Targets: the least stages, and those within the margin of the
+         * least. With two stages near the minimum, a move into either alone
+         * cannot raise the minimum by the margin; lifting the second one
+         * first (a clear gain at the second place of the vector) lets the
+         * next round lift the other. */
+        const double lo = cur[0], near = lo * (1 + margin) * (1 + TIE);
         cand_t bc = {-1, -1, 0};
         for (size_t i = 0; i < n; i++) {
             const uint32_t from = to[i];
             const double v = m[i].throughput;
             if (moved[i] || lost[from] || !(v > 0)) continue;
             for (uint32_t t = 0; t < S; t++) {
-                if (t == from || tot[t] != lo || cnt[from] < 2) continue; /* into a least stage */
+                if (t == from || tot[t] > near || cnt[from] < 2)
+                    continue; /* into a (near) least stage */
                 tot[from] -= v;
                 tot[t] += v;
                 sorted(tot, S, cand);
@@ -146,12 +163,12 @@ int ap_swarm_rebalance_plan(const ap_swarm_member_t *m, size_t n, uint32_t nstag
                 cand_t c = {(long)i, -1, t};
                 if (better(m, cand, &c, best, &bc, S)) bc = c, memcpy(best, cand, S * sizeof *best);
             }
-            /* A swap with a slower server of a least stage: both stages keep
+            /* A swap with a slower server of a (near) least stage: both keep
              * their server count, each loses one server. */
             for (size_t j = 0; j < n; j++) {
                 const uint32_t t = to[j];
                 const double w = m[j].throughput;
-                if (t == from || tot[t] != lo || moved[j] || lost[t] || !(w < v)) continue;
+                if (t == from || tot[t] > near || moved[j] || lost[t] || !(w < v)) continue;
                 tot[from] += w - v;
                 tot[t] += v - w;
                 sorted(tot, S, cand);

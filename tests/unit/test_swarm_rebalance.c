@@ -210,12 +210,67 @@ static void test_determinism(void **state)
     assert_int_equal(ap_swarm_rebalance_delay(1000, NAN), 1000);
 }
 
+/* Throughputs as the live loop sees them, rounded to an eighth of an octave
+ * (speeds 1, 2, 4 of 320 units/s). Stages 2 and 3 both total 5 units, as 4 + 1
+ * and 2 + 2 + 1, and such sums differ in their last bits: the plan still
+ * treats them as tied and lifts both (a move into one, then a swap into the
+ * other), to 6 units. A stage within the margin of the least one is also a
+ * target: with totals 5.0 and 5.2 and a margin of 5 %, lifting 5.2 first and
+ * then 5.0 raises the pipeline where a move into 5.0 alone (to 5.2, 4 %)
+ * would not count. */
+static double coarse(double v)
+{
+    return exp2(round(log2(v) * 8.0) / 8.0);
+}
+
+static void test_ties(void **state)
+{
+    (void)state;
+    static const double sp[NSRV] = {4, 2, 4, 1, 2, 4, 1, 4, 1, 2, 1, 2};
+    static const uint32_t st[NSRV] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3};
+    ap_swarm_member_t m[NSRV];
+    double tot[S] = {0};
+    for (uint32_t i = 0; i < NSRV; i++) {
+        m[i] = (ap_swarm_member_t){pid(i), st[i], coarse(320 * sp[i])};
+        tot[st[i]] += m[i].throughput;
+    }
+    print_message("stage totals 2 and 3: %.17g %.17g\n", tot[2], tot[3]);
+    const double unit = coarse(320);
+    double before = ap_swarm_pipeline_throughput(m, NULL, NSRV, S);
+    assert_true(fabs(before - 5 * unit) < 1e-6 * unit);
+    uint32_t to[NSRV];
+    int mv = ap_swarm_rebalance_plan(m, NSRV, S, MARGIN, to);
+    assert_true(mv >= 2);
+    double after = ap_swarm_pipeline_throughput(m, to, NSRV, S);
+    print_message("rounded: %d movers, pipeline %.3f -> %.3f units\n", mv, before / unit,
+                  after / unit);
+    assert_true(after >= 6 * unit * (1 - 1e-9));
+    /* The same with exact integers, and in any order. */
+    ap_swarm_member_t r[NSRV];
+    for (uint32_t i = 0; i < NSRV; i++) r[i] = (ap_swarm_member_t){pid(i), st[i], sp[i]};
+    uint32_t to2[NSRV];
+    assert_int_equal(ap_swarm_rebalance_plan(r, NSRV, S, MARGIN, to2), mv);
+    for (uint32_t i = 0; i < NSRV; i++) assert_int_equal(to2[i], to[i]);
+
+    /* Near-least: 3 stages of 12, 5.0 and 5.2. */
+    ap_swarm_member_t q[7] = {{pid(0), 0, 4}, {pid(1), 0, 4},   {pid(2), 0, 4}, {pid(3), 1, 1},
+                              {pid(4), 1, 4}, {pid(5), 2, 1.2}, {pid(6), 2, 4}};
+    uint32_t tq[7];
+    before = ap_swarm_pipeline_throughput(q, NULL, 7, 3);
+    mv = ap_swarm_rebalance_plan(q, 7, 3, MARGIN, tq);
+    after = ap_swarm_pipeline_throughput(q, tq, 7, 3);
+    print_message("near-least: %d movers, pipeline %.2f -> %.2f\n", mv, before, after);
+    assert_true(mv >= 2);
+    assert_true(after >= 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_from_bad_assignment),
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_ties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
