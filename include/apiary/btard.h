@@ -453,8 +453,8 @@ AP_EXPORT size_t ap_btard_banlist_count(const ap_btard_banlist_t *bl);
  * target's validator convicts the accuser (AP_BTARD_FAULT_FALSE_ACCUSATION);
  * an accusation on a part the target disputed, whose check or aggregate is
  * missing, or whose check is on another seed than this member's, is not
- * judged, nor are the accusations of a member excluded from the MPRNG round. The provable MPRNG faults of the step's round
- * (bad_reveal, equivocation) convict too; a missed deadline (no_commit,
+ * judged, nor are the accusations of a member excluded from the MPRNG round. The provable MPRNG
+ * faults of the step's round (bad_reveal, equivocation) convict too; a missed deadline (no_commit,
  * no_reveal) never does: the round goes on without that member, which is
  * listed in verdict.excluded (its own check is then on another seed, so its
  * part fails and the step is dropped). A step with a conviction is not
