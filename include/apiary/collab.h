@@ -82,6 +82,18 @@ extern "C" {
 
 typedef struct ap_collab ap_collab_t;
 
+/* The gradient check's gradient (ap_collab_config_t.btard_validators): the
+ * gradient a member sends at `epoch` on the parameters params (n floats,
+ * those every member of the round holds) and the minibatch drawn from seed
+ * (BLAKE2b-256("apiary/btard/grad" || BLAKE2b-256(run id) || le64(epoch) ||
+ * PeerID), e.g. with ap_btard_minibatch). Written to out (n floats). It must
+ * be a pure function of its arguments and not touch the caller's model
+ * (called on the runtime's thread while the caller may compute a batch).
+ * 0, or an error: then this peer judges no accusation against that member
+ * (and, for its own vector, sends the mean of its submitted gradients). */
+typedef int (*ap_collab_grad_fn)(void *arg, const float *params, size_t n, uint64_t epoch,
+                                 const uint8_t seed[32], float *out);
+
 typedef struct ap_collab_config {
     const char *run_id;           /* 1..AP_COLLAB_RUN_ID_MAX bytes; copied */
     uint64_t target_batch_size;   /* samples per global epoch (> 0) */
@@ -190,6 +202,20 @@ typedef struct ap_collab_config {
      * copied; a malformed one is AP_EINVAL from ap_collab_new. */
     const char *run_owner;
     const char *token;
+    /* The verified step's gradient check (byzantine_tolerant; docs/btard.md,
+     * "Gradient check"): btard_validators members of every gradient round,
+     * picked by the step's seed, recompute another member's gradient with
+     * btard_grad and accuse it on a mismatch; every member judges each
+     * accusation with btard_grad too. 0 = off (the default); at most
+     * AP_BTARD_STEP_MAX_PEERS; every peer of the run must set the same value
+     * (it is part of the run's configuration). With it on, the vector this
+     * peer sends in a gradient round is btard_grad's on its own seed (the
+     * submitted gradients still count the epoch's samples and loss), so a
+     * validator's recomputation has the same bits. Needs btard_grad and is
+     * refused with delayed_updates (AP_EINVAL from ap_collab_new). */
+    uint32_t btard_validators;
+    ap_collab_grad_fn btard_grad;
+    void *btard_grad_arg;
 } ap_collab_config_t;
 
 /* Defaults: role NORMAL, Adam defaults, constant lr 1e-3, state averaging
@@ -337,6 +363,10 @@ AP_EXPORT void ap_collab_run_config(const ap_collab_t *c, ap_run_config_t *out);
  * Owned by the collab, valid until it is freed; readable from the user's
  * thread after the *_sync call that returned AP_ECONFIG. */
 AP_EXPORT const char *ap_collab_refusal(const ap_collab_t *c);
+
+/* byzantine_tolerant: whether peer is in this peer's ban list (convicted
+ * here or read from the DHT); false otherwise. On the runtime's thread. */
+AP_EXPORT bool ap_collab_banned(const ap_collab_t *c, const ap_peer_id_t *peer);
 AP_EXPORT uint64_t ap_collab_epoch(const ap_collab_t *c);
 /* The optimizer state (owned by the collab; read-only for the caller). */
 AP_EXPORT const ap_nn_solver_t *ap_collab_solver(const ap_collab_t *c);

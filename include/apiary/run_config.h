@@ -39,9 +39,10 @@ typedef struct ap_run_config {
     double clip;
     uint32_t state_every;
     bool exact, dht_matchmaking;
-    bool byzantine_tolerant; /* apiary/collab.h: ButterflyClip rounds, checked */
-    double btard_tau;        /* their CenteredClip radius (0 unless byzantine_tolerant) */
-    uint32_t state_codec;    /* ap_avg_codec_t of the state rounds */
+    bool byzantine_tolerant;   /* apiary/collab.h: ButterflyClip rounds, checked */
+    double btard_tau;          /* their CenteredClip radius (0 unless byzantine_tolerant) */
+    uint32_t state_codec;      /* ap_avg_codec_t of the state rounds */
+    uint32_t btard_validators; /* the gradient check's validators per step (0 = off) */
 } ap_run_config_t;
 
 /* BLAKE2b-128 of the configuration's canonical encoding. */

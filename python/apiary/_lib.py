@@ -207,7 +207,9 @@ class CollabConfig(ctypes.Structure):
                 ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
                 ("byzantine_tolerant", c_bool), ("btard_tau", c_double),
                 ("btard_max_iter", c_u32), ("btard_attack_shift", c_float),
-                ("run_owner", c_char_p), ("token", c_char_p)]
+                ("run_owner", c_char_p), ("token", c_char_p),
+                ("btard_validators", c_u32), ("btard_grad", c_void_p),
+                ("btard_grad_arg", c_void_p)]
 
 
 class CollabStats(ctypes.Structure):

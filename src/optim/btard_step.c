@@ -57,6 +57,11 @@ bool ap__btard_banned(const ap_collab_t *c, const ap_peer_id_t *peer)
     return c->banlist && ap_btard_banlist_has(c->banlist, peer);
 }
 
+bool ap_collab_banned(const ap_collab_t *c, const ap_peer_id_t *peer)
+{
+    return c && peer && ap__btard_banned(c, peer);
+}
+
 bool ap__btard_exclude(void *arg, const ap_peer_id_t *peer)
 {
     ap_collab_t *c = arg;
@@ -103,10 +108,52 @@ void ap__btard_fetch_bans(ap_collab_t *c)
     }
 }
 
-/* Before a gradient round: keep what this peer sends. */
-void ap__btard_before_round(ap_collab_t *c, const float *data)
+/* The gradient check's minibatch seed of peer at this epoch (collab.h). */
+static void grad_seed(const ap_collab_t *c, const ap_peer_id_t *peer, uint8_t seed[32])
+{
+    static const char tag[] = "apiary/btard/grad";
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(c->epoch >> (8 * i));
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    crypto_generichash_update(&h, (const uint8_t *)tag, sizeof tag - 1);
+    crypto_generichash_update(&h, c->run_hash, 32);
+    crypto_generichash_update(&h, le, sizeof le);
+    crypto_generichash_update(&h, peer->b, sizeof peer->b);
+    crypto_generichash_final(&h, seed, 32);
+}
+
+static int grad_of(ap_collab_t *c, const ap_peer_id_t *peer, float *out)
+{
+    uint8_t seed[32];
+    grad_seed(c, peer, seed);
+    return c->cfg.btard_grad(c->cfg.btard_grad_arg, c->params, c->n, c->epoch, seed, out);
+}
+
+/* The verified step's grad hook: member's vector recomputed. */
+static int member_grad(void *arg, uint32_t member, float *out)
+{
+    ap_collab_t *c = arg;
+    if (member >= c->nmembers) return AP_EINVAL;
+    return grad_of(c, &c->members[member].id, out);
+}
+
+/* Before a gradient round: with the gradient check, what this peer sends is
+ * its gradient on its seeded minibatch (so that validators recompute the
+ * same bits); keep what it sends. */
+void ap__btard_before_round(ap_collab_t *c, float *data)
 {
     ap_btard_vclip_reset(&c->vclip);
+    if (data && c->cfg.btard_validators) {
+        int rc = grad_of(c, ap_rt_self(c->rt), c->bsent);
+        if (rc == 0)
+            memcpy(data, c->bsent, c->n * sizeof(float));
+        else
+            ap_warn(OPT_MOD,
+                    "epoch %llu: the gradient on the seeded minibatch failed (%s): sending the "
+                    "mean of the submitted ones",
+                    (unsigned long long)c->epoch, ap_strerror(rc));
+    }
     if (c->bsent && data) memcpy(c->bsent, data, c->n * sizeof(float));
 }
 
@@ -163,7 +210,10 @@ bool ap__btard_verify(ap_collab_t *c, const ap_allreduce_result_t *res)
                                  .vclip = &c->vclip,
                                  .tau = c->cfg.btard_tau,
                                  .done = verdict,
-                                 .arg = c};
+                                 .arg = c,
+                                 .validators = c->cfg.btard_validators,
+                                 .grad = c->cfg.btard_validators ? member_grad : NULL,
+                                 .grad_arg = c};
         memcpy(s.run, c->run_hash, AP_BTARD_HASH_LEN);
         c->refs++;
         c->verifying = true;

@@ -161,6 +161,15 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
                 AP_RUN_CONFIG_MODEL_MAX - 1);
         return AP_EINVAL;
     }
+    if (cfg->btard_validators &&
+        (!cfg->byzantine_tolerant || !cfg->btard_grad || cfg->delayed_updates ||
+         cfg->btard_validators > AP_BTARD_STEP_MAX_PEERS)) {
+        ap_warn(OPT_MOD,
+                "collab: btard_validators %u needs byzantine_tolerant and btard_grad, at most %d, "
+                "and no delayed_updates",
+                cfg->btard_validators, AP_BTARD_STEP_MAX_PEERS);
+        return AP_EINVAL;
+    }
     ap_collab_t *c = calloc(1, sizeof *c);
     if (!c) return AP_ENOMEM;
     c->rt = rt;

@@ -327,7 +327,7 @@ bool ap__btard_banned(const struct ap_collab *c, const ap_peer_id_t *peer);
 /* The matchmaker's exclude hook: banned peers, and closed runs' unadmitted. */
 bool ap__btard_exclude(void *arg, const ap_peer_id_t *peer);
 void ap__btard_fetch_bans(struct ap_collab *c);
-void ap__btard_before_round(struct ap_collab *c, const float *data);
+void ap__btard_before_round(struct ap_collab *c, float *data);
 /* After a complete gradient round: starts its check (true; the check ends
  * in ap__collab_grad_finish) or false when it does not apply. */
 bool ap__btard_verify(struct ap_collab *c, const ap_allreduce_result_t *res);

@@ -36,6 +36,7 @@ void ap__run_config_to_pb(const ap_run_config_t *rc, Apiary__Optim__RunConfig *m
     m->byzantine_tolerant = rc->byzantine_tolerant;
     m->btard_tau = rc->btard_tau;
     m->state_codec = rc->state_codec;
+    m->btard_validators = rc->btard_validators;
 }
 
 int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *rc)
@@ -68,6 +69,7 @@ int ap__run_config_from_pb(const Apiary__Optim__RunConfig *m, ap_run_config_t *r
     rc->byzantine_tolerant = m->byzantine_tolerant;
     rc->btard_tau = isfinite(m->btard_tau) ? m->btard_tau : -1;
     rc->state_codec = m->state_codec;
+    rc->btard_validators = m->btard_validators;
     return 0;
 }
 

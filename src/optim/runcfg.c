@@ -79,6 +79,7 @@ void ap__collab_make_run_config(const ap_collab_t *c, ap_run_config_t *rc)
     rc->dht_matchmaking = c->cfg.dht_matchmaking;
     rc->byzantine_tolerant = c->cfg.byzantine_tolerant;
     rc->btard_tau = c->cfg.byzantine_tolerant ? c->cfg.btard_tau : 0;
+    rc->btard_validators = c->cfg.byzantine_tolerant ? c->cfg.btard_validators : 0;
 }
 
 typedef struct diff_out {
@@ -142,6 +143,7 @@ int ap_run_config_diff(const ap_run_config_t *a, const char *a_name, const ap_ru
     FLAG(byzantine_tolerant, "byzantine-tolerant")
     NUM(btard_tau, "btard tau")
     NAMED(state_codec, "state compression", codec_name)
+    U64(btard_validators, "btard validators")
 #undef U64
 #undef NUM
 #undef NAMED

@@ -8,6 +8,8 @@
  * nobody else is banned, and the run still converges. */
 #include "optim_harness.h"
 
+#include "apiary/btard.h"
+
 #define N      8
 #define B      16
 #define EPOCHS 10
@@ -15,6 +17,44 @@
 /* Runs the 8 peers; returns the evaluation loss of peer 0's parameters at
  * the end (and at the start in *init). */
 static uint64_t banned[N], dropped[N];
+/* with validators: banned_by[i][j] = peer i banned peer j */
+static bool banned_by[N][N];
+static uint32_t validators;
+
+/* The gradient check's gradient (ap_collab_grad_fn) of one peer: the MLP's
+ * gradient on B samples of the synthetic stream drawn from the seed, on a
+ * model of its own; a sign-flipper's times -1000 (its own vector and its
+ * recomputations alike). */
+typedef struct gctx {
+    ap_nn_model_t *m;
+    bool flip;
+    float x[B * OH_DIM];
+    int32_t y[B];
+} gctx_t;
+static gctx_t G[N];
+static uint64_t gdata;
+
+static int grad_fn(void *arg, const float *params, size_t n, uint64_t epoch, const uint8_t seed[32],
+                   float *out)
+{
+    (void)epoch;
+    gctx_t *g = arg;
+    ap_nn_params_t *pr = ap_nn_model_params(g->m);
+    if (n != pr->count) return AP_EINVAL;
+    memcpy(pr->data, params, n * sizeof(float));
+    uint64_t idx[B];
+    ap_btard_minibatch(seed, 0, 1ull << 40, B, idx);
+    for (int b = 0; b < B; b++)
+        ap_nn_synth_classify(OH_TASK, gdata, idx[b], 1, OH_DIM, OH_CLASSES, g->x + b * OH_DIM,
+                             g->y + b);
+    ap_nn_model_zero_grad(g->m);
+    float loss;
+    int rc = ap_nn_mlp_forward(g->m, g->x, g->y, B, &loss);
+    if (!rc) rc = ap_nn_mlp_backward(g->m);
+    if (rc) return rc;
+    for (size_t k = 0; k < n; k++) out[k] = pr->grad[k] * (g->flip ? -1000.0f : 1.0f);
+    return 0;
+}
 
 static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *init)
 {
@@ -37,7 +77,19 @@ static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *
     e.data_stream = seed ^ 0x5eedull;
     for (int i = 0; i < attackers; i++) e.p[N - 1 - i].sign_flip = true;
     if (cheater >= 0) e.p[cheater].btard_shift = 0.1f;
-    for (int i = 0; i < N; i++) oh_peer_up(&e, i, i == 0 ? -1 : 0);
+    gdata = e.data_stream;
+    for (int i = 0; i < N && validators; i++) {
+        G[i].m = oh_model(B, 1);
+        G[i].flip = e.p[i].sign_flip;
+    }
+    for (int i = 0; i < N; i++) {
+        if (validators) { /* each peer's own callback */
+            e.cfg.btard_validators = validators;
+            e.cfg.btard_grad = grad_fn;
+            e.cfg.btard_grad_arg = &G[i];
+        }
+        oh_peer_up(&e, i, i == 0 ? -1 : 0);
+    }
     *init =
         oh_eval(ap_nn_model_params(e.p[0].model)->data, ap_nn_model_params(e.p[0].model)->count);
     ap_sim_run_for(e.sim, 2000000);
@@ -56,6 +108,8 @@ static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *
         ap_collab_get_stats(e.p[i].collab, &st);
         banned[i] = st.peers_banned;
         dropped[i] = st.btard_steps_dropped;
+        for (int j = 0; j < N; j++)
+            banned_by[i][j] = ap_collab_banned(e.p[i].collab, ap_rt_self(ap_sim_node(e.sim, j)));
         if (getenv("BTARD_VERBOSE"))
             printf("  peer %d: banned %llu, dropped %llu, epoch %llu\n", i,
                    (unsigned long long)banned[i], (unsigned long long)dropped[i],
@@ -67,6 +121,10 @@ static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *
     }
     ap_sim_run_for(e.sim, 60000000);
     oh_env_free(&e);
+    for (int i = 0; i < N; i++) {
+        ap_nn_model_free(G[i].m);
+        G[i].m = NULL;
+    }
     return loss;
 }
 
@@ -105,10 +163,30 @@ static void test_cheating_aggregator_banned(void **state)
     assert_true(loss < 0.8 * init);
 }
 
+/* The gradient check in training (btard_validators): 2 of 8 peers flip
+ * their gradients; with 8 validators per step every honest peer bans both
+ * of them (bad_gradient) and nobody honest, and the run converges. */
+static void test_gradient_check_bans_sign_flippers(void **state)
+{
+    (void)state;
+    double init;
+    validators = N;
+    double loss = run(true, 2, 3, &init);
+    validators = 0;
+    for (int i = 0; i < N - 2; i++) {
+        for (int j = 0; j < N; j++)
+            if (banned_by[i][j] != (j >= N - 2))
+                fail_msg("peer %d: ban of peer %d is %d", i, j, banned_by[i][j]);
+        assert_int_equal(banned[i], 2);
+    }
+    assert_true(loss < 0.8 * init);
+}
+
 int main(void)
 {
     ap_log_set_level(AP_LOG_ERROR);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sign_flip_two_of_eight),
-                                       cmocka_unit_test(test_cheating_aggregator_banned)};
+                                       cmocka_unit_test(test_cheating_aggregator_banned),
+                                       cmocka_unit_test(test_gradient_check_bans_sign_flippers)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

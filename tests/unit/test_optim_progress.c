@@ -123,6 +123,8 @@ static void test_run_config_roundtrip(void **state)
     p.config = run_cfg();
     p.config.exact = true;
     p.config.state_codec = AP_AVG_CODEC_BF16;
+    p.config.byzantine_tolerant = true;
+    p.config.btard_validators = 5;
     uint8_t buf[512];
     int len = ap_progress_encode(&p, buf, sizeof buf);
     assert_true(len > 0);
@@ -132,6 +134,7 @@ static void test_run_config_roundtrip(void **state)
     assert_int_equal(q.config.n_params, 1000);
     assert_true(q.config.exact);
     assert_int_equal(q.config.state_codec, AP_AVG_CODEC_BF16);
+    assert_int_equal(q.config.btard_validators, 5);
     uint8_t d[AP_RUN_CONFIG_DIGEST_LEN];
     ap_run_config_digest(&p.config, d);
     assert_memory_equal(d, q.config_digest, sizeof d);
@@ -200,6 +203,14 @@ static void test_run_config_diff_names_field(void **state)
     b.state_codec = AP_AVG_CODEC_UNIFORM8;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
     assert_string_equal(why, "state compression: none here, uniform8 at X");
+    b = run_cfg();
+    b.btard_validators = 2;
+    assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);
+    assert_string_equal(why, "btard validators: 0 here, 2 at X");
+    uint8_t da[AP_RUN_CONFIG_DIGEST_LEN], db[AP_RUN_CONFIG_DIGEST_LEN];
+    ap_run_config_digest(&a, da);
+    ap_run_config_digest(&b, db);
+    assert_memory_not_equal(da, db, sizeof da);
     b = run_cfg();
     b.lr = 1e-3f;
     assert_int_equal(ap_run_config_diff(&a, "here", &b, "at X", why, sizeof why), 1);

@@ -58,6 +58,12 @@ static void test_bad_flags(void **state)
         {"--schedule cosine", "--decay-epochs"},
         {"--schedule linear --warmup 10 --decay-epochs 5", "within the 10 warm-up epochs"},
         {"--decay-epochs 0", "--decay-epochs"},
+        {"--byzantine-tolerant --btard-validators -1", "--btard-validators"},
+        {"--byzantine-tolerant --btard-validators 65", "--btard-validators"},
+        {"--byzantine-tolerant --btard-validators two", "--btard-validators"},
+        {"--btard-validators 2", "--btard-validators needs --byzantine-tolerant"},
+        {"--byzantine-tolerant --btard-validators 2 --delayed-updates",
+         "--btard-validators and --delayed-updates exclude each other"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = run(bad[i].args);
@@ -89,6 +95,23 @@ static void test_good_flags(void **state)
     if (!file_contains("out.txt", line)) fail_msg("output lacks '%s'", line);
     assert_int_equal(run("--help"), 0);
     assert_true(file_contains("out.txt", "--share-layers"));
+    assert_true(file_contains("out.txt", "--btard-validators N"));
+}
+
+/* --btard-validators reaches the run: a peer alone trains with the gradient
+ * check configured (its run configuration carries the count). */
+static void test_validators(void **state)
+{
+    (void)state;
+    int rc = run("--listen /ip4/127.0.0.1/tcp/0 --duration 1 --model mlp --batch-size 8 "
+                 "--byzantine-tolerant --btard-validators 3");
+    if (rc != 0) fail_msg("exit %d", rc);
+    if (!file_contains("out.txt", "byzantine-tolerant: tau 1, 3 validators per step\n"))
+        fail_msg("output lacks the validators line");
+    assert_int_equal(run("--listen /ip4/127.0.0.1/tcp/0 --duration 1 --model mlp --batch-size 8 "
+                         "--byzantine-tolerant"),
+                     0);
+    assert_true(file_contains("out.txt", "0 validators per step (no gradient check)"));
 }
 
 static void test_names(void **state)
@@ -123,6 +146,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_good_flags),
+        cmocka_unit_test(test_validators),
         cmocka_unit_test(test_names),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,9 +4,11 @@
  * and hands them to the optimizer with the blocking wrappers. */
 #include "cli.h"
 #include "monitor.h"
+#include "train_btard.h"
 #include "train_watch.h"
 
 #include "apiary/avg.h"
+#include "apiary/btard.h"
 #include "apiary/collab.h"
 #include "apiary/compress.h"
 #include "apiary/dht.h"
@@ -114,7 +116,13 @@ static void usage(void)
         "                            and ban aggregators caught cheating (same on every peer;\n"
         "                            docs/btard.md)\n"
         "  --btard-tau X             CenteredClip radius over one part (default 1.0)\n"
-        "  --attack sign-flip        experiments: submit the gradient times -1000\n"
+        "  --btard-validators N      with --byzantine-tolerant: N validators per step recompute\n"
+        "                            another member's gradient and accuse it on a mismatch\n"
+        "                            (0 = off, the default; at most 64; same on every peer).\n"
+        "                            Each peer then sends its gradient on a --batch-size\n"
+        "                            minibatch drawn from the step's seed for it\n"
+        "  --attack sign-flip        experiments: submit the gradient times -1000 (with\n"
+        "                            --btard-validators: every gradient it computes)\n"
         "  --attack bad-aggregator   experiments: add 0.1 to every element of the part\n"
         "                            this peer aggregates\n"
         "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
@@ -147,6 +155,7 @@ typedef struct topts {
     bool relay_service;
     ap_cli_relays_t relays;
     double btard_tau;
+    uint32_t btard_validators;
     double up, down, lr, slowdown, duration, mm_window, clip;
     int layers, embd, heads, ctx, warmup;
     bool share;
@@ -475,6 +484,18 @@ static int run(const topts_t *o)
     cfg.byzantine_tolerant = o->byz;
     cfg.btard_tau = o->btard_tau;
     cfg.btard_attack_shift = o->bad_agg ? 0.1f : 0.0f;
+    ap_train_grad_t *tgrad = NULL;
+    if (o->btard_validators) {
+        /* the data seed is the run's (1), so that any peer recomputes it */
+        tgrad = ap_train_grad_new(m, text, 1, o->batch, o->sign_flip ? -1000.0f : 1.0f);
+        if (!tgrad && !rc) {
+            fprintf(stderr, "apiary train: --btard-validators: out of memory\n");
+            rc = AP_ENOMEM;
+        }
+        cfg.btard_validators = o->btard_validators;
+        cfg.btard_grad = ap_train_grad;
+        cfg.btard_grad_arg = tgrad;
+    }
     cfg.model_desc = model_desc;
     cfg.run_owner = o->run_owner;
     cfg.token = o->token;
@@ -538,6 +559,10 @@ static int run(const topts_t *o)
         if (o->sched != AP_NN_LR_CONSTANT)
             printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
         printf(", clip %g\n", o->clip);
+        if (o->byz)
+            printf("  byzantine-tolerant: tau %g, %u validators per step%s\n",
+                   o->btard_tau > 0 ? o->btard_tau : 1.0, o->btard_validators,
+                   o->btard_validators ? "" : " (no gradient check)");
         for (int i = 0; i < na && !o->client; i++) printf("  listening on %s\n", addrs[i]);
         fflush(stdout);
         printf("data order: seed %llu (%s)\n", (unsigned long long)seed,
@@ -779,6 +804,7 @@ static int run(const topts_t *o)
     mon_server_stop(mon);
     if (dht) ap_dht_free_sync(dht);
     ap_host_free(host);
+    ap_train_grad_free(tgrad);
     ap_nn_model_free(m);
     ap_nn_text_free(text);
     free(in);
@@ -825,6 +851,7 @@ static int train_main(int argc, char **argv)
         O_HTTP,
         O_BYZ,
         O_TAU,
+        O_VALIDATORS,
         O_ATTACK,
         O_OWNER,
         O_TOKEN,
@@ -877,6 +904,7 @@ static int train_main(int argc, char **argv)
         {"http", required_argument, NULL, O_HTTP},
         {"byzantine-tolerant", no_argument, NULL, O_BYZ},
         {"btard-tau", required_argument, NULL, O_TAU},
+        {"btard-validators", required_argument, NULL, O_VALIDATORS},
         {"attack", required_argument, NULL, O_ATTACK},
         {"run-owner", required_argument, NULL, O_OWNER},
         {"token", required_argument, NULL, O_TOKEN},
@@ -1074,6 +1102,12 @@ static int train_main(int argc, char **argv)
         case O_TAU:
             if (!ap_cli_num("--btard-tau", optarg, 1e-12, 1e30, &o.btard_tau)) return 2;
             break;
+        case O_VALIDATORS: {
+            long long v_;
+            if (!ap_cli_int("--btard-validators", optarg, 0, AP_BTARD_STEP_MAX_PEERS, &v_))
+                return 2;
+            o.btard_validators = (uint32_t)v_;
+        } break;
         case O_ATTACK:
             if (strcmp(optarg, "sign-flip") == 0)
                 o.sign_flip = true;
@@ -1154,6 +1188,16 @@ static int train_main(int argc, char **argv)
     }
     if (!(o.lr > 0) || !(o.mm_window > 0)) {
         fprintf(stderr, "apiary train: --lr and --matchmaking-window must be > 0\n");
+        return 2;
+    }
+    if (o.btard_validators && !o.byz) {
+        fprintf(stderr, "apiary train: --btard-validators needs --byzantine-tolerant (the "
+                        "validators check the verified step's rounds)\n");
+        return 2;
+    }
+    if (o.btard_validators && o.delayed) {
+        fprintf(stderr, "apiary train: --btard-validators and --delayed-updates exclude each "
+                        "other (a validator recomputes a gradient on the epoch's parameters)\n");
         return 2;
     }
     if (o.fresh && !o.ckdir) {
