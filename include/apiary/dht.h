@@ -208,6 +208,12 @@ typedef struct ap_dht_stats {
     uint64_t fail_refreshes;     /* bucket refreshes started because a contact failed */
     uint64_t republished;        /* records this node re-stored by republishing */
     uint64_t republish_triggers; /* held keys republished early because a replica died */
+    /* background stores (hand-over, cache stores) not sent because the
+     * node's memory budget (ap_rt_mem_reserve) or the hand-over's own cap
+     * on bytes in flight was full; a hand-over that sent nothing is retried
+     * later (handovers_deferred) */
+    uint64_t bg_stores_skipped;
+    uint64_t handovers_deferred;
 } ap_dht_stats_t;
 AP_EXPORT void ap_dht_get_stats(ap_dht_t *dht, ap_dht_stats_t *out);
 

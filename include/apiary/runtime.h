@@ -279,6 +279,21 @@ AP_EXPORT const ap_peer_id_t *ap_stream_peer(const ap_stream_t *s);
 AP_EXPORT ap_rt_t *ap_stream_rt(const ap_stream_t *s);
 AP_EXPORT uint64_t ap_stream_id(const ap_stream_t *s);
 
+/* ---- memory held on a peer's account -------------------------------------
+ * Protocol code that holds or queues bytes for a peer on its own initiative
+ * (records sent to a peer in the background, such as a DHT hand-over, until
+ * the call completes) reserves them in the node's memory budget: the
+ * peer's scope and the node's, the same budget the transport counts queued
+ * responses and buffers in (ap_node_limits_t; on the node one reservation
+ * takes at most half of what is free, so it never crowds out another
+ * peer's request). The simulator keeps the same scopes, with the limits of
+ * ap_sim_set_memory. peer may be NULL (the node only). 0, or AP_ELIMIT when
+ * a scope cannot hold them (nothing is reserved then): skip or defer the
+ * work. Release the same amount for the same peer when the bytes are gone.
+ * Loop thread. */
+AP_EXPORT int ap_rt_mem_reserve(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
+AP_EXPORT void ap_rt_mem_release(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
+
 /* ---- statistics --------------------------------------------------------- */
 
 typedef struct ap_rt_stats {

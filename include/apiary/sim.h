@@ -148,6 +148,14 @@ AP_EXPORT int ap_sim_set_skew(ap_sim_t *sim, int i, int64_t skew_ms);
 AP_EXPORT int ap_sim_set_flops(ap_sim_t *sim, int i, double flops);
 /* Custom compute cost function (NULL restores flops). */
 AP_EXPORT int ap_sim_set_compute(ap_sim_t *sim, int i, ap_sim_compute_fn fn, void *arg);
+/* Node i's budget for ap_rt_mem_reserve, in bytes: for all peers together
+ * and for each peer (0 = no limit; default 256 MiB and 64 MiB, as
+ * ap_node_limits_default). As on a real node, one reservation takes at most
+ * half of what the node has free. AP_ESTATE while the node holds a
+ * reservation. */
+AP_EXPORT int ap_sim_set_memory(ap_sim_t *sim, int i, uint64_t node_bytes, uint64_t peer_bytes);
+/* Bytes node i holds reserved with ap_rt_mem_reserve now (0 after a crash). */
+AP_EXPORT uint64_t ap_sim_memory_held(ap_sim_t *sim, int i);
 AP_EXPORT int ap_sim_set_hooks(ap_sim_t *sim, int i, ap_sim_node_fn on_crash,
                                ap_sim_node_fn on_restart, void *arg);
 /* How long a connection attempt waits for an answer before failing with

@@ -23,6 +23,8 @@
 #define HANDOVER_PEER_US     (600ull * 1000000) /* one hand-over per peer per 10 min */
 #define HANDOVER_RATE        (4.0 * 1048576)    /* bytes per second, node-wide */
 #define HANDOVER_BURST       (16.0 * 1048576)   /* bytes */
+#define HANDOVER_INFLIGHT    (32u << 20)        /* bytes of hand-over calls in flight */
+#define HANDOVER_TRIES       4                  /* a deferred hand-over is tried this often */
 
 typedef struct lookup lookup_t;
 typedef struct call call_t;
@@ -60,6 +62,7 @@ struct ap_dht {
         ap_peer_id_t peer;
         uint64_t due_us;
         bool used;
+        uint8_t tries; /* deferred this often (budget full) */
     } ho_pending[HANDOVER_PENDING_MAX];
     struct {
         ap_peer_id_t peer;
@@ -69,6 +72,7 @@ struct ap_dht {
     uint64_t ho_timer;
     double ho_tokens; /* bytes */
     uint64_t ho_tokens_us;
+    size_t ho_inflight; /* bytes of hand-over STOREs not yet answered */
 };
 
 /* ---- lookups (dht_lookup.c) ---- */
@@ -170,10 +174,16 @@ void ap__dht_on_request(ap_rt_t *rt, void *arg, ap_rpc_req_t *req);
 /* dht_maintain.c */
 void ap__dht_peer_seen(ap_dht_t *dht, const ap_peer_id_t *peer, const char *addr);
 void ap__dht_contact_failed(ap_dht_t *dht, const ap_peer_id_t *peer, uint64_t now);
-/* Stores recs on peer in the background (cache stores, hand-over). */
-void ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer, const ap_dht_record_t *recs,
-                              const uint8_t (*sigs)[AP_ED25519_SIG_LEN], const bool *has_sig,
-                              size_t n);
+/* Stores recs on peer in the background (cache stores, hand-over), in
+ * STORE batches whose bytes are reserved in the node's memory budget on the
+ * peer's account (ap_rt_mem_reserve) until each call completes. Stops at
+ * the first batch the budget cannot hold, or (handover) that would take
+ * the hand-over's bytes in flight past HANDOVER_INFLIGHT. Returns the
+ * number of records sent (the first ones). */
+size_t ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer,
+                                const ap_dht_record_t *recs,
+                                const uint8_t (*sigs)[AP_ED25519_SIG_LEN], const bool *has_sig,
+                                size_t n, bool handover);
 void ap__dht_republish_postpone(ap_dht_t *dht, const uint8_t id[AP_DHT_ID_LEN]);
 void ap__dht_maintenance(ap_rt_t *rt, void *arg);
 void ap__dht_republish_tick(ap_rt_t *rt, void *arg);

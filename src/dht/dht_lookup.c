@@ -141,8 +141,9 @@ static void cache_found(lookup_t *lk, lk_key_t *kk)
     for (int i = 0; i < kk->ncands; i++) {
         cand_t *c = &kk->cands[i];
         if (c->state == C_DONE && !c->had_value) {
-            ap__dht_store_records_bg(dht, &c->c.peer, recs,
-                                     (const uint8_t(*)[AP_ED25519_SIG_LEN])sigs, has_sig, n);
+            (void)ap__dht_store_records_bg(dht, &c->c.peer, recs,
+                                           (const uint8_t(*)[AP_ED25519_SIG_LEN])sigs, has_sig, n,
+                                           false);
             break;
         }
     }

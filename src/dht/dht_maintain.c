@@ -23,6 +23,8 @@ struct bgcall {
     uint64_t id;
     int kind;
     ap_peer_id_t peer;
+    size_t held;   /* bytes reserved with ap_rt_mem_reserve until the call ends */
+    bool handover; /* held counts in dht->ho_inflight too */
 };
 
 static void bg_unlink(ap_dht_t *dht, bgcall_t *b)
@@ -34,14 +36,22 @@ static void bg_unlink(ap_dht_t *dht, bgcall_t *b)
     if (b->next) b->next->prev = b->prev;
 }
 
+/* Unlinks b, gives back what it held and frees it. */
+static void bg_free(ap_dht_t *dht, bgcall_t *b)
+{
+    bg_unlink(dht, b);
+    if (b->held) ap_rt_mem_release(dht->rt, &b->peer, b->held);
+    if (b->handover) dht->ho_inflight -= b->held <= dht->ho_inflight ? b->held : dht->ho_inflight;
+    free(b);
+}
+
 static void bg_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
                     const char *errmsg)
 {
     bgcall_t *b = arg;
     ap_dht_t *dht = b->dht;
-    bg_unlink(dht, b);
     if (status == AP_ECANCELED) {
-        free(b);
+        bg_free(dht, b);
         return;
     }
     uint64_t now = ap_rt_now_us(rt);
@@ -54,24 +64,31 @@ static void bg_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, siz
                  b->kind == BG_PING ? "ping" : "store", ap_err_name(status));
         ap__dht_contact_failed(dht, &b->peer, now);
     }
-    free(b);
+    bg_free(dht, b);
 }
 
-static void bg_send(ap_dht_t *dht, const ap_peer_id_t *peer, int kind, Apiary__Dht__Request *q)
+/* Sends q; held: bytes already reserved for it (given back when it ends).
+ * false if it could not be sent (held given back). */
+static bool bg_send(ap_dht_t *dht, const ap_peer_id_t *peer, int kind, Apiary__Dht__Request *q,
+                    size_t held, bool handover)
 {
     bgcall_t *b = calloc(1, sizeof *b);
-    if (!b) return;
+    if (!b) {
+        if (held) ap_rt_mem_release(dht->rt, peer, held);
+        return false;
+    }
     b->dht = dht;
     b->kind = kind;
     b->peer = *peer;
+    b->held = held;
+    b->handover = handover;
+    if (handover) dht->ho_inflight += held;
     b->next = dht->bgcalls;
     if (b->next) b->next->prev = b;
     dht->bgcalls = b;
     b->id = ap__dht_send_request(dht, peer, q, bg_done, b);
-    if (!b->id) {
-        bg_unlink(dht, b);
-        free(b);
-    }
+    if (!b->id) bg_free(dht, b);
+    return b->id != 0;
 }
 
 static void ping_peer(ap_dht_t *dht, const ap_peer_id_t *peer)
@@ -80,16 +97,19 @@ static void ping_peer(ap_dht_t *dht, const ap_peer_id_t *peer)
     Apiary__Dht__PingRequest p = APIARY__DHT__PING_REQUEST__INIT;
     q.body_case = APIARY__DHT__REQUEST__BODY_PING;
     q.ping = &p;
-    bg_send(dht, peer, BG_PING, &q);
+    (void)bg_send(dht, peer, BG_PING, &q, 0, false);
 }
 
-/* Sends records (views + signatures) to peer in STORE batches. */
-void ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer, const ap_dht_record_t *recs,
-                              const uint8_t (*sigs)[AP_ED25519_SIG_LEN], const bool *has_sig,
-                              size_t n)
+/* Sends records (views + signatures) to peer in STORE batches, each
+ * reserved in the node's memory budget first (dht_impl.h). */
+size_t ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer,
+                                const ap_dht_record_t *recs,
+                                const uint8_t (*sigs)[AP_ED25519_SIG_LEN], const bool *has_sig,
+                                size_t n, bool handover)
 {
     size_t i = 0;
     while (i < n) {
+        size_t first = i;
         Apiary__Dht__Record pbs[AP__DHT_MAX_BATCH];
         Apiary__Dht__Record *ptrs[AP__DHT_MAX_BATCH];
         size_t cnt = 0, bytes = 0;
@@ -108,8 +128,16 @@ void ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer, const ap_
         sr.n_records = cnt;
         q.body_case = APIARY__DHT__REQUEST__BODY_STORE;
         q.store = &sr;
-        bg_send(dht, peer, BG_STORE, &q);
+        /* bytes is at least the packed request's size (96 per record
+         * covers the fields' tags and lengths, signature, TTL) */
+        if ((handover && dht->ho_inflight + bytes > HANDOVER_INFLIGHT) ||
+            ap_rt_mem_reserve(dht->rt, peer, bytes) != 0 ||
+            !bg_send(dht, peer, BG_STORE, &q, bytes, handover)) {
+            dht->stats.bg_stores_skipped++;
+            return first;
+        }
     }
+    return n;
 }
 
 /* ---- hand-over --------------------------------------------------------------
@@ -119,7 +147,15 @@ void ap__dht_store_records_bg(ap_dht_t *dht, const ap_peer_id_t *peer, const ap_
  * attacker nothing: only a contact still in the table HANDOVER_DELAY_US
  * later gets it (one that pings and leaves gets nothing), each peer at most
  * once per HANDOVER_PEER_US, and all hand-overs together within a byte
- * budget (HANDOVER_RATE per second, HANDOVER_BURST at once). */
+ * budget (HANDOVER_RATE per second, HANDOVER_BURST at once). What is in
+ * flight is bounded too, since a newcomer that stays but never answers
+ * (or reads) keeps its STOREs pending until their deadline: at most
+ * HANDOVER_INFLIGHT bytes of hand-over calls at once, each batch reserved
+ * in the node's memory budget on the newcomer's account (ap_rt_mem_reserve,
+ * so also within the peer's and the node's limits) until its call ends. A
+ * hand-over the budget cannot start is deferred (tried again
+ * HANDOVER_DELAY_US later, HANDOVER_TRIES times); one cut short keeps what
+ * was sent (republishing covers the rest). */
 
 typedef struct handover {
     ap_dht_t *dht;
@@ -152,6 +188,11 @@ static bool ho_recent(ap_dht_t *dht, const ap_peer_id_t *peer, uint64_t now)
     return false;
 }
 
+static double ho_bytes(const ap_dht_record_t *r)
+{
+    return (double)(r->key_len + r->subkey_len + r->value_len + 64);
+}
+
 /* Keeps the first records that fit the node's byte budget. */
 static size_t ho_budget(ap_dht_t *dht, const handover_t *h, uint64_t now)
 {
@@ -161,14 +202,17 @@ static size_t ho_budget(ap_dht_t *dht, const handover_t *h, uint64_t now)
     if (dht->ho_tokens > HANDOVER_BURST) dht->ho_tokens = HANDOVER_BURST;
     size_t n = 0;
     for (; n < h->n; n++) {
-        double b = (double)(h->recs[n].key_len + h->recs[n].subkey_len + h->recs[n].value_len + 64);
+        double b = ho_bytes(&h->recs[n]);
         if (b > dht->ho_tokens) break;
         dht->ho_tokens -= b;
     }
     return n;
 }
 
-static void handover(ap_dht_t *dht, const ap_peer_id_t *peer)
+static void handover_later(ap_dht_t *dht, const ap_peer_id_t *peer, uint8_t tries);
+
+/* Hands over to peer; tries: how often it was deferred already. */
+static void handover(ap_dht_t *dht, const ap_peer_id_t *peer, uint8_t tries)
 {
     if (dht->cfg.client_mode || ap__dht_storage_records(&dht->store) == 0) return;
     uint64_t now = ap_rt_now_us(dht->rt);
@@ -190,14 +234,31 @@ static void handover(ap_dht_t *dht, const ap_peer_id_t *peer)
                            "peer %s: handing over %zu of %zu records (node hand-over budget)",
                            ap__dht_short_id(peer, s), h.n, all);
         }
-        if (h.n) {
+        size_t sent = 0;
+        if (h.n)
+            sent = ap__dht_store_records_bg(dht, peer, h.recs,
+                                            (const uint8_t(*)[AP_ED25519_SIG_LEN])h.sigs, h.has_sig,
+                                            h.n, true);
+        for (size_t i = sent; i < h.n; i++) dht->ho_tokens += ho_bytes(&h.recs[i]); /* unsent */
+        if (dht->ho_tokens > HANDOVER_BURST) dht->ho_tokens = HANDOVER_BURST;
+        char s[AP_PEER_SHORT_LEN];
+        if (sent) {
             dht->ho_recent[dht->ho_recent_next].peer = *peer;
             dht->ho_recent[dht->ho_recent_next].at_us = now;
             dht->ho_recent_next = (dht->ho_recent_next + 1) % HANDOVER_RECENT;
-            char s[AP_PEER_SHORT_LEN];
-            ap_debug(MOD, "peer %s: handing over %zu records", ap__dht_short_id(peer, s), h.n);
-            ap__dht_store_records_bg(dht, peer, h.recs,
-                                     (const uint8_t(*)[AP_ED25519_SIG_LEN])h.sigs, h.has_sig, h.n);
+            ap_debug(MOD, "peer %s: handing over %zu records", ap__dht_short_id(peer, s), sent);
+        }
+        if (sent < h.n) {
+            static ap_log_limit_t lim2;
+            ap_log_limited(&lim2, AP_LOG_INFO, MOD,
+                           "peer %s: hand-over %s after %zu of %zu records (memory budget full: "
+                           "%zu bytes of hand-over in flight)",
+                           ap__dht_short_id(peer, s), sent ? "cut short" : "deferred", sent, h.n,
+                           dht->ho_inflight);
+            if (!sent && tries + 1 < HANDOVER_TRIES) {
+                dht->stats.handovers_deferred++;
+                handover_later(dht, peer, (uint8_t)(tries + 1));
+            }
         }
     }
     free(h.recs);
@@ -218,7 +279,8 @@ static void ho_timer_cb(ap_rt_t *rt, void *arg)
         dht->ho_pending[i].used = false;
         ap_peer_id_t p = dht->ho_pending[i].peer;
         const ap__dht_contact_t *c = ap__dht_routing_lookup(&dht->table, &p);
-        if (c && c->failures == 0 && ap_rt_is_connected(dht->rt, &p)) handover(dht, &p);
+        if (c && c->failures == 0 && ap_rt_is_connected(dht->rt, &p))
+            handover(dht, &p, dht->ho_pending[i].tries);
     }
     ho_arm(dht);
 }
@@ -234,8 +296,9 @@ static void ho_arm(ap_dht_t *dht)
     dht->ho_timer = ap_rt_timer_start(dht->rt, first > now ? first - now : 0, 0, ho_timer_cb, dht);
 }
 
-/* A new contact: its hand-over waits to see whether it stays. */
-static void handover_later(ap_dht_t *dht, const ap_peer_id_t *peer)
+/* A new contact: its hand-over waits to see whether it stays (or, tries >
+ * 0, for room in the budget). */
+static void handover_later(ap_dht_t *dht, const ap_peer_id_t *peer, uint8_t tries)
 {
     if (dht->cfg.client_mode || ap__dht_storage_records(&dht->store) == 0) return;
     size_t freeslot = HANDOVER_PENDING_MAX;
@@ -248,6 +311,7 @@ static void handover_later(ap_dht_t *dht, const ap_peer_id_t *peer)
                     covers the rest */
     dht->ho_pending[freeslot].used = true;
     dht->ho_pending[freeslot].peer = *peer;
+    dht->ho_pending[freeslot].tries = tries;
     dht->ho_pending[freeslot].due_us = ap_rt_now_us(dht->rt) + HANDOVER_DELAY_US;
     ho_arm(dht);
 }
@@ -258,7 +322,7 @@ void ap__dht_peer_seen(ap_dht_t *dht, const ap_peer_id_t *peer, const char *addr
     ap__dht_contact_t *check = NULL;
     int r = ap__dht_routing_seen(&dht->table, peer, addr, ap_rt_now_us(dht->rt), &check);
     if (r == AP__RT_ADDED) {
-        handover_later(dht, peer);
+        handover_later(dht, peer, 0);
     } else if (r == AP__RT_PENDING && check) {
         ap_peer_id_t c = check->peer; /* liveness check of the least recently seen */
         ping_peer(dht, &c);
@@ -521,10 +585,7 @@ void ap__dht_bg_cancel_all(ap_dht_t *dht)
 {
     while (dht->bgcalls) {
         bgcall_t *b = dht->bgcalls;
-        ap_rt_rpc_cancel(dht->rt, b->id); /* bg_done unlinks and frees */
-        if (dht->bgcalls == b) {          /* not cancellable (already done?): drop it */
-            bg_unlink(dht, b);
-            free(b);
-        }
+        ap_rt_rpc_cancel(dht->rt, b->id);       /* bg_done unlinks and frees */
+        if (dht->bgcalls == b) bg_free(dht, b); /* not cancellable (already done?): drop it */
     }
 }

@@ -55,6 +55,10 @@ typedef struct ap_rt_ops {
     int (*stream_close)(ap_stream_t *s);
     void (*stream_reset)(ap_stream_t *s, int err);
     void (*get_stats)(ap_rt_t *rt, ap_rt_stats_t *out);
+    /* ap_rt_mem_reserve / ap_rt_mem_release (both NULL: nothing is counted,
+     * every reservation succeeds) */
+    int (*mem_reserve)(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
+    void (*mem_release)(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
 } ap_rt_ops_t;
 
 typedef struct ap_rt_handler {

@@ -492,3 +492,14 @@ void ap_rt_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
     memset(out, 0, sizeof *out);
     rt->ops->get_stats(rt, out);
 }
+
+int ap_rt_mem_reserve(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    if (!rt) return AP_EINVAL;
+    return rt->ops->mem_reserve ? rt->ops->mem_reserve(rt, peer, bytes) : 0;
+}
+
+void ap_rt_mem_release(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    if (rt && rt->ops->mem_release) rt->ops->mem_release(rt, peer, bytes);
+}

@@ -1,7 +1,9 @@
 /* The resource manager on real TCP + Noise on 127.0.0.1 (libuv host on its
  * own thread): a peer that holds messages it makes the node buffer, or opens
  * more streams than its limit, is refused at the limit (RESET AP_ELIMIT, one
- * WARN naming it), and another peer is served throughout. */
+ * WARN naming it), and another peer is served throughout. Memory protocol
+ * code reserves on a peer's account (ap_rt_mem_reserve) counts in the same
+ * scopes. */
 #include "aptest.h"
 
 #include "apiary/host.h"
@@ -179,6 +181,7 @@ typedef struct flood {
     ap_stream_t *s;
     atomic_int closed; /* 1 + status offset */
     atomic_int status;
+    int n; /* messages of MSG_LEN; 0 = 6 */
 } flood_t;
 
 static void flood_close(ap_stream_t *s, void *arg, int status)
@@ -198,7 +201,8 @@ static void flood_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     int rc = ap_rt_stream_open(rt, f->peer, "/t/sink", (const uint8_t *)"h", 1, &o, &cbs, f, &f->s);
     /* 6 MiB into a stream the target reads nothing from: more than the
      * peer may make it hold */
-    for (int i = 0; rc == 0 && i < 6; i++) rc = ap_stream_send(f->s, msg, sizeof msg);
+    for (int i = 0; rc == 0 && i < (f->n ? f->n : 6); i++)
+        rc = ap_stream_send(f->s, msg, sizeof msg);
     ap_sync_complete(done, rc);
 }
 
@@ -294,10 +298,92 @@ static void test_limits_over_tcp(void **state)
     ap_log_set_sink(NULL, NULL);
 }
 
+typedef struct res {
+    const ap_peer_id_t *peer;
+    size_t bytes;
+    bool release;
+} res_t;
+
+static void res_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
+{
+    res_t *r = arg;
+    if (r->release) {
+        ap_rt_mem_release(rt, r->peer, r->bytes);
+        ap_sync_complete(done, 0);
+    } else {
+        ap_sync_complete(done, ap_rt_mem_reserve(rt, r->peer, r->bytes));
+    }
+}
+
+/* A protocol's reservation on a peer's account: within the peer's limit
+ * and the node's, shown in the report, and it leaves that peer less room
+ * for what it sends (its 1 MiB message is refused), not another peer. */
+static void test_protocol_reservations(void **state)
+{
+    (void)state;
+    atomic_store(&g_nheld, 0);
+    ap_host_t *h = ap_host_new();
+    assert_non_null(h);
+    assert_ok(ap_host_start(h));
+    ap_node_opts_t no = {.listen = "/ip4/127.0.0.1/tcp/0"};
+    ap_rt_t *target, *bad, *good;
+    assert_ok(ap_node_new(h, &no, &target));
+    assert_ok(ap_node_new(h, &no, &bad));
+    assert_ok(ap_node_new(h, &no, &good));
+    setup_t st;
+    ap_node_limits_default(&st.lim);
+    st.lim.peer_memory = 2 * MSG_LEN + 4096;
+    assert_ok(ap_node_call_sync(target, target_setup_fn, &st));
+    char addr[1][AP_RT_ADDR_MAX];
+    assert_int_equal(ap_node_listen_addrs_sync(target, addr, 1, false), 1);
+    const ap_peer_id_t *tid = ap_rt_self(target);
+    addr_arg_t aa = {.peer = tid, .addr = addr[0]};
+    assert_ok(ap_node_call_sync(bad, add_addr_fn, &aa));
+    assert_ok(ap_node_call_sync(good, add_addr_fn, &aa));
+
+    const ap_peer_id_t *bid = ap_rt_self(bad);
+    res_t r1 = {bid, 3 * MSG_LEN / 2, false}, r2 = {bid, MSG_LEN, false};
+    res_t r3 = {NULL, MSG_LEN, false};
+    assert_ok(ap_node_call_sync(target, res_fn, &r1));
+    assert_int_equal(ap_node_call_sync(target, res_fn, &r2), AP_ELIMIT); /* the peer's scope */
+    assert_ok(ap_node_call_sync(target, res_fn, &r3));                   /* the node's only */
+    assert_int_equal(ap_node_set_limits_sync(target, &st.lim), AP_ESTATE);
+    report_t r;
+    r.len = ap_node_resources_sync(target, 8, r.out, sizeof r.out);
+    char bad_id[AP_PEER_ID_STR_MAX], want[AP_PEER_ID_STR_MAX + 64];
+    ap_peer_id_str(bid, bad_id);
+    snprintf(want, sizeof want, "peer %s: memory %u/%u", bad_id, 3 * MSG_LEN / 2,
+             (unsigned)st.lim.peer_memory);
+    if (!strstr(r.out, want)) fprintf(stderr, "report:\n%s\nwanted: %s\n", r.out, want);
+    assert_non_null(strstr(r.out, want));
+    snprintf(want, sizeof want, "held for peers by protocols %u bytes", 5 * MSG_LEN / 2);
+    assert_non_null(strstr(r.out, want));
+
+    /* that peer's 1 MiB message no longer fits its scope; another peer is served */
+    flood_t fl = {.peer = tid, .n = 1};
+    assert_ok(ap_node_call_sync(bad, flood_fn, &fl));
+    assert_true(wait_for(&fl.closed, 1, 20000));
+    assert_int_not_equal(atomic_load(&fl.status), 0);
+    one_call_t e = {.peer = tid};
+    assert_ok(ap_node_call_sync(good, echo_fn, &e));
+    assert_string_equal(e.resp, "legit");
+
+    r1.release = r3.release = true;
+    assert_ok(ap_node_call_sync(target, res_fn, &r1));
+    assert_ok(ap_node_call_sync(target, res_fn, &r3));
+    r.len = ap_node_resources_sync(target, 8, r.out, sizeof r.out);
+    assert_non_null(strstr(r.out, "held for peers by protocols 0 bytes"));
+    ap_node_free(good);
+    ap_node_free(bad);
+    ap_node_free(target);
+    assert_ok(ap_host_free(h));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limits_over_tcp),
+        cmocka_unit_test(test_protocol_reservations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -302,6 +302,7 @@ void ap_sim_free(ap_sim_t *sim)
     }
     for (uint32_t i = 0; i < sim->nnodes; i++) {
         ap__rt_fini(&sim->nodes[i]->rt);
+        ap__sim_mem_reset(sim->nodes[i]);
         free(sim->nodes[i]);
     }
     free(sim->nodes);
@@ -373,6 +374,8 @@ int ap_sim_add_node(ap_sim_t *sim, const ap_sim_node_opts_t *opts)
     }
     n->alive = true;
     node_reset_lists(n);
+    n->mem_node = SIM_MEM_NODE;
+    n->mem_peer = SIM_MEM_PEER;
     if (opts) {
         n->up_bps = opts->up_bps;
         n->down_bps = opts->down_bps;
@@ -500,6 +503,23 @@ int ap_sim_set_compute(ap_sim_t *sim, int i, ap_sim_compute_fn fn, void *arg)
     return 0;
 }
 
+int ap_sim_set_memory(ap_sim_t *sim, int i, uint64_t node_bytes, uint64_t peer_bytes)
+{
+    sim_node_t *n = get_node(sim, i);
+    if (!n) return AP_EINVAL;
+    if (n->mem_held) return AP_ESTATE;
+    ap__sim_mem_reset(n);
+    n->mem_node = node_bytes;
+    n->mem_peer = peer_bytes;
+    return 0;
+}
+
+uint64_t ap_sim_memory_held(ap_sim_t *sim, int i)
+{
+    sim_node_t *n = get_node(sim, i);
+    return n ? n->mem_held : 0;
+}
+
 int ap_sim_set_hooks(ap_sim_t *sim, int i, ap_sim_node_fn on_crash, ap_sim_node_fn on_restart,
                      void *arg)
 {
@@ -564,6 +584,7 @@ int ap_sim_crash(ap_sim_t *sim, int i)
     if (n->on_crash) n->on_crash(sim, i, &n->rt, n->hook_arg);
     ap__node_flush(sim, n); /* anything the hook left behind */
     ap__rt_fini(&n->rt);
+    ap__sim_mem_reset(n);
     memset(&n->st, 0, sizeof n->st);
     n->busy_until = sim->now;
     ap_info("sim", "node %d crashed at %llu us", i, (unsigned long long)sim->now);

@@ -14,6 +14,9 @@
 #define SIM_NONE UINT32_MAX
 /* An unanswered SYN is sent again after this long (TCP's initial RTO). */
 #define SIM_SYN_RETRY_US 1000000u
+/* ap_rt_mem_reserve's default limits, as ap_node_limits_default's */
+#define SIM_MEM_NODE (256ull << 20)
+#define SIM_MEM_PEER (64ull << 20)
 
 /* ---- slab: stable storage with generation-checked indexes ---------------
  * Elements never move (chunked), so pointers handed to users (ap_stream_t,
@@ -279,6 +282,10 @@ typedef struct sim_node {
     uint32_t out_active, in_active; /* flow ids (conn * 2 + dir) */
     uint32_t n_up, n_down;
     ap_rt_stats_t st;
+    /* ap_rt_mem_reserve (sim_rt.c): limits, the manager (made on first use,
+     * dropped at a crash with the process's memory), bytes held */
+    uint64_t mem_node, mem_peer, mem_held;
+    struct ap_rcmgr *rc;
 } sim_node_t;
 
 /* Deadline queues. Most deadlines (call timeouts, connect timeouts) use a
@@ -343,6 +350,8 @@ struct ap_sim {
 };
 
 extern const ap_rt_ops_t ap__sim_ops;
+/* Drops node n's memory reservations (crash, restart, free). */
+void ap__sim_mem_reset(sim_node_t *n);
 
 static inline sim_node_t *sim_node_of(ap_rt_t *rt)
 {

@@ -2,6 +2,7 @@
 #include "runtime/sim/sim_impl.h"
 
 #include "apiary/log.h"
+#include "base/rcmgr.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -747,6 +748,41 @@ static void op_get_stats(ap_rt_t *rt, ap_rt_stats_t *out)
     *out = N(rt)->st;
 }
 
+/* ---- memory held on a peer's account (runtime.h) -------------------------- */
+
+void ap__sim_mem_reset(sim_node_t *n)
+{
+    ap_rcmgr_free(n->rc);
+    n->rc = NULL;
+    n->mem_held = 0;
+}
+
+static int op_mem_reserve(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    sim_node_t *n = N(rt);
+    if (!n->rc) {
+        ap_rcmgr_config_t c = {
+            .node = {n->mem_node, 0, 0}, .peer = {n->mem_peer, 0, 0}, .node_fair_share = true};
+        if (!(n->rc = ap_rcmgr_new(&c))) return AP_ENOMEM;
+    }
+    ap_rc_span_t sp = {0};
+    if (peer && !(sp.peer = ap_rcmgr_peer(n->rc, peer))) return AP_ENOMEM;
+    int rc = ap_rc_reserve_mem(n->rc, &sp, bytes, NULL);
+    ap_rc_scope_unref(sp.peer); /* a scope holding memory stays alive */
+    if (rc == 0) n->mem_held += bytes;
+    return rc;
+}
+
+static void op_mem_release(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    sim_node_t *n = N(rt);
+    if (!n->rc) return; /* reserved before a crash */
+    ap_rc_span_t sp = {.peer = peer ? ap_rcmgr_peer(n->rc, peer) : NULL};
+    ap_rc_release_mem(n->rc, &sp, bytes);
+    ap_rc_scope_unref(sp.peer);
+    n->mem_held -= bytes <= n->mem_held ? bytes : n->mem_held;
+}
+
 const ap_rt_ops_t ap__sim_ops = {
     .name = "sim",
     .now_us = op_now_us,
@@ -770,4 +806,6 @@ const ap_rt_ops_t ap__sim_ops = {
     .stream_close = op_stream_close,
     .stream_reset = op_stream_reset,
     .get_stats = op_get_stats,
+    .mem_reserve = op_mem_reserve,
+    .mem_release = op_mem_release,
 };

@@ -60,7 +60,7 @@ int ap_node_set_limits(ap_rt_t *rt, const ap_node_limits_t *l)
 {
     if (!rt || !l) return AP_EINVAL;
     ap_node_t *n = NODE(rt);
-    if (n->conns || n->reqs) return AP_ESTATE;
+    if (n->conns || n->reqs || n->rt_mem_held) return AP_ESTATE;
     ap_rcmgr_config_t c;
     to_config(l, &c);
     ap_rcmgr_t *m = ap_rcmgr_new(&c);
@@ -77,16 +77,39 @@ size_t ap_node_resources(ap_rt_t *rt, int max_peers, char *out, size_t n)
     ap_node_t *nd = NODE(rt);
     size_t off = ap_rcmgr_report(nd->rc, max_peers, out, n);
     if (off + 1 < n) {
-        int w = snprintf(out + off, n - off,
-                         "refused %llu (memory: %llu received, %llu responses; %llu streams, "
-                         "%llu connections)\n",
-                         (unsigned long long)ap_rcmgr_refusals(nd->rc),
-                         (unsigned long long)nd->refused_rx, (unsigned long long)nd->refused_resp,
-                         (unsigned long long)nd->refused_streams,
-                         (unsigned long long)nd->refused_conns);
+        int w = snprintf(
+            out + off, n - off,
+            "held for peers by protocols %llu bytes\n"
+            "refused %llu (memory: %llu received, %llu responses; %llu streams, "
+            "%llu connections)\n",
+            (unsigned long long)nd->rt_mem_held, (unsigned long long)ap_rcmgr_refusals(nd->rc),
+            (unsigned long long)nd->refused_rx, (unsigned long long)nd->refused_resp,
+            (unsigned long long)nd->refused_streams, (unsigned long long)nd->refused_conns);
         if (w > 0) off = (size_t)w >= n - off ? n - 1 : off + (size_t)w;
     }
     return off;
+}
+
+/* Protocol code's own reservations (runtime.h): the peer's scope and the
+ * node's. */
+int ap__mux_mem_reserve(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    ap_node_t *n = NODE(rt);
+    ap_rc_span_t sp = {0};
+    if (peer && !(sp.peer = ap_rcmgr_peer(n->rc, peer))) return AP_ENOMEM;
+    int rc = ap_rc_reserve_mem(n->rc, &sp, bytes, NULL);
+    ap_rc_scope_unref(sp.peer); /* a scope holding memory stays alive */
+    if (rc == 0) n->rt_mem_held += bytes;
+    return rc;
+}
+
+void ap__mux_mem_release(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes)
+{
+    ap_node_t *n = NODE(rt);
+    ap_rc_span_t sp = {.peer = peer ? ap_rcmgr_peer(n->rc, peer) : NULL};
+    ap_rc_release_mem(n->rc, &sp, bytes);
+    ap_rc_scope_unref(sp.peer);
+    n->rt_mem_held -= bytes <= n->rt_mem_held ? bytes : n->rt_mem_held;
 }
 
 typedef struct limits_ctx {

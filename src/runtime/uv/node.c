@@ -223,6 +223,8 @@ static const ap_rt_ops_t uv_ops = {
     .stream_close = ap__mux_stream_close,
     .stream_reset = ap__mux_stream_reset,
     .get_stats = uv_get_stats,
+    .mem_reserve = ap__mux_mem_reserve,
+    .mem_release = ap__mux_mem_release,
 };
 
 /* ---- transports ----------------------------------------------------------------------------- */

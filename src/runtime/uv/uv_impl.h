@@ -327,6 +327,7 @@ struct ap_node {
     /* what peers make this node hold (mux_stream.c): bounded node-wide */
     size_t rx_buffered, resp_queued;
     ap_rcmgr_t *rc;       /* limits per stream, connection, peer, protocol, node */
+    uint64_t rt_mem_held; /* ap_rt_mem_reserve'd by protocol code (mux_rc.c) */
     uint64_t sweep_timer; /* stalled partial messages and responses */
     uint64_t stall_us;    /* 0 = AP_MUX_STALL_US (tests shorten it) */
     uint64_t refused_rx, refused_resp, refused_streams, refused_conns, stalled_reset;
@@ -360,6 +361,8 @@ bool ap__node_knows(const ap_node_t *n, const ap_peer_id_t *peer);
 /* The node's resource manager (mux_rc.c), with the default limits. */
 int ap__mux_rc_init(ap_node_t *n);
 void ap__mux_rc_free(ap_node_t *n);
+int ap__mux_mem_reserve(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
+void ap__mux_mem_release(ap_rt_t *rt, const ap_peer_id_t *peer, size_t bytes);
 /* Test and fuzz hook: bytes as if read from c's transport. */
 void ap__mux_feed(ap_mconn_t *c, const uint8_t *p, size_t n);
 uint64_t ap__mux_rpc_call(ap_rt_t *rt, const ap_peer_id_t *peer, const char *proto,
