@@ -697,8 +697,7 @@ static const attack_t attacks[] = {
     {"p2p_no_read", hostile_p2p_no_read, NULL},
 };
 
-/* Lines of the target's log that contain what. */
-static int log_count(const char *path, const char *what)
+int hostile_log_count(const char *path, const char *what)
 {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
@@ -717,6 +716,7 @@ static int run_attack(ap_bench_ctx_t *b, const attack_t *a, bool quick)
     cx->quick = quick;
     char log[128];
     snprintf(log, sizeof log, "/tmp/apiary-hostile-%d-%s.log", (int)getpid(), a->name);
+    snprintf(cx->log, sizeof cx->log, "%s", log);
     if (target_start(&cx->t, log)) {
         fprintf(stderr, "bench hostile: cannot start the target node\n");
         free(cx);
@@ -751,7 +751,7 @@ static int run_attack(ap_bench_ctx_t *b, const attack_t *a, bool quick)
     int probes = atomic_load(&cx->probes), served = atomic_load(&cx->served);
     double frac = probes ? (double)served / probes : 0;
     /* the target's WARN lines (rate-limited: "(+N similar lines suppressed)" not counted) */
-    int warns = log_count(log, " WARN ");
+    int warns = hostile_log_count(log, " WARN ");
     char f[600];
     snprintf(f, sizeof f,
              "\"attack\":\"%s\",\"served_during_attack\":%.4f,\"probes\":%d,"

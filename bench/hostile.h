@@ -34,9 +34,12 @@ typedef struct hctx {
     pthread_t sampler;
     atomic_bool sampler_quit;
     atomic_uint_fast64_t peak_kb;
+    char log[128]; /* the target's log */
 } hctx_t;
 
 void hostile_sleep_s(double s);
+/* Lines of the file at path that contain what. */
+int hostile_log_count(const char *path, const char *what);
 /* Whether the target process still runs (reaps it when it died). */
 bool hostile_target_alive(target_t *t);
 /* A non-blocking TCP connection to 127.0.0.1:port from attacker address

@@ -11,6 +11,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+/* A peer's protocol errors that end its connection or stream: a fresh
+ * identity costs nothing, so these lines are rate-limited together (32 per
+ * 10 s, then a count), as the native transport's unauthenticated ones. */
+static ap_log_limit_t peer_warns = {.burst = 32, .window_ms = 10000};
+#define PEER_WARN(...) ap_log_limited(&peer_warns, AP_LOG_WARN, "p2p", __VA_ARGS__)
+
 static const char *const noise_list[] = {NOISE_PROTO};
 
 static const char *who(ap_p2p_conn_t *c)
@@ -214,8 +220,8 @@ static void y_data(void *arg, uint32_t id, const uint8_t *p, size_t n)
             if (rc == AP_ENOPROTO) /* "na": the peer does not speak it */
                 ap_debug("p2p", "peer %s: stream %u: protocol not served", who(c), (unsigned)id);
             else
-                ap_warn("p2p", "peer %s: stream %u negotiation failed: %s", who(c), (unsigned)id,
-                        ap_err_name(rc));
+                PEER_WARN("peer %s: stream %u negotiation failed: %s", who(c), (unsigned)id,
+                          ap_err_name(rc));
             ap__yamux_reset(&c->y, id);
             ap__u64map_del(&c->streams, id, NULL);
             if (s->proto && s->proto->on_close) s->proto->on_close(s, rc);
@@ -544,7 +550,7 @@ static void start_mux(ap_p2p_conn_t *c, const char *muxer)
     ap_p2p_host_t *h = c->h;
     bool native = strcmp(muxer, AP_P2P_NATIVE_MUX) == 0;
     if (native && c->relayed) { /* a circuit carries libp2p streams only */
-        ap_warn("p2p", "peer %s: the native muxer over a circuit is not supported", who(c));
+        PEER_WARN("peer %s: the native muxer over a circuit is not supported", who(c));
         ap__p2p_conn_fail(c, AP_ENOTSUP);
         return;
     }
@@ -603,7 +609,7 @@ static void feed_plain(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
         int rc = ap__mss_feed(&c->mss, p, n, &used);
         flush_mss(c, true);
         if (rc) {
-            ap_warn("p2p", "peer %s: muxer negotiation failed: %s", who(c), ap_err_name(rc));
+            PEER_WARN("peer %s: muxer negotiation failed: %s", who(c), ap_err_name(rc));
             ap__p2p_conn_fail(c, rc);
             return;
         }
@@ -620,7 +626,7 @@ static void feed_plain(ap_p2p_conn_t *c, const uint8_t *p, size_t n)
     if (c->phase == P_YAMUX && n) {
         int rc = ap__yamux_feed(&c->y, p, n);
         if (rc) {
-            ap_warn("p2p", "peer %s: yamux: %s", who(c), ap_err_name(rc));
+            PEER_WARN("peer %s: yamux: %s", who(c), ap_err_name(rc));
             ap__p2p_conn_fail(c, rc);
         }
     }
@@ -639,7 +645,7 @@ void ap__p2p_conn_process(ap_p2p_conn_t *c)
             flush_mss(c, false);
             off += used;
             if (rc) {
-                ap_warn("p2p", "peer %s: security negotiation failed: %s", who(c), ap_err_name(rc));
+                PEER_WARN("peer %s: security negotiation failed: %s", who(c), ap_err_name(rc));
                 ap__p2p_conn_fail(c, rc);
                 break;
             }
@@ -658,13 +664,13 @@ void ap__p2p_conn_process(ap_p2p_conn_t *c)
                 const ap_peer_id_t *got = ap__secure_remote(&c->hs);
                 char a[AP_PEER_SHORT_LEN], b[AP_PEER_SHORT_LEN];
                 if (rc == AP_ENOTSUP)
-                    ap_warn("p2p", "peer %s: refused: its identity key is %s, not Ed25519", who(c),
-                            ap__secure_key_type_name(c->hs.info.key_type));
+                    PEER_WARN("peer %s: refused: its identity key is %s, not Ed25519", who(c),
+                              ap__secure_key_type_name(c->hs.info.key_type));
                 else if (rc == AP_EAUTH && got && c->hs.has_expected)
-                    ap_warn("p2p", "peer %s: refused: dialled %s, reached another peer",
-                            ap_peer_id_short(got, a), ap_peer_id_short(&c->hs.expected, b));
+                    PEER_WARN("peer %s: refused: dialled %s, reached another peer",
+                              ap_peer_id_short(got, a), ap_peer_id_short(&c->hs.expected, b));
                 else
-                    ap_warn("p2p", "peer %s: Noise handshake failed: %s", who(c), ap_err_name(rc));
+                    PEER_WARN("peer %s: Noise handshake failed: %s", who(c), ap_err_name(rc));
                 ap__p2p_conn_fail(c, rc);
                 break;
             }
@@ -674,7 +680,7 @@ void ap__p2p_conn_process(ap_p2p_conn_t *c)
         /* transport message: decrypt in place */
         uint8_t *m = c->raw.data + off - flen;
         if (flen < AP_NOISE_TAGLEN || ap__noise_cs_decrypt(&c->rx, NULL, 0, m, flen, m) != 0) {
-            ap_warn("p2p", "peer %s: bad transport message", who(c));
+            PEER_WARN("peer %s: bad transport message", who(c));
             ap__p2p_conn_fail(c, AP_EAUTH);
             break;
         }

@@ -6,13 +6,17 @@
  *   - a peer that never reads while it sends pings (each answered) is
  *     closed once its unsent answers pass its connection's memory; the
  *     node's scopes are empty again, and another peer is still served;
- *   - detaching the manager releases every reservation at once. */
+ *   - detaching the manager releases every reservation at once;
+ *   - the WARN lines of sessions that fail on a protocol error are
+ *     rate-limited (fresh identities cost nothing). */
 #include "aptest.h"
 
 #include "apiary/identity.h"
 #include "base/rcmgr.h"
 #include "p2p/p2p_conn.h"
 #include "p2p/p2p_impl.h"
+
+#include "apiary/log.h"
 
 #include <string.h>
 #include <uv.h>
@@ -173,9 +177,47 @@ static void test_never_reads(void **state)
     teardown(&x, &s);
 }
 
+static int g_yamux_warns;
+
+static void count_sink(void *arg, ap_log_level_t level, const char *module, const char *msg)
+{
+    (void)arg;
+    if (level >= AP_LOG_WARN && !strcmp(module, "p2p") && strstr(msg, ": yamux: ")) g_yamux_warns++;
+}
+
+/* 48 sessions in a row, each failed by a window update past 2^32 - 1: at
+ * most the limiter's burst of 32 lines, not one per session. */
+static void test_warns_limited(void **state)
+{
+    (void)state;
+    static ctx_t x;
+    setup_t s;
+    setup(&x, &s, 8u << 20, 256);
+    ap_log_set_sink(count_sink, NULL);
+    g_yamux_warns = 0;
+    enum { SESSIONS = 48 };
+    for (int i = 0; i < SESSIONS; i++) {
+        x.conn2 = NULL;
+        x.ready2 = x.closed2 = false;
+        assert_ok(ap__p2p_dial(s.b, &s.bound, &cbs, &x, &x.conn2));
+        RUN_UNTIL(&x, x.ready2 || x.closed2);
+        assert_true(x.ready2);
+        yframe(x.conn2, AP_YAMUX_WINDOW, AP_YAMUX_SYN, 1, 0);
+        yframe(x.conn2, AP_YAMUX_WINDOW, 0, 1, UINT32_MAX);
+        ap__p2p_conn_submit(x.conn2);
+        RUN_UNTIL(&x, x.closed2);
+    }
+    ap_log_set_sink(NULL, NULL);
+    print_message("%d yamux WARN lines for %d failed sessions\n", g_yamux_warns, SESSIONS);
+    assert_true(g_yamux_warns >= 1);
+    assert_true(g_yamux_warns <= 32);
+    teardown(&x, &s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_warns_limited),
         cmocka_unit_test(test_stream_flood),
         cmocka_unit_test(test_never_reads),
     };
