@@ -374,16 +374,20 @@ typedef enum ap_nn_lr_kind {
     AP_NN_LR_CONSTANT = 0, /* base (after warm-up) */
     AP_NN_LR_LINEAR = 1,   /* warm-up, then linear decay to min at total */
     AP_NN_LR_COSINE = 2,   /* warm-up, then half-cosine decay to min at total */
+    AP_NN_LR_RSQRT = 3,    /* warm-up, base until total, then base * sqrt(total / (step
+                            * + 1)), never below min; total 0 (or within the warm-up)
+                            * starts the decay where the warm-up ends */
 } ap_nn_lr_kind_t;
 
 typedef struct ap_nn_lr_schedule {
     ap_nn_lr_kind_t kind;
     float base, min; /* peak and final rate */
     uint64_t warmup; /* steps of linear warm-up from base/warmup to base */
-    uint64_t total;  /* steps at which the decay reaches min (then stays) */
+    uint64_t total;  /* steps at which the decay reaches min (then stays);
+                      * for AP_NN_LR_RSQRT the step where the decay starts */
 } ap_nn_lr_schedule_t;
 
-/* "constant", "linear", "cosine" (as ap_nn_solver_kind_name / _from_name). */
+/* "constant", "linear", "cosine", "rsqrt" (as ap_nn_solver_kind_name / _from_name). */
 AP_EXPORT const char *ap_nn_lr_kind_name(ap_nn_lr_kind_t kind);
 AP_EXPORT int ap_nn_lr_kind_from_name(const char *name, ap_nn_lr_kind_t *out);
 

@@ -251,8 +251,10 @@ static const struct {
                    {"adam", AP_NN_ADAM},
                    {"adamw", AP_NN_ADAMW},
                    {"lamb", AP_NN_LAMB}},
-  lr_names[] = {
-      {"constant", AP_NN_LR_CONSTANT}, {"linear", AP_NN_LR_LINEAR}, {"cosine", AP_NN_LR_COSINE}};
+  lr_names[] = {{"constant", AP_NN_LR_CONSTANT},
+                {"linear", AP_NN_LR_LINEAR},
+                {"cosine", AP_NN_LR_COSINE},
+                {"rsqrt", AP_NN_LR_RSQRT}};
 
 const char *ap_nn_solver_kind_name(ap_nn_solver_kind_t kind)
 {
@@ -292,6 +294,13 @@ float ap_nn_lr_at(const ap_nn_lr_schedule_t *s, uint64_t step)
 {
     if (s->warmup > 0 && step < s->warmup) return s->base * (float)(step + 1) / (float)s->warmup;
     if (s->kind == AP_NN_LR_CONSTANT) return s->base;
+    if (s->kind == AP_NN_LR_RSQRT) {
+        uint64_t from = s->total > s->warmup ? s->total : s->warmup;
+        if (from == 0) from = 1;
+        if (step < from) return s->base;
+        double r = s->base * sqrt((double)from / (double)(step + 1));
+        return (float)(r > s->min ? r : s->min);
+    }
     if (s->total <= s->warmup || step >= s->total) return s->min;
     double frac = (double)(step - s->warmup) / (double)(s->total - s->warmup);
     double k = s->kind == AP_NN_LR_LINEAR ? 1.0 - frac : 0.5 * (1.0 + cos(M_PI * frac));

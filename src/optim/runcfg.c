@@ -51,6 +51,8 @@ static const char *lr_kind_name(uint32_t k, char *tmp, size_t n)
         return "linear";
     case AP_NN_LR_COSINE:
         return "cosine";
+    case AP_NN_LR_RSQRT:
+        return "rsqrt";
     default:
         snprintf(tmp, n, "schedule %u", k);
         return tmp;

@@ -894,6 +894,28 @@ static void test_clip_and_schedule(void **state)
     expect_close("lin35", 0, ap_nn_lr_at(&s, 35), 1.0 - 0.9 * 0.25, 1e-6, 0);
     s.kind = AP_NN_LR_CONSTANT;
     expect_close("const", 0, ap_nn_lr_at(&s, 500), 1.0, 1e-6, 0);
+
+    /* rsqrt: warm-up, base until total, then base * sqrt(total / (step + 1))
+     * down to min. */
+    s = (ap_nn_lr_schedule_t){
+        .kind = AP_NN_LR_RSQRT, .base = 1.0f, .min = 0.1f, .warmup = 3, .total = 10};
+    expect_close("rs0", 0, ap_nn_lr_at(&s, 0), 1.0 / 3, 1e-6, 0);
+    expect_close("rs9", 0, ap_nn_lr_at(&s, 9), 1.0, 1e-6, 0);
+    expect_close("rs10", 0, ap_nn_lr_at(&s, 10), sqrt(10.0 / 11), 1e-6, 0);
+    expect_close("rs39", 0, ap_nn_lr_at(&s, 39), 0.5, 1e-6, 0);
+    expect_close("rs999", 0, ap_nn_lr_at(&s, 999), 0.1, 1e-6, 0);
+    for (uint64_t i = 10; i < 200; i++) /* never rises after the warm-up */
+        assert_true(ap_nn_lr_at(&s, i + 1) <= ap_nn_lr_at(&s, i));
+    s.total = 0; /* the decay starts where the warm-up ends */
+    expect_close("rsw3", 0, ap_nn_lr_at(&s, 3), sqrt(0.75), 1e-6, 0);
+    expect_close("rsw11", 0, ap_nn_lr_at(&s, 11), 0.5, 1e-6, 0);
+    s.warmup = 0;
+    expect_close("rs00", 0, ap_nn_lr_at(&s, 0), 1.0, 1e-6, 0);
+    expect_close("rs03", 0, ap_nn_lr_at(&s, 3), 0.5, 1e-6, 0);
+    ap_nn_lr_kind_t k = AP_NN_LR_CONSTANT;
+    assert_int_equal(ap_nn_lr_kind_from_name("rsqrt", &k), 0);
+    assert_int_equal(k, AP_NN_LR_RSQRT);
+    assert_string_equal(ap_nn_lr_kind_name(AP_NN_LR_RSQRT), "rsqrt");
 }
 
 /* ---- data ---------------------------------------------------------------- */

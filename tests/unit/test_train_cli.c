@@ -54,7 +54,7 @@ static void test_bad_flags(void **state)
         {"--ctx 0", "--ctx"},
         {"--embd 100 --heads 3", "not a multiple of --heads"},
         {"--optim rmsprop", "use lamb, adamw, adam or sgd"},
-        {"--schedule step", "use constant, linear or cosine"},
+        {"--schedule step", "use rsqrt, constant, linear or cosine"},
         {"--schedule cosine", "--decay-epochs"},
         {"--schedule linear --warmup 10 --decay-epochs 5", "within the 10 warm-up epochs"},
         {"--decay-epochs 0", "--decay-epochs"},
@@ -128,8 +128,9 @@ static void test_names(void **state)
     assert_int_equal(ap_nn_solver_kind_from_name(NULL, &k), AP_EINVAL);
     assert_int_equal(k, AP_NN_ADAM);
     assert_string_equal(ap_nn_solver_kind_name((ap_nn_solver_kind_t)99), "?");
-    const ap_nn_lr_kind_t lk[] = {AP_NN_LR_CONSTANT, AP_NN_LR_LINEAR, AP_NN_LR_COSINE};
-    for (size_t i = 0; i < 3; i++) {
+    const ap_nn_lr_kind_t lk[] = {AP_NN_LR_CONSTANT, AP_NN_LR_LINEAR, AP_NN_LR_COSINE,
+                                  AP_NN_LR_RSQRT};
+    for (size_t i = 0; i < 4; i++) {
         ap_nn_lr_kind_t l = 99;
         assert_int_equal(ap_nn_lr_kind_from_name(ap_nn_lr_kind_name(lk[i]), &l), 0);
         assert_int_equal(l, lk[i]);

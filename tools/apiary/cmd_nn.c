@@ -33,7 +33,7 @@ static void usage(FILE *f)
             "  --heads N          attention heads (4)         --ctx T    context (64)\n"
             "  --batch B          sequences per step (16)     --steps N  steps (200)\n"
             "  --optim NAME       adamw|adam|sgd|lamb (adamw) --lr X     peak rate (1e-3)\n"
-            "  --schedule NAME    cosine|linear|constant (cosine)  --warmup N (20)\n"
+            "  --schedule NAME    cosine|linear|constant|rsqrt (cosine)  --warmup N (20)\n"
             "  --clip X           global gradient-norm clip (1.0; 0 = off)\n"
             "  --dropout P        residual dropout (0)        --share-layers  ALBERT-style\n"
             "  --seed N           init, data order and dropout seed (1)\n"
@@ -202,7 +202,8 @@ static int nn_train_main(int argc, char **argv)
         } break;
         case O_SCHED:
             if (ap_nn_lr_kind_from_name(optarg, &sched)) {
-                fprintf(stderr, "apiary nn-train: unknown schedule '%s' (cosine|linear|constant)\n",
+                fprintf(stderr,
+                        "apiary nn-train: unknown schedule '%s' (cosine|linear|constant|rsqrt)\n",
                         optarg);
                 return 2;
             }
@@ -302,7 +303,8 @@ static int nn_train_main(int argc, char **argv)
                               .base = lr,
                               .min = lr * 0.1f,
                               .warmup = (uint64_t)warmup,
-                              .total = (uint64_t)steps};
+                              /* rsqrt decays from the warm-up's end */
+                              .total = sched == AP_NN_LR_RSQRT ? 0 : (uint64_t)steps};
     fprintf(stderr, "nn-train: %zu parameters, %zu bytes of text, %zu windows of %d\n", p->count,
             ap_nn_text_size(text), ap_nn_text_windows(text, ctx), ctx);
     uint64_t cursor = step * (uint64_t)batch, skipped = 0;

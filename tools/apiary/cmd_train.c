@@ -38,7 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_PEERS 16
+#define MAX_PEERS  16
+#define RSQRT_FROM 10 /* default epoch where the rsqrt decay starts */
 
 static void usage(void)
 {
@@ -89,10 +90,13 @@ static void usage(void)
         "  --lr X                    peak learning rate (default: lamb 5e-2, adam/adamw 2e-3,\n"
         "                            sgd 0.1)\n"
         "  --warmup N                global epochs of linear warm-up to --lr (default 3)\n"
-        "  --schedule NAME           after warm-up: constant (default), linear or cosine\n"
-        "                            decay to --lr/10 at --decay-epochs\n"
-        "  --decay-epochs N          epoch where linear/cosine reach the minimum (default:\n"
-        "                            --max-epochs)\n"
+        "  --schedule NAME           after warm-up: rsqrt (default: --lr until --decay-epochs,\n"
+        "                            then --lr * sqrt(decay-epochs / epoch), never below\n"
+        "                            --lr/10), constant, or linear or cosine decay to --lr/10\n"
+        "                            at --decay-epochs\n"
+        "  --decay-epochs N          rsqrt: epoch where the decay starts (default 10);\n"
+        "                            linear/cosine: epoch where they reach the minimum\n"
+        "                            (default: --max-epochs)\n"
         "  --clip X                  clip the averaged gradient's global norm to X (default\n"
         "                            1.0; 0 = off)\n"
         "  --average-state-every N   epochs between state averaging (default 5)\n"
@@ -467,7 +471,9 @@ static int run(const topts_t *o)
                                    .min = o->sched == AP_NN_LR_CONSTANT ? (float)o->lr
                                                                         : (float)(o->lr / 10),
                                    .warmup = (uint64_t)o->warmup,
-                                   .total = o->decay_epochs ? o->decay_epochs : o->max_epochs};
+                                   .total = o->decay_epochs              ? o->decay_epochs
+                                            : o->sched == AP_NN_LR_RSQRT ? RSQRT_FROM
+                                                                         : o->max_epochs};
     cfg.max_grad_norm = o->clip;
     cfg.model_kind = (uint32_t)ap_nn_model_kind(m);
     ap_nn_model_shape(m, cfg.model_shape);
@@ -556,7 +562,9 @@ static int run(const topts_t *o)
                o->run_id, pr->count, (unsigned long long)o->target);
         printf("  optimizer %s, lr %g, warm-up %d epochs, schedule %s",
                ap_nn_solver_kind_name(o->optim), o->lr, o->warmup, ap_nn_lr_kind_name(o->sched));
-        if (o->sched != AP_NN_LR_CONSTANT)
+        if (o->sched == AP_NN_LR_RSQRT)
+            printf(" from epoch %llu (at least %g)", (unsigned long long)cfg.lr.total, o->lr / 10);
+        else if (o->sched != AP_NN_LR_CONSTANT)
             printf(" to %g at epoch %llu", o->lr / 10, (unsigned long long)cfg.lr.total);
         printf(", clip %g\n", o->clip);
         if (o->byz)
@@ -832,7 +840,7 @@ static int train_main(int argc, char **argv)
                  .ctx = 64,
                  .warmup = 3,
                  .optim = AP_NN_LAMB,
-                 .sched = AP_NN_LR_CONSTANT,
+                 .sched = AP_NN_LR_RSQRT,
                  .state_every = 5,
                  .seed = 1,
                  .mm_window = 0.5,
@@ -1078,7 +1086,8 @@ static int train_main(int argc, char **argv)
             break;
         case O_SCHED:
             if (ap_nn_lr_kind_from_name(optarg, &o.sched)) {
-                fprintf(stderr, "apiary train: --schedule %s: use constant, linear or cosine\n",
+                fprintf(stderr,
+                        "apiary train: --schedule %s: use rsqrt, constant, linear or cosine\n",
                         optarg);
                 return 2;
             }
@@ -1169,7 +1178,7 @@ static int train_main(int argc, char **argv)
                 o.heads);
         return 2;
     }
-    if (o.sched != AP_NN_LR_CONSTANT) {
+    if (o.sched == AP_NN_LR_LINEAR || o.sched == AP_NN_LR_COSINE) {
         uint64_t total = o.decay_epochs ? o.decay_epochs : o.max_epochs;
         if (!total) {
             fprintf(stderr,
