@@ -25,7 +25,9 @@ typedef struct srv {
     int port;
     int bcast_n;
     ap_http_stats_t last;
+    uint64_t asked, copied; /* srv_stats' request count, and the last one served */
     uv_mutex_t mu;
+    uv_cond_t cv;
 } srv_t;
 
 static void handler(void *arg, const char *path, ap_http_resp_t *r)
@@ -58,9 +60,14 @@ static void on_bcast(uv_async_t *a)
     srv_t *s = a->data;
     static char big[65536];
     memset(big, 'x', sizeof big - 1);
-    for (int i = 0; i < s->bcast_n; i++) ap__http_broadcast(s->http, big, sizeof big - 1);
+    uv_mutex_lock(&s->mu);
+    int n = s->bcast_n;
+    uv_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) ap__http_broadcast(s->http, big, sizeof big - 1);
     uv_mutex_lock(&s->mu);
     ap__http_stats(s->http, &s->last);
+    s->copied = s->asked;
+    uv_cond_broadcast(&s->cv);
     uv_mutex_unlock(&s->mu);
 }
 
@@ -76,6 +83,7 @@ static srv_t *srv_start(const ap_http_limits_t *lim)
     assert_non_null(s);
     assert_int_equal(uv_loop_init(&s->loop), 0);
     uv_mutex_init(&s->mu);
+    uv_cond_init(&s->cv);
     uv_async_init(&s->loop, &s->stop, on_stop);
     uv_async_init(&s->loop, &s->bcast, on_bcast);
     s->stop.data = s->bcast.data = s;
@@ -88,10 +96,17 @@ static srv_t *srv_start(const ap_http_limits_t *lim)
 
 static void srv_stats(srv_t *s, ap_http_stats_t *st)
 {
-    s->bcast_n = 0;
-    uv_async_send(&s->bcast);
-    usleep(200000); /* the loop thread copies the stats (values checked, not the time) */
+    /* The loop thread copies the stats when it runs on_bcast; wait until it
+     * has done so for this request (a fixed sleep was not always enough on a
+     * loaded machine). */
     uv_mutex_lock(&s->mu);
+    s->bcast_n = 0;
+    uint64_t want = ++s->asked;
+    uv_mutex_unlock(&s->mu);
+    uv_async_send(&s->bcast);
+    uv_mutex_lock(&s->mu);
+    while (s->copied < want)
+        assert_int_equal(uv_cond_timedwait(&s->cv, &s->mu, 60ull * 1000000000ull), 0);
     *st = s->last;
     uv_mutex_unlock(&s->mu);
 }
@@ -101,6 +116,7 @@ static void srv_stop(srv_t *s)
     uv_async_send(&s->stop);
     uv_thread_join(&s->th);
     assert_int_equal(uv_loop_close(&s->loop), 0);
+    uv_cond_destroy(&s->cv);
     uv_mutex_destroy(&s->mu);
     free(s);
 }
@@ -253,7 +269,9 @@ static void test_stream_and_slow_reader(void **state)
     assert_non_null(strstr(out, "HTTP/1.1 503"));
     close(fd3);
     /* fd never reads again: 64 events of 64 KiB overflow its queue */
+    uv_mutex_lock(&s->mu);
     s->bcast_n = 64;
+    uv_mutex_unlock(&s->mu);
     uv_async_send(&s->bcast);
     ap_http_stats_t st = {0};
     for (int i = 0; i < 100 && st.slow_closed == 0; i++) {
