@@ -29,6 +29,22 @@ int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t
     return 0;
 }
 
+int ap_test_curve_check_late(const double *loss, int n, int from, int window, double tol, char *why,
+                             size_t cap)
+{
+    if (n < from + window + 1) {
+        snprintf(why, cap, "%d epochs, fewer than %d", n, from + window + 1);
+        return -1;
+    }
+    for (int i = from; i + window < n; i++)
+        if (!isfinite(loss[i + window]) || loss[i + window] > loss[i] + tol) {
+            snprintf(why, cap, "epochs %d..%d: loss %.4f -> %.4f, up by more than %.3f", i,
+                     i + window, loss[i], loss[i + window], tol);
+            return -1;
+        }
+    return 0;
+}
+
 void ap_test_curve_print(const char *label, const double *loss, int n)
 {
     fprintf(stderr, "%s:", label);
