@@ -216,6 +216,12 @@ typedef enum ap_btard_fault {
     /* an accusation that does not hold: the accuser was not the target's
      * validator, or the target's part matches the recomputation */
     AP_BTARD_FAULT_FALSE_ACCUSATION = 7,
+    /* the verified step: two different signed StepCommits, or two different
+     * signed AggChecks, by one member for one step (an honest member signs
+     * each once and relays the others' unchanged): an aggregator telling
+     * different members it produced different aggregates, i.e. sending
+     * different results to different peers (provable by the two messages) */
+    AP_BTARD_FAULT_STEP_EQUIVOCATION = 8,
 } ap_btard_fault_t;
 
 /* Name of a fault ("no_commit", ...), "none" for NONE. Static string. */
@@ -346,7 +352,7 @@ AP_EXPORT AP_NODISCARD int ap_btard_round_start(ap_btard_svc_t *svc,
 
 #define AP_BTARD_BAN_PREFIX  "btard/bans/"
 #define AP_BTARD_BAN_KEY_LEN (sizeof AP_BTARD_BAN_PREFIX - 1 + 2 * AP_BTARD_HASH_LEN)
-#define AP_BTARD_BAN_MAX     (AP_BTARD_STEP_MSG_MAX + 2 * AP_BTARD_MSG_MAX + 128) /* bytes of a Ban */
+#define AP_BTARD_BAN_MAX     (2 * AP_BTARD_STEP_MSG_MAX + 128) /* bytes of a Ban */
 
 /* ctx = BLAKE2b-256("apiary/btard/round" || run || le64(step) || le32(round)). */
 AP_EXPORT void ap_btard_round_ctx(const uint8_t run[AP_BTARD_HASH_LEN], uint64_t step,
@@ -540,6 +546,12 @@ typedef enum ap_btard_step_attack {
     AP_BTARD_STEP_FALSE_DISPUTE = 1,   /* disputes every part it sent */
     AP_BTARD_STEP_FALSE_ACCUSE = 2,    /* accuses the next member in the group every step */
     AP_BTARD_STEP_WITHHOLD_REVEAL = 3, /* withholds its reveal in the step's MPRNG round */
+    /* an aggregator that sent its aggregate v to the first half of the group
+     * (members 0..n/2-1) and v + 0.5 per element to the second half (the
+     * caller delivers those copies): it sends the first half a StepCommit
+     * naming v and the second half one naming v + 0.5 (its AggCheck, of v,
+     * goes to everyone) */
+    AP_BTARD_STEP_EQUIVOCATE = 4,
 } ap_btard_step_attack_t;
 
 /* Recomputes what member `member` of the step's group should have sent: its

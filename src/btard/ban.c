@@ -56,9 +56,35 @@ static int prove_aggregate(const ap_btard_ban_t *b)
     return rc;
 }
 
+/* STEP_EQUIVOCATION: ev_a and ev_b are two different messages of one kind,
+ * StepCommit or AggCheck, both signed by the peer for this run's step. */
+static int prove_step_equivocation(const ap_btard_ban_t *b)
+{
+    if (!b->ev_a || !b->ev_b ||
+        (b->ev_a_len == b->ev_b_len && !memcmp(b->ev_a, b->ev_b, b->ev_a_len)))
+        return AP_EINVAL;
+    ap__step_msg_t *m = malloc(2 * sizeof *m);
+    if (!m) return AP_ENOMEM;
+    uint8_t ctx[AP_BTARD_HASH_LEN];
+    ap_btard_round_ctx(b->run, b->step, b->round, ctx);
+    int rc = ap__step_msg_decode(b->ev_a, b->ev_a_len, &m[0]);
+    if (rc == 0) rc = ap__step_msg_decode(b->ev_b, b->ev_b_len, &m[1]);
+    for (int k = 0; rc == 0 && k < 2; k++) {
+        const uint8_t *mc = m[k].kind == AP__BTARD_STEP_COMMIT ? m[k].u.commit.ctx
+                            : m[k].kind == AP__BTARD_AGG_CHECK ? m[k].u.check.ctx
+                                                               : NULL;
+        if (!mc || m[k].kind != m[0].kind || !ap_peer_id_eq(&m[k].sender, &b->peer) ||
+            memcmp(mc, ctx, AP_BTARD_HASH_LEN) != 0)
+            rc = AP_EINVAL;
+    }
+    free(m);
+    return rc ? AP_EINVAL : 0;
+}
+
 static int prove(const ap_btard_ban_t *b)
 {
     if (b->fault == AP_BTARD_FAULT_BAD_AGGREGATE) return prove_aggregate(b);
+    if (b->fault == AP_BTARD_FAULT_STEP_EQUIVOCATION) return prove_step_equivocation(b);
     if (b->fault != AP_BTARD_FAULT_BAD_REVEAL && b->fault != AP_BTARD_FAULT_EQUIVOCATION)
         return AP_EINVAL;
     uint8_t ctx[AP_BTARD_HASH_LEN];
@@ -73,7 +99,7 @@ static int prove(const ap_btard_ban_t *b)
 int ap_btard_ban_encode(const ap_btard_ban_t *b, uint8_t *out, size_t cap, size_t *len)
 {
     if (!b || !out || !len || !b->ev_a || (!b->ev_b && b->ev_b_len) ||
-        b->ev_a_len > AP_BTARD_STEP_MSG_MAX || b->ev_b_len > AP_BTARD_MSG_MAX)
+        b->ev_a_len > AP_BTARD_STEP_MSG_MAX || b->ev_b_len > AP_BTARD_STEP_MSG_MAX)
         return AP_EINVAL;
     int rc = prove(b);
     if (rc) return AP_EINVAL;
@@ -99,7 +125,7 @@ int ap_btard_ban_check(const uint8_t *value, size_t len, const ap_peer_id_t *pee
     if (!m) return AP_ECORRUPT;
     int rc = AP_ECORRUPT;
     if (m->run.len != AP_BTARD_HASH_LEN || m->evidence_a.len > AP_BTARD_STEP_MSG_MAX ||
-        m->evidence_b.len > AP_BTARD_MSG_MAX || m->fault > 0xff)
+        m->evidence_b.len > AP_BTARD_STEP_MSG_MAX || m->fault > 0xff)
         goto out;
     memset(out, 0, sizeof *out);
     memcpy(out->run, m->run.data, AP_BTARD_HASH_LEN);

@@ -58,6 +58,8 @@ const char *ap_btard_fault_name(ap_btard_fault_t f)
         return "bad_gradient";
     case AP_BTARD_FAULT_FALSE_ACCUSATION:
         return "false_accusation";
+    case AP_BTARD_FAULT_STEP_EQUIVOCATION:
+        return "step_equivocation";
     }
     return "unknown";
 }

@@ -25,14 +25,21 @@ static void call_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, s
     (void)rt, (void)arg, (void)status, (void)resp, (void)len, (void)errmsg;
 }
 
-static void send_all(step_t *s, const uint8_t *b, size_t len, const ap_peer_id_t *skip)
+/* To members lo..hi-1 but this node and skip. */
+static void send_range(step_t *s, const uint8_t *b, size_t len, const ap_peer_id_t *skip, size_t lo,
+                       size_t hi)
 {
     ap_rpc_opts_t o = {.timeout_us = s->cfg.phase_timeout_us, .max_resp = 16};
-    for (size_t i = 0; i < s->n; i++) {
+    for (size_t i = lo; i < hi && i < s->n; i++) {
         if (i == s->self || (skip && ap_peer_id_eq(skip, &s->peers[i]))) continue;
         (void)ap_rt_rpc_call(s->svc->rt, &s->peers[i], AP_BTARD_STEP_PROTO, b, len, &o, call_done,
                              NULL);
     }
+}
+
+static void send_all(step_t *s, const uint8_t *b, size_t len, const ap_peer_id_t *skip)
+{
+    send_range(s, b, len, skip, 0, s->n);
 }
 
 static size_t index_of(const step_t *s, const ap_peer_id_t *p)
@@ -47,6 +54,14 @@ static void step_free(step_t *s)
     for (size_t i = 0; s->commit && i < s->n; i++) free(s->commit[i]);
     for (size_t i = 0; s->check && i < s->n; i++) free(s->check[i]);
     for (size_t i = 0; s->check_raw && i < s->n; i++) free(s->check_raw[i]);
+    for (size_t i = 0; s->commit_raw && i < s->n; i++) free(s->commit_raw[i]);
+    for (size_t i = 0; s->eq_raw && i < s->n; i++) free(s->eq_raw[i]);
+    free(s->commit_raw);
+    free(s->commit_len);
+    free(s->eq_raw);
+    free(s->eq_len);
+    free(s->eq_first);
+    free(s->eq_first_len);
     free(s->commit);
     free(s->check);
     free(s->check_raw);
@@ -148,6 +163,10 @@ static void conclude(step_t *s, int status)
                        ap_btard_fault_name(f));
             }
         }
+        for (size_t i = 0; i < s->n; i++)
+            if (s->eq_raw[i])
+                ap__btard_convict(s, bans, &v.nconvicted, i, AP_BTARD_FAULT_STEP_EQUIVOCATION, 0,
+                                  s->eq_first[i], s->eq_first_len[i], s->eq_raw[i], s->eq_len[i]);
         ap__btard_grad_judge(s, bans, &v.nconvicted, &v.accusations);
     }
     v.excluded = excl;
@@ -175,6 +194,26 @@ static void finish(step_t *s, int status)
 }
 
 static void broadcast_own(step_t *s, ap__step_msg_t *m);
+static int accept(step_t *s, const ap__step_msg_t *m, const uint8_t *raw, size_t len);
+
+/* AP_BTARD_STEP_EQUIVOCATE: the commitment m (naming the aggregate v) to the
+ * first half of the group, one naming v + 0.5 to the second half. */
+static void equivocate(step_t *s, ap__step_msg_t *m, const ap_btard_vclip_t *vc)
+{
+    m->sender = s->peers[s->self];
+    uint8_t *b = malloc(AP_BTARD_STEP_MSG_MAX);
+    float *w = malloc(vc->d * sizeof *w);
+    size_t len = b && w ? ap__step_msg_encode(m, sign_cb, s->svc->rt, b, AP_BTARD_STEP_MSG_MAX) : 0;
+    if (len && accept(s, m, b, len) == 1) send_range(s, b, len, NULL, 0, s->n / 2);
+    if (len) {
+        for (size_t k = 0; k < vc->d; k++) w[k] = vc->out[k] + 0.5f;
+        ap_btard_hash_floats(w, vc->d, m->u.commit.agg);
+        len = ap__step_msg_encode(m, sign_cb, s->svc->rt, b, AP_BTARD_STEP_MSG_MAX);
+        if (len) send_range(s, b, len, NULL, s->n / 2, s->n);
+    }
+    free(w);
+    free(b);
+}
 
 static void send_check(step_t *s)
 {
@@ -299,6 +338,27 @@ static void on_timer(ap_rt_t *rt, void *arg)
     if (s->stage == 2) finish(s, 0);
 }
 
+/* A second signed message of a kind member i signed once already (first):
+ * 0 if it is the same one (a relayed copy); else, the first time, it is kept
+ * as the evidence of a step_equivocation and 1 is returned (relay it, so
+ * every member holds both). */
+static int second(step_t *s, size_t i, const uint8_t *first, size_t flen, const uint8_t *raw,
+                  size_t len)
+{
+    if (flen == len && !memcmp(first, raw, len)) return 0;
+    if (s->eq_raw[i]) return 0;
+    s->eq_raw[i] = malloc(len);
+    if (!s->eq_raw[i]) return AP_ENOMEM;
+    memcpy(s->eq_raw[i], raw, len);
+    s->eq_len[i] = len;
+    s->eq_first[i] = first;
+    s->eq_first_len[i] = flen;
+    char sh[AP_PEER_SHORT_LEN];
+    ap_log(AP_LOG_WARN, "btard", "step %llu: %s signed two different messages of one kind",
+           (unsigned long long)s->cfg.step, ap_peer_id_short(&s->peers[i], sh));
+    return 1;
+}
+
 /* Takes a decoded message (from = its transport sender, NULL for our own).
  * Returns 1 if it was new (relay it). */
 static int accept(step_t *s, const ap__step_msg_t *m, const uint8_t *raw, size_t len)
@@ -308,16 +368,25 @@ static int accept(step_t *s, const ap__step_msg_t *m, const uint8_t *raw, size_t
     if (m->kind == AP__BTARD_STEP_COMMIT) {
         if (memcmp(m->u.commit.ctx, s->ctx, H) != 0) return AP_EPROTO;
         if (m->u.commit.n != s->n) return AP_EPROTO;
-        if (s->commit[i]) return 0;
+        if (s->commit[i]) return second(s, i, s->commit_raw[i], s->commit_len[i], raw, len);
         s->commit[i] = malloc(sizeof **s->commit);
-        if (!s->commit[i]) return AP_ENOMEM;
+        s->commit_raw[i] = malloc(len);
+        if (!s->commit[i] || !s->commit_raw[i]) {
+            free(s->commit[i]);
+            free(s->commit_raw[i]);
+            s->commit[i] = NULL;
+            s->commit_raw[i] = NULL;
+            return AP_ENOMEM;
+        }
         *s->commit[i] = m->u.commit;
+        memcpy(s->commit_raw[i], raw, len);
+        s->commit_len[i] = len;
         return 1;
     }
     if (m->kind == AP__BTARD_AGG_CHECK) {
         if (memcmp(m->u.check.ctx, s->ctx, H) != 0) return AP_EPROTO;
         if (m->u.check.part != i || !s->counts[i]) return AP_EPROTO;
-        if (s->check[i]) return 0;
+        if (s->check[i]) return second(s, i, s->check_raw[i], s->check_len[i], raw, len);
         s->check[i] = malloc(sizeof **s->check);
         s->check_raw[i] = malloc(len);
         if (!s->check[i] || !s->check_raw[i]) {
@@ -553,6 +622,12 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     s->check = calloc(n, sizeof *s->check);
     s->check_raw = calloc(n, sizeof *s->check_raw);
     s->check_len = calloc(n, sizeof *s->check_len);
+    s->commit_raw = calloc(n, sizeof *s->commit_raw);
+    s->commit_len = calloc(n, sizeof *s->commit_len);
+    s->eq_raw = calloc(n, sizeof *s->eq_raw);
+    s->eq_len = calloc(n, sizeof *s->eq_len);
+    s->eq_first = calloc(n, sizeof *s->eq_first);
+    s->eq_first_len = calloc(n, sizeof *s->eq_first_len);
     s->reported = calloc(n, sizeof *s->reported);
     s->disputes = calloc(n, sizeof *s->disputes);
     s->mine = calloc(n, sizeof *s->mine);
@@ -570,7 +645,8 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     s->z = maxc <= SIZE_MAX / sizeof(float) ? malloc((size_t)maxc * sizeof(float)) : NULL;
     if (!s->peers || !s->counts || !s->off || !s->commit || !s->check || !s->check_raw ||
         !s->check_len || !s->reported || !s->disputes || !s->mine || !s->z || !s->report ||
-        !s->disputed_by || !s->mfault || !s->mev || !s->mev_a || !s->mev_b) {
+        !s->disputed_by || !s->mfault || !s->mev || !s->mev_a || !s->mev_b || !s->commit_raw ||
+        !s->commit_len || !s->eq_raw || !s->eq_len || !s->eq_first || !s->eq_first_len) {
         step_free(s);
         return AP_ENOMEM;
     }
@@ -627,7 +703,10 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
             c->has_agg = true;
             ap_btard_hash_floats(vc->out, vc->d, c->agg);
         }
-        broadcast_own(s, m);
+        if (cfg->attack == AP_BTARD_STEP_EQUIVOCATE && c->has_agg)
+            equivocate(s, m, vc);
+        else
+            broadcast_own(s, m);
         free(m);
     }
     /* messages that came before this step started */

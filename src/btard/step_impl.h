@@ -27,6 +27,14 @@ typedef struct step {
     bool have_seed, sent_check, sent_report, finished, mprng_running;
     int mprng_status;
     ap__step_commit_t **commit;
+    uint8_t **commit_raw; /* each member's first signed StepCommit */
+    size_t *commit_len;
+    /* a member's second, different, signed StepCommit or AggCheck (the
+     * evidence of a step_equivocation with its first, eq_first) */
+    uint8_t **eq_raw;
+    size_t *eq_len;
+    const uint8_t **eq_first;
+    size_t *eq_first_len;
     ap__agg_check_t **check;
     uint8_t **check_raw;
     size_t *check_len;

@@ -55,13 +55,17 @@ typedef struct world {
     size_t ng;
     uint64_t step;
     int sit_out[N]; /* steps node i still sits out */
+    /* an aggregator that sends the second half of each group its aggregate
+     * + 0.5 per element and signs a matching commitment to each half
+     * (AP_BTARD_STEP_EQUIVOCATE; -1: none) */
+    int equiv;
 } world_t;
 
 static world_t W;
 
 static bool honest(int i)
 {
-    return i != POISONER && i != WITHHOLD;
+    return i != POISONER && i != WITHHOLD && i != W.equiv;
 }
 
 /* The gradient of node `who` at parameters p for the current step. */
@@ -178,6 +182,12 @@ static bool one_step(void)
     assert_true(T->run_until(W.tb, all_ar, NULL, 120000000));
     uint64_t counts[N];
     assert_ok(ap_btard_split(mem, W.ng, D, counts));
+    for (size_t g = 0, off = 0; g < W.ng; off += counts[g], g++) {
+        if (W.grp[g] != W.equiv) continue;
+        /* what the second half of the group received of its part */
+        for (size_t h = W.ng / 2; h < W.ng; h++)
+            for (size_t k = 0; h != g && k < counts[g]; k++) W.nd[W.grp[h]].data[off + k] += 0.5f;
+    }
     for (size_t g = 0; g < W.ng; g++) {
         node_t *d = &W.nd[W.grp[g]];
         assert_int_equal(d->ar_status, 0);
@@ -191,8 +201,9 @@ static bool one_step(void)
                                  .vclip = &d->vc,
                                  .tau = 40,
                                  .phase_timeout_us = 2000000,
-                                 .attack = W.grp[g] == WITHHOLD ? AP_BTARD_STEP_WITHHOLD_REVEAL
-                                                                : AP_BTARD_STEP_HONEST,
+                                 .attack = W.grp[g] == WITHHOLD  ? AP_BTARD_STEP_WITHHOLD_REVEAL
+                                           : W.grp[g] == W.equiv ? AP_BTARD_STEP_EQUIVOCATE
+                                                                 : AP_BTARD_STEP_HONEST,
                                  .done = on_verdict,
                                  .arg = d,
                                  .validators = (uint32_t)W.ng,
@@ -225,10 +236,10 @@ static bool one_step(void)
     return applied;
 }
 
-static void test_attackers_banned_training_continues(void **st)
+static void world_up(int equiv)
 {
-    (void)st;
     memset(&W, 0, sizeof W);
+    W.equiv = equiv;
     W.tb = T->create(N, 31);
     assert_non_null(W.tb);
     uint64_t r = 12345;
@@ -250,6 +261,25 @@ static void test_attackers_banned_training_continues(void **st)
         assert_ok(ap_btard_svc_new(rt, &d->mprng));
         assert_ok(ap_btard_step_svc_new(rt, d->mprng, &d->step));
     }
+}
+
+static void world_down(void)
+{
+    for (int i = 0; i < N; i++) {
+        node_t *d = &W.nd[i];
+        ap_btard_step_svc_free(d->step);
+        ap_btard_svc_free(d->mprng);
+        assert_ok(ap_avg_service_free(d->avg));
+        ap_btard_clip_ws_free(d->vc.clip.ws);
+        ap_btard_vclip_close(&d->vc);
+    }
+    T->destroy(W.tb);
+}
+
+static void test_attackers_banned_training_continues(void **st)
+{
+    (void)st;
+    world_up(-1);
     const double loss0 = loss(W.nd[0].p);
     int applied_after = 0, steps = 0, excl_steps = 0;
     while (steps < MAX_STEPS &&
@@ -279,15 +309,43 @@ static void test_attackers_banned_training_continues(void **st)
     assert_true(applied_after >= 3);
     /* the optimum's loss is the examples' variance, ~1/3 per element */
     assert_true(loss1 < 0.05 * loss0);
-    for (int i = 0; i < N; i++) {
-        node_t *d = &W.nd[i];
-        ap_btard_step_svc_free(d->step);
-        ap_btard_svc_free(d->mprng);
-        assert_ok(ap_avg_service_free(d->avg));
-        ap_btard_clip_ws_free(d->vc.clip.ws);
-        ap_btard_vclip_close(&d->vc);
+    world_down();
+}
+
+/* Node EQUIV aggregates its part honestly but sends the second half of the
+ * group its aggregate + 0.5 per element, with a signed commitment naming
+ * that copy, and the first half one naming the real one: every honest node
+ * bans it in that step (step_equivocation: both signed commitments reach
+ * every member, which relays each once), bans nobody honest, and does not
+ * apply the step; after the bans the honest nodes train on. */
+#define EQUIV 2
+static void test_equivocating_aggregator_banned(void **st)
+{
+    (void)st;
+    world_up(EQUIV);
+    const double loss0 = loss(W.nd[0].p);
+    bool applied0 = one_step();
+    assert_false(applied0);
+    for (int i = 0; i < N; i++)
+        if (honest(i)) assert_true(W.nd[i].banned[EQUIV]); /* in the step it cheats */
+    int applied_after = 0, steps = 1;
+    while (steps < MAX_STEPS && applied_after < 2) {
+        applied_after += one_step();
+        steps++;
     }
-    T->destroy(W.tb);
+    const double loss1 = loss(W.nd[0].p);
+    printf("%s: equivocator banned in step 0; %d steps, loss %.3f -> %.3f, applied after %d\n",
+           T->name, steps, loss0, loss1, applied_after);
+    for (int i = 0; i < N; i++) {
+        if (!honest(i)) continue;
+        assert_true(W.nd[i].banned[EQUIV]);
+        for (int j = 0; j < N; j++)
+            if (j != POISONER && j != EQUIV && W.nd[i].banned[j])
+                fail_msg("honest node %d banned node %d", i, j);
+    }
+    assert_true(applied_after >= 2);
+    assert_true(loss1 < loss0);
+    world_down();
 }
 
 int ap_btard_verified_suite_run(const ap_testbed_ops_t *ops)
@@ -296,6 +354,7 @@ int ap_btard_verified_suite_run(const ap_testbed_ops_t *ops)
     printf("driver: %s\n", ops->name);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attackers_banned_training_continues),
+        cmocka_unit_test(test_equivocating_aggregator_banned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,7 +41,8 @@ static void on_verdict(void *arg, const ap_btard_verdict_t *v)
         p->fault[i] = v->bans[i].fault;
         /* only these faults prove themselves */
         if (v->bans[i].fault == AP_BTARD_FAULT_BAD_AGGREGATE ||
-            v->bans[i].fault == AP_BTARD_FAULT_BAD_REVEAL)
+            v->bans[i].fault == AP_BTARD_FAULT_BAD_REVEAL ||
+            v->bans[i].fault == AP_BTARD_FAULT_STEP_EQUIVOCATION)
             assert_ok(
                 ap_btard_ban_encode(&v->bans[i], p->ban[i], sizeof p->ban[i], &p->ban_len[i]));
         else
@@ -69,6 +70,12 @@ typedef struct scenario {
     int accuser;         /* false accuser (-1: none) */
     int withholder;      /* withholds its MPRNG reveal (-1: none) */
     int slow;            /* honest, but its messages reach it late (-1: none) */
+    /* 1 + an aggregator that sends its aggregate + 0.5 per element to the
+     * second half of the group (0: none); equiv_data_only: with one
+     * commitment to all (else AP_BTARD_STEP_EQUIVOCATE: a matching one to
+     * each half) */
+    int equivocator;
+    bool equiv_data_only;
 } scenario_t;
 
 static const uint8_t RUN[32] = {7, 7, 7};
@@ -139,6 +146,13 @@ static void run(const scenario_t *sc, avg_env_t *e)
     assert_ok(ap_btard_split(mem, N, ELEMS, counts));
     ap_peer_id_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = mem[i].id;
+    const int eq = sc->equivocator - 1;
+    if (eq >= 0) { /* what the second half received of eq's part */
+        uint64_t off = 0;
+        for (int j = 0; j < eq; j++) off += counts[j];
+        for (int i = N / 2; i < N; i++)
+            for (uint64_t k = 0; i != eq && k < counts[eq]; k++) e->nd[i].data[off + k] += 0.5f;
+    }
     if (sc->slow >= 0)
         /* the others' messages take 2.5 s to reach it, its own 0.5 s to
          * reach them: its commitment is in time, its reveal (sent once it
@@ -167,7 +181,9 @@ static void run(const scenario_t *sc, avg_env_t *e)
                                  .attack = i == sc->disputer     ? AP_BTARD_STEP_FALSE_DISPUTE
                                            : i == sc->accuser    ? AP_BTARD_STEP_FALSE_ACCUSE
                                            : i == sc->withholder ? AP_BTARD_STEP_WITHHOLD_REVEAL
-                                                                 : AP_BTARD_STEP_HONEST,
+                                           : i == eq && !sc->equiv_data_only
+                                               ? AP_BTARD_STEP_EQUIVOCATE
+                                               : AP_BTARD_STEP_HONEST,
                                  .done = on_verdict,
                                  .arg = &P[i],
                                  .validators = sc->validators,
@@ -199,7 +215,7 @@ static void test_clean_round_applies(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, 0, false};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -219,7 +235,7 @@ static void test_poisoned_sender_no_false_conviction(void **state)
     const double taus[] = {40, 2};
     for (int t = 0; t < 2; t++) {
         avg_env_t e;
-        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1, -1};
+        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1, -1, 0, false};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 0);
@@ -237,7 +253,7 @@ static void test_shifting_aggregator_convicted(void **state)
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
         const int bad = (int)(seed % N);
-        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1, -1};
+        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1, -1, 0, false};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -271,7 +287,7 @@ static void test_false_disputer(void **state)
 {
     (void)state;
     avg_env_t e;
-    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1, -1};
+    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1, -1, 0, false};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         assert_int_equal(P[i].v.nconvicted, 0);
@@ -304,7 +320,7 @@ static void test_gradient_check_clean(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 2; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1};
+        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1, 0, false};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -328,7 +344,7 @@ static void test_gradient_check_poisoner(void **state)
         avg_env_t e;
         const int bad = (int)(seed % N);
         const uint32_t k = 3;
-        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1, -1};
+        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1, -1, 0, false};
         run(&sc, &e);
         bool hit = targeted(P[0].v.seed, k, bad);
         caught += hit;
@@ -355,7 +371,7 @@ static void test_false_accuser(void **state)
     (void)state;
     for (uint32_t k = 0; k <= 2; k += 2) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1, -1};
+        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1, -1, 0, false};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 1);
@@ -382,7 +398,7 @@ static void test_withheld_reveal(void **state)
     (void)state;
     avg_env_t e;
     const int bad = 3;
-    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad, -1};
+    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad, -1, 0, false};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         if (i == bad) continue;
@@ -409,7 +425,7 @@ static void test_slow_honest_peer_not_banned(void **state)
         avg_env_t e;
         const int slow = (int)(seed * 3 % N);
         const int bad = seed > 2 ? (slow + 2) % N : -1;
-        scenario_t sc = {-1, bad, -1, 40, 30 + seed, N, -1, -1, slow};
+        scenario_t sc = {-1, bad, -1, 40, 30 + seed, N, -1, -1, slow, 0, false};
         run(&sc, &e);
         const int ref = slow == 0 ? 1 : 0;
         for (int i = 0; i < N; i++) {
@@ -420,6 +436,64 @@ static void test_slow_honest_peer_not_banned(void **state)
             assert_memory_equal(P[i].v.seed, P[ref].v.seed, 32);
             assert_true(excluded(&P[i], avg_peer_id(&e, slow)));
             assert_int_equal(P[i].v.nexcluded, 1);
+        }
+        finish(&e);
+    }
+}
+
+/* An aggregator sends different results to the two halves of the group
+ * and signs, to each half, a commitment naming the aggregate that half got.
+ * Every member relays what it receives once, so every member holds both
+ * signed commitments: every peer convicts it (step_equivocation, with the
+ * two messages as a ban record that proves it and nobody else), nobody else
+ * is convicted, and nobody applies the step. */
+static void test_equivocating_aggregator_convicted(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        avg_env_t e;
+        const int bad = (int)(seed * 3 % N); /* 3, 6, 1: in either half */
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, false};
+        run(&sc, &e);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            assert_false(P[i].v.apply);
+            assert_int_equal(P[i].v.nconvicted, 1);
+            assert_true(ap_peer_id_eq(&P[i].convicted[0], avg_peer_id(&e, bad)));
+            assert_int_equal(P[i].fault[0], AP_BTARD_FAULT_STEP_EQUIVOCATION);
+            ap_btard_ban_t b;
+            assert_ok(
+                ap_btard_ban_check(P[i].ban[0], P[i].ban_len[0], avg_peer_id(&e, bad), RUN, &b));
+            assert_int_equal(b.fault, AP_BTARD_FAULT_STEP_EQUIVOCATION);
+            assert_int_equal(ap_btard_ban_check(P[i].ban[0], P[i].ban_len[0],
+                                                avg_peer_id(&e, (bad + 1) % N), RUN, &b),
+                             AP_EINVAL);
+            uint8_t other[32] = {8};
+            assert_int_equal(
+                ap_btard_ban_check(P[i].ban[0], P[i].ban_len[0], avg_peer_id(&e, bad), other, &b),
+                AP_EINVAL);
+        }
+        finish(&e);
+    }
+}
+
+/* The same results, but one commitment (naming what the first half got) to
+ * everyone: the second half's copies do not match it. Every peer drops the
+ * step (the part fails), and nobody is convicted: an unsigned copy proves
+ * nothing about who lies, the aggregator or the members that report it. */
+static void test_equivocating_data_only_dropped(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        avg_env_t e;
+        const int bad = (int)(seed * 3 % N);
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, true};
+        run(&sc, &e);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            assert_false(P[i].v.apply);
+            assert_int_equal(P[i].v.nconvicted, 0);
+            assert_true(P[i].v.parts_failed >= 1);
         }
         finish(&e);
     }
@@ -438,6 +512,8 @@ int main(void)
         cmocka_unit_test(test_false_accuser),
         cmocka_unit_test(test_withheld_reveal),
         cmocka_unit_test(test_slow_honest_peer_not_banned),
+        cmocka_unit_test(test_equivocating_aggregator_convicted),
+        cmocka_unit_test(test_equivocating_data_only_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
