@@ -338,6 +338,26 @@ static void on_timer(ap_rt_t *rt, void *arg)
     if (s->stage == 2) finish(s, 0);
 }
 
+/* The first signed message of a kind from a member: returns a copy of its
+ * decoded form (msg, size bytes) and keeps a copy of its bytes in *raw_slot;
+ * NULL (nothing kept) if out of memory. */
+static void *keep_first(const void *msg, size_t size, uint8_t **raw_slot, size_t *len_slot,
+                        const uint8_t *raw, size_t len)
+{
+    void *d = malloc(size);
+    uint8_t *r = malloc(len);
+    if (!d || !r) {
+        free(d);
+        free(r);
+        return NULL;
+    }
+    memcpy(d, msg, size);
+    memcpy(r, raw, len);
+    *raw_slot = r;
+    *len_slot = len;
+    return d;
+}
+
 /* A second signed message of a kind member i signed once already (first):
  * 0 if it is the same one (a relayed copy); else, the first time, it is kept
  * as the evidence of a step_equivocation and 1 is returned (relay it, so
@@ -369,37 +389,17 @@ static int accept(step_t *s, const ap__step_msg_t *m, const uint8_t *raw, size_t
         if (memcmp(m->u.commit.ctx, s->ctx, H) != 0) return AP_EPROTO;
         if (m->u.commit.n != s->n) return AP_EPROTO;
         if (s->commit[i]) return second(s, i, s->commit_raw[i], s->commit_len[i], raw, len);
-        s->commit[i] = malloc(sizeof **s->commit);
-        s->commit_raw[i] = malloc(len);
-        if (!s->commit[i] || !s->commit_raw[i]) {
-            free(s->commit[i]);
-            free(s->commit_raw[i]);
-            s->commit[i] = NULL;
-            s->commit_raw[i] = NULL;
-            return AP_ENOMEM;
-        }
-        *s->commit[i] = m->u.commit;
-        memcpy(s->commit_raw[i], raw, len);
-        s->commit_len[i] = len;
-        return 1;
+        s->commit[i] = keep_first(&m->u.commit, sizeof m->u.commit, &s->commit_raw[i],
+                                  &s->commit_len[i], raw, len);
+        return s->commit[i] ? 1 : AP_ENOMEM;
     }
     if (m->kind == AP__BTARD_AGG_CHECK) {
         if (memcmp(m->u.check.ctx, s->ctx, H) != 0) return AP_EPROTO;
         if (m->u.check.part != i || !s->counts[i]) return AP_EPROTO;
         if (s->check[i]) return second(s, i, s->check_raw[i], s->check_len[i], raw, len);
-        s->check[i] = malloc(sizeof **s->check);
-        s->check_raw[i] = malloc(len);
-        if (!s->check[i] || !s->check_raw[i]) {
-            free(s->check[i]);
-            free(s->check_raw[i]);
-            s->check[i] = NULL;
-            s->check_raw[i] = NULL;
-            return AP_ENOMEM;
-        }
-        *s->check[i] = m->u.check;
-        memcpy(s->check_raw[i], raw, len);
-        s->check_len[i] = len;
-        return 1;
+        s->check[i] = keep_first(&m->u.check, sizeof m->u.check, &s->check_raw[i], &s->check_len[i],
+                                 raw, len);
+        return s->check[i] ? 1 : AP_ENOMEM;
     }
     if (memcmp(m->u.report.ctx, s->ctx, H) != 0) return AP_EPROTO;
     if (s->reported[i]) return 0;

@@ -6,6 +6,7 @@
 #include "collab_impl.h"
 
 #include "apiary/log.h"
+#include "base/buf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +114,7 @@ static void grad_seed(const ap_collab_t *c, const ap_peer_id_t *peer, uint8_t se
 {
     static const char tag[] = "apiary/btard/grad";
     uint8_t le[8];
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(c->epoch >> (8 * i));
+    ap__put_le64(le, c->epoch);
     crypto_generichash_state h;
     crypto_generichash_init(&h, NULL, 0, 32);
     crypto_generichash_update(&h, (const uint8_t *)tag, sizeof tag - 1);
