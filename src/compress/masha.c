@@ -3,6 +3,7 @@
  * docs/compression.md. */
 #include "apiary/masha.h"
 #include "apiary/log.h"
+#include "base/varint.h"
 #include "compress/masha_core.h"
 #include "runtime/rt_impl.h"
 
@@ -248,17 +249,6 @@ uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_masha_opts_
     return (1 + refreshes) * full + iters * req_bytes(wire, &wc, d, 0);
 }
 
-static size_t varint_put(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
-
 int ap__masha_hdr_parse(const uint8_t *b, size_t len, bool is_reply, ap__masha_hdr_t *h)
 {
     if (!b || len < 1) return AP_EPROTO;
@@ -395,7 +385,7 @@ static int build_msg(ap__masha_worker_t *w, ap__masha_phase_t ph, const ap_codec
     } else {
         h[0] = (uint8_t)(AP__MASHA_V2 << 4 | ph);
         h[1] = (uint8_t)w->iter;
-        hl = 2 + varint_put(h + 2, (uint64_t)w->m);
+        hl = 2 + ap__uvarint_put(h + 2, (uint64_t)w->m);
     }
     size_t len;
     unsigned fl = chunk_flags(w->wire);

@@ -2,6 +2,7 @@
  * varints, implied payload length, defaults omitted, optional rand-k seed).
  * Both are specified byte for byte in docs/compression.md. */
 #include "compress/wire.h"
+#include "base/varint.h"
 
 #include <string.h>
 
@@ -56,17 +57,6 @@ static size_t varint_len(uint64_t v)
         v >>= 7;
         n++;
     }
-    return n;
-}
-
-static size_t varint_put(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
     return n;
 }
 
@@ -132,9 +122,9 @@ size_t ap__cw_hdr_write(uint8_t *out, ap_codec_id_t id, uint32_t count, uint64_t
     size_t n = 0;
     out[n++] = AP_COMPRESS_V2_TAG;
     out[n++] = (uint8_t)b;
-    n += varint_put(out + n, count);
-    if (b & AP__CW_OFFSET) n += varint_put(out + n, offset);
-    if (sparse(id) || (b & AP__CW_BLOCK)) n += varint_put(out + n, param);
+    n += ap__uvarint_put(out + n, count);
+    if (b & AP__CW_OFFSET) n += ap__uvarint_put(out + n, offset);
+    if (sparse(id) || (b & AP__CW_BLOCK)) n += ap__uvarint_put(out + n, param);
     return n;
 }
 
