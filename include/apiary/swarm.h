@@ -23,10 +23,13 @@
  *     current minimum key: it neither gets a burst of catch-up tasks nor waits
  *     behind the others' history.
  *   - A failed call (the server refused, answered garbage, or the connection
- *     broke) bans the server until its DHT record expires: it gets no task
- *     until a record refreshed after that instant says it is back. A timeout
- *     does not ban (the server may just be slow): it counts as a call that
- *     took at least the deadline.
+ *     broke) bans the server until it publishes a newer DHT record than the
+ *     one known at the ban (a later stamp: the record's own expiration
+ *     time): a dead server's record is never refreshed, so it stays banned
+ *     and is forgotten when that record expires; a live or restarted one
+ *     gets tasks again from its next refresh, however long its records live.
+ *     A timeout does not ban (the server may just be slow): it counts as a
+ *     call that took at least the deadline.
  *   - Deadlines follow measured call times: a margin above the smoothed mean
  *     and deviation of the server's time per unit of work, clamped to the
  *     bounds in the options.
@@ -69,7 +72,7 @@ typedef struct ap_swarm_server_info {
     ap_peer_id_t peer;
     double throughput;   /* measured (or announced until measured), units/s */
     bool measured;       /* at least one call completed */
-    bool banned;         /* banned at the time asked */
+    bool banned;         /* banned (until a newer record) */
     uint64_t expires_us; /* its DHT record's expiry */
     uint64_t tasks;      /* tasks picked for it */
     uint64_t ok, failed, timed_out;
@@ -81,9 +84,19 @@ AP_EXPORT void ap_swarm_balancer_free(ap_swarm_balancer_t *b);
 
 /* Adds a server seen in the DHT, or refreshes one: announced is the
  * throughput its record claims (units/s; ignored once measured, or if not
- * finite and positive), expires_us when its record expires. A new server
- * enters at the current minimum key. AP_ELIMIT beyond AP_SWARM_BALANCER_MAX
- * servers, AP_ENOMEM. */
+ * finite and positive), expires_us when its record expires, stamp the
+ * record's own version: any number that grows with every record the server
+ * publishes (the DHT record's wall-clock expiration_ms; not converted, so
+ * re-reading one record gives the same stamp). A record with a stamp below
+ * one already seen is ignored; one above the stamp known when the server was
+ * banned lifts the ban (the server re-enters at the current minimum key). A
+ * new server enters at the current minimum key. AP_ELIMIT beyond
+ * AP_SWARM_BALANCER_MAX servers, AP_ENOMEM. */
+AP_EXPORT int ap_swarm_balancer_update_record(ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
+                                              double announced, uint64_t expires_us, uint64_t stamp,
+                                              uint64_t now_us);
+/* ap_swarm_balancer_update_record with stamp = expires_us (for callers whose
+ * expiry times do not jitter from one read of a record to the next). */
 AP_EXPORT int ap_swarm_balancer_update(ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
                                        double announced, uint64_t expires_us, uint64_t now_us);
 /* Forgets a server. No-op if unknown. */
@@ -102,7 +115,8 @@ AP_EXPORT int ap_swarm_balancer_pick(ap_swarm_balancer_t *b, double size, uint64
 /* Reports how a call to peer went: status 0 = success after elapsed_us;
  * AP_ETIMEDOUT = no answer within the deadline (no ban; the measurement
  * counts elapsed_us as a lower bound); any other negative code = failure
- * (ban until the server's record expires). size is the task's size. Unknown
+ * (ban until a newer record of the server: see _update_record; a banned
+ * server whose record expires is forgotten). size is the task's size. Unknown
  * peers are ignored. */
 AP_EXPORT void ap_swarm_balancer_report(ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
                                         int status, double size, uint64_t elapsed_us,
@@ -305,12 +319,32 @@ AP_EXPORT int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, 
 AP_EXPORT void ap_swarm_server_leave(ap_swarm_server_t *s, bool leaving);
 /* Announces the server in dht: stores its record (ap_swarm_stage_key(run,
  * its stage), subkey "[owner:<its PeerID>]", value: throughput, queue length,
- * version) now and every period_us (>= 100 ms), each living 3 periods, so a
- * server that stops refreshing disappears within 3 periods. initial_throughput
- * is announced until the first measurement (0 = none). dht is borrowed and
- * must outlive the server. AP_EEXIST if announcing already. */
+ * version) now and every period_us (>= 100 ms), each living the record TTL
+ * (ap_swarm_server_announce_ttl; by default 3 periods), so a server that
+ * stops refreshing disappears within one TTL. A refresh is never skipped
+ * because an earlier store is still in flight (a slow DHT): up to 4 stores
+ * run at once, and one due beyond that starts when one of them ends, so the
+ * record stays stored while the server lives as long as a store takes less
+ * than the TTL minus one period. initial_throughput is announced until the
+ * first measurement (0 = none). dht is borrowed and must outlive the server.
+ * AP_EINVAL (period out of range, or a TTL set before that is below 3
+ * periods), AP_EEXIST if announcing already. */
 AP_EXPORT int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *run,
                                        uint64_t period_us, double initial_throughput);
+
+#define AP_SWARM_RECORD_TTL_MAX_US (12ull * 3600 * 1000000) /* 12 h; DHT nodes refuse > 1 day */
+
+/* Sets how long each stored record lives (ttl_us; 0 = the default, 3
+ * announcement periods). It must be at least 3 periods, so that a record
+ * outlives two missed or slow refreshes, and at most
+ * AP_SWARM_RECORD_TTL_MAX_US: AP_EINVAL otherwise (checked now if the server
+ * announces already, else by ap_swarm_server_announce). Applies from the next
+ * store. A longer TTL means fewer lost records on a slow DHT but a dead
+ * server stays in the records longer; trainers ban a failing server until it
+ * publishes a newer record, not until this TTL (see the balancer). */
+AP_EXPORT int ap_swarm_server_announce_ttl(ap_swarm_server_t *s, uint64_t ttl_us);
+/* The record TTL in use (us); 0 before ap_swarm_server_announce with no TTL set. */
+AP_EXPORT uint64_t ap_swarm_server_record_ttl(const ap_swarm_server_t *s);
 
 /* A trainer drives micro-batches through nstages stages, one balancer per
  * stage. codec NULL = BLOCKWISE8; attempts = calls per pipeline step before

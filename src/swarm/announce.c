@@ -78,7 +78,9 @@ int ap_swarm_balancer_feed(ap_swarm_balancer_t *b, const ap_dht_result_t *res, u
         int64_t left_ms = r->expiration_ms - wall_ms;
         if (left_ms > (int64_t)(UINT64_MAX / 2000 - now_us / 1000)) continue;
         uint64_t exp = now_us + (uint64_t)left_ms * 1000;
-        if (ap_swarm_balancer_update(b, &peer, a.throughput, exp, now_us) == 0) fed++;
+        if (ap_swarm_balancer_update_record(b, &peer, a.throughput, exp, (uint64_t)r->expiration_ms,
+                                            now_us) == 0)
+            fed++;
     }
     return fed;
 }

@@ -15,9 +15,9 @@ typedef struct srv {
     double announced; /* units/s, 0 = none */
     double mean, dev; /* smoothed seconds per unit and its deviation */
     bool measured;
-    bool banned;
+    bool banned;                   /* until a newer record (stamp > ban_stamp) */
     double guess_key, guess_units; /* key charged, and work, before the first measurement */
-    uint64_t ban_until;            /* banned until this instant (record expiry at ban time) */
+    uint64_t stamp, ban_stamp;     /* newest record's stamp; and the one known at the ban */
     uint64_t expires_us;           /* record expiry */
     long heap_pos;                 /* -1 when not in the heap */
     uint64_t tasks, ok, failed, timed_out;
@@ -32,7 +32,7 @@ struct ap_swarm_balancer {
     double vclock; /* key of the last pick: the minimum when the heap is empty */
     uint64_t seq;
     size_t nbanned;
-    uint64_t next_unban; /* earliest ban_until among banned servers */
+    uint64_t next_expiry; /* earliest record expiry among banned servers */
 };
 
 /* ---- heap of eligible servers, least (key, seq) on top ------------------ */
@@ -190,13 +190,34 @@ static int grow(ap_swarm_balancer_t *b)
 int ap_swarm_balancer_update(ap_swarm_balancer_t *b, const ap_peer_id_t *peer, double announced,
                              uint64_t expires_us, uint64_t now_us)
 {
+    return ap_swarm_balancer_update_record(b, peer, announced, expires_us, expires_us, now_us);
+}
+
+static void unban(ap_swarm_balancer_t *b, size_t idx)
+{
+    srv_t *s = &b->s[idx];
+    s->banned = false;
+    b->nbanned--;
+    s->key = heap_min_key(b);
+    heap_push(b, idx);
+}
+
+int ap_swarm_balancer_update_record(ap_swarm_balancer_t *b, const ap_peer_id_t *peer,
+                                    double announced, uint64_t expires_us, uint64_t stamp,
+                                    uint64_t now_us)
+{
     if (!b || !peer) return AP_EINVAL;
     if (!(announced > 0) || !isfinite(announced)) announced = 0;
     long i = find(b, peer);
     if (i >= 0) {
         srv_t *s = &b->s[i];
+        if (stamp < s->stamp) return 0; /* an older record than one seen: nothing new */
         if (expires_us > s->expires_us) s->expires_us = expires_us;
         s->announced = announced;
+        s->stamp = stamp;
+        /* A record the server published after the one known when it was
+         * banned says it is (back) up: it re-enters at the minimum key. */
+        if (s->banned && stamp > s->ban_stamp && s->expires_us > now_us) unban(b, (size_t)i);
         return 0;
     }
     if (expires_us <= now_us) return 0; /* an expired record names no server */
@@ -209,6 +230,7 @@ int ap_swarm_balancer_update(ap_swarm_balancer_t *b, const ap_peer_id_t *peer, d
     s->seq = b->seq++;
     s->announced = announced;
     s->expires_us = expires_us;
+    s->stamp = stamp;
     s->key = heap_min_key(b);
     s->heap_pos = -1;
     heap_push(b, b->n++);
@@ -222,34 +244,22 @@ void ap_swarm_balancer_remove(ap_swarm_balancer_t *b, const ap_peer_id_t *peer)
     if (i >= 0) drop(b, (size_t)i);
 }
 
-/* Lifts the bans that ran out: back at the current minimum if a refreshed
- * record says the server is still there, else forgotten. */
-static void unban_due(ap_swarm_balancer_t *b, uint64_t now_us)
+/* Forgets the banned servers whose record expired with no newer one seen
+ * (a newer record lifts a ban: ap_swarm_balancer_update_record). */
+static void drop_expired_banned(ap_swarm_balancer_t *b, uint64_t now_us)
 {
-    if (!b->nbanned || now_us < b->next_unban) return;
+    if (!b->nbanned || now_us < b->next_expiry) return;
     uint64_t next = UINT64_MAX;
     for (size_t i = 0; i < b->n;) {
         srv_t *s = &b->s[i];
-        if (!s->banned) {
-            i++;
-            continue;
-        }
-        if (s->ban_until > now_us) {
-            if (s->ban_until < next) next = s->ban_until;
-            i++;
-            continue;
-        }
-        if (s->expires_us <= now_us) {
+        if (s->banned && s->expires_us <= now_us) {
             drop(b, i); /* moves another server into slot i */
             continue;
         }
-        s->banned = false;
-        b->nbanned--;
-        s->key = heap_min_key(b);
-        heap_push(b, i);
+        if (s->banned && s->expires_us < next) next = s->expires_us;
         i++;
     }
-    b->next_unban = next;
+    b->next_expiry = next;
 }
 
 static uint64_t deadline_for(const ap_swarm_balancer_t *b, const srv_t *s, double size)
@@ -266,7 +276,7 @@ int ap_swarm_balancer_pick(ap_swarm_balancer_t *b, double size, uint64_t now_us,
                            uint64_t *deadline_us)
 {
     if (!b || !peer || !(size > 0) || !isfinite(size)) return AP_EINVAL;
-    unban_due(b, now_us);
+    drop_expired_banned(b, now_us);
     while (b->hn) {
         size_t idx = b->heap[0];
         srv_t *s = &b->s[idx];
@@ -335,9 +345,10 @@ void ap_swarm_balancer_report(ap_swarm_balancer_t *b, const ap_peer_id_t *peer, 
     if (s->banned) return;
     heap_del(b, (size_t)i);
     s->banned = true;
-    s->ban_until = s->expires_us > now_us ? s->expires_us : now_us;
-    if (!b->nbanned || s->ban_until < b->next_unban) b->next_unban = s->ban_until;
+    s->ban_stamp = s->stamp;
+    if (!b->nbanned || s->expires_us < b->next_expiry) b->next_expiry = s->expires_us;
     b->nbanned++;
+    (void)now_us;
 }
 
 size_t ap_swarm_balancer_count(const ap_swarm_balancer_t *b)
@@ -347,8 +358,7 @@ size_t ap_swarm_balancer_count(const ap_swarm_balancer_t *b)
 
 static bool eligible(const srv_t *s, uint64_t now_us)
 {
-    if (s->expires_us <= now_us) return false;
-    return !s->banned || (s->ban_until <= now_us);
+    return s->expires_us > now_us && !s->banned;
 }
 
 size_t ap_swarm_balancer_eligible(const ap_swarm_balancer_t *b, uint64_t now_us)
@@ -372,12 +382,13 @@ int ap_swarm_balancer_info(const ap_swarm_balancer_t *b, const ap_peer_id_t *pee
     if (!b || !peer || !out) return AP_EINVAL;
     long i = find(b, peer);
     if (i < 0) return AP_ENOTFOUND;
+    (void)now_us;
     const srv_t *s = &b->s[i];
     memset(out, 0, sizeof *out);
     out->peer = s->peer;
     out->throughput = throughput(b, s);
     out->measured = s->measured;
-    out->banned = s->banned && s->ban_until > now_us;
+    out->banned = s->banned;
     out->expires_us = s->expires_us;
     out->tasks = s->tasks;
     out->ok = s->ok;

@@ -13,6 +13,7 @@
 #define THR_EMA      0.05 /* slow: the announced figure feeds the rebalancing plan */
 #define TTL_PERIODS  3
 #define ANNOUNCE_MIN 100000 /* us */
+#define STORES_MAX   4      /* announcement stores in flight at once */
 
 typedef struct job job_t;
 struct job {
@@ -47,9 +48,10 @@ struct ap_swarm_server {
     /* announcements */
     ap_dht_t *dht;
     char run[AP_SWARM_RUN_MAX + 1];
-    uint64_t period_us, timer_id, version;
+    uint64_t period_us, ttl_us, timer_id, version;
     double initial_thr;
-    bool storing;
+    uint32_t storing; /* stores in flight */
+    bool store_again; /* one was due while STORES_MAX were in flight */
 };
 
 static ap_log_limit_t refuse_lim;
@@ -312,7 +314,7 @@ static void on_stored(ap_dht_t *dht, void *arg, int status, int nstored)
     (void)dht;
     (void)nstored;
     ap_swarm_server_t *s = arg;
-    s->storing = false;
+    s->storing--;
     if (s->dying) {
         server_destroy(s);
         return;
@@ -322,11 +324,24 @@ static void on_stored(ap_dht_t *dht, void *arg, int status, int nstored)
         s->st.announce_failures++;
         ap_info(MOD, "stage %u: announcement not stored: %s", s->stage, ap_err_name(status));
     }
+    if (s->store_again) {
+        s->store_again = false;
+        announce_now(s);
+    }
 }
 
+/* Stores the record now, even while earlier stores are still in flight (a
+ * slow DHT): skipping a refresh because the last one has not finished would
+ * let the record lapse while the server is alive. The DHT keeps the record
+ * expiring last, so stores completing out of order do no harm. Beyond
+ * STORES_MAX in flight, the store starts as soon as one of them ends. */
 static void announce_now(ap_swarm_server_t *s)
 {
-    if (s->storing || !s->dht) return;
+    if (!s->dht) return;
+    if (s->storing >= STORES_MAX) {
+        s->store_again = true;
+        return;
+    }
     char key[AP_SWARM_KEY_MAX];
     int klen = ap_swarm_stage_key(s->run, s->stage, key);
     if (klen < 0) return;
@@ -338,7 +353,7 @@ static void announce_now(ap_swarm_server_t *s)
                              .version = s->version};
     uint8_t val[AP_SWARM_ANNOUNCE_LEN];
     ap_swarm_announce_encode(&a, val);
-    const int64_t ttl_ms = (int64_t)(s->period_us * TTL_PERIODS / 1000);
+    const int64_t ttl_ms = (int64_t)(s->ttl_us / 1000);
     ap_dht_record_t r = {.key = (const uint8_t *)key,
                          .key_len = (size_t)klen,
                          .subkey = (const uint8_t *)sub,
@@ -346,9 +361,9 @@ static void announce_now(ap_swarm_server_t *s)
                          .value = val,
                          .value_len = sizeof val,
                          .expiration_ms = ap_rt_wall_ms(s->rt) + ttl_ms};
-    s->storing = true;
+    s->storing++;
     if (ap_dht_store(s->dht, &r, on_stored, s) != 0) {
-        s->storing = false;
+        s->storing--;
         s->st.announce_failures++;
     }
 }
@@ -360,6 +375,22 @@ void ap_swarm_server_leave(ap_swarm_server_t *s, bool leaving)
     if (s->dht) announce_now(s);
 }
 
+int ap_swarm_server_announce_ttl(ap_swarm_server_t *s, uint64_t ttl_us)
+{
+    if (!s || ttl_us > AP_SWARM_RECORD_TTL_MAX_US) return AP_EINVAL;
+    if (s->dht) {
+        if (!ttl_us) ttl_us = s->period_us * TTL_PERIODS;
+        if (ttl_us < s->period_us * TTL_PERIODS) return AP_EINVAL;
+    }
+    s->ttl_us = ttl_us;
+    return 0;
+}
+
+uint64_t ap_swarm_server_record_ttl(const ap_swarm_server_t *s)
+{
+    return s ? s->ttl_us : 0;
+}
+
 static void on_announce_timer(ap_rt_t *rt, void *arg)
 {
     (void)rt;
@@ -369,13 +400,16 @@ static void on_announce_timer(ap_rt_t *rt, void *arg)
 int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *run,
                              uint64_t period_us, double initial_throughput)
 {
-    if (!s || !dht || !run || period_us < ANNOUNCE_MIN) return AP_EINVAL;
+    if (!s || !dht || !run || period_us < ANNOUNCE_MIN || period_us > AP_SWARM_RECORD_TTL_MAX_US)
+        return AP_EINVAL;
     char key[AP_SWARM_KEY_MAX];
     if (ap_swarm_stage_key(run, 0, key) < 0) return AP_EINVAL;
     if (s->dht) return AP_EEXIST;
+    if (s->ttl_us && s->ttl_us < period_us * TTL_PERIODS) return AP_EINVAL;
     memcpy(s->run, run, strlen(run) + 1);
     s->dht = dht;
     s->period_us = period_us;
+    if (!s->ttl_us) s->ttl_us = period_us * TTL_PERIODS;
     s->initial_thr = initial_throughput > 0 ? initial_throughput : 0;
     s->timer_id = ap_rt_timer_start(s->rt, period_us, period_us, on_announce_timer, s);
     if (!s->timer_id) {

@@ -333,8 +333,9 @@ static void on_records(ap_rt_t *rt, void *arg, int status, const ap_dht_result_t
         if (left_ms <= 0 || left_ms > 7 * 86400000ll) continue;
         for (uint32_t s = 0; s < t->S; s++)
             if (s != m->stage) ap_swarm_balancer_remove(t->bal[s], &m->peer);
-        int rc = ap_swarm_balancer_update(t->bal[m->stage], &m->peer, m->throughput,
-                                          now + (uint64_t)left_ms * 1000, now);
+        int rc = ap_swarm_balancer_update_record(t->bal[m->stage], &m->peer, m->throughput,
+                                                 now + (uint64_t)left_ms * 1000,
+                                                 (uint64_t)t->expires[i], now);
         if (rc) ap_info(MOD, "stage %u: server not tracked: %s", m->stage, ap_err_name(rc));
     }
 }

@@ -1,5 +1,5 @@
 /* The SWARM trainer's server choice: shares proportional to measured speed,
- * a failed server banned until its record expires with no task lost, a
+ * a failed server banned until it publishes a newer record, no task lost, a
  * timeout not banning, newcomers entering at the minimum, lying
  * announcements judged by delivery, deadlines following measured times. */
 #include "aptest.h"
@@ -127,10 +127,12 @@ static void test_shares_and_kill(void **state)
     ap_swarm_balancer_free(b);
 }
 
-/* A ban lasts until the record expires; a record refreshed after that brings
- * the server back at the current minimum (no burst of catch-up tasks); a
- * record not refreshed drops it. */
-static void test_ban_until_expiry(void **state)
+/* A ban lasts until the server publishes a newer record: the record known
+ * at the ban, read again (same stamp), does not lift it however long it
+ * lives; a record with a later stamp brings the server back at the current
+ * minimum (no burst of catch-up tasks); an older record is ignored; a banned
+ * server whose record expires with nothing newer is forgotten. */
+static void test_ban_until_newer_record(void **state)
 {
     (void)state;
     const double speed[3] = {1, 1, 1};
@@ -139,39 +141,54 @@ static void test_ban_until_expiry(void **state)
     uint64_t now = 1000;
     for (int i = 0; i < 3; i++) {
         ap_peer_id_t p = pid(i);
-        assert_ok(ap_swarm_balancer_update(b, &p, 1, 50000000, now));
+        assert_ok(ap_swarm_balancer_update_record(b, &p, 1, 500000000, 100, now));
     }
     long done[3] = {0}, fails = 0;
     alive[2] = false;
     run(b, speed, alive, 3, 0, 300, &now, done, &fails);
     assert_int_equal(fails, 1);
     assert_int_equal(done[2], 0);
-    /* A refresh before the ban runs out does not lift it. */
+    /* The same record read again (its expiry converted with jitter) and an
+     * older one do not lift the ban, even long after it began. */
     ap_peer_id_t p2 = pid(2);
-    for (int i = 0; i < 3; i++) {
-        ap_peer_id_t p = pid(i);
-        assert_ok(ap_swarm_balancer_update(b, &p, 1, 200000000, now));
-    }
+    assert_ok(ap_swarm_balancer_update_record(b, &p2, 1, 500000300, 100, now));
+    assert_ok(ap_swarm_balancer_update_record(b, &p2, 1, 400000000, 90, now));
     alive[2] = true;
+    now = 300000000;
     run(b, speed, alive, 3, 0, 300, &now, done, &fails);
     assert_int_equal(done[2], 0);
-    /* Past the old expiry, the refreshed record brings it back, at the
-     * minimum: over the next 30 tasks it gets its fair third, not all. */
-    now = 60000000;
+    ap_swarm_server_info_t info;
+    assert_ok(ap_swarm_balancer_info(b, &p2, now, &info));
+    assert_true(info.banned);
+    /* A newer record (the server refreshed, or restarted and announced)
+     * brings it back at once, at the minimum: over the next 30 tasks it
+     * gets its fair third, not all. */
+    assert_ok(ap_swarm_balancer_update_record(b, &p2, 1, 600000000, 101, now));
+    assert_ok(ap_swarm_balancer_info(b, &p2, now, &info));
+    assert_false(info.banned);
     long d2[3] = {0};
     run(b, speed, alive, 3, 0, 30, &now, d2, &fails);
     print_message("after the ban: %ld %ld %ld\n", d2[0], d2[1], d2[2]);
     assert_true(d2[2] >= 9 && d2[2] <= 11);
     assert_true(d2[0] >= 9 && d2[0] <= 11);
-    /* Server 1's record is never refreshed: it is gone after expiry. */
-    ap_peer_id_t p0 = pid(0);
-    assert_ok(ap_swarm_balancer_update(b, &p0, 1, 400000000, now));
-    assert_ok(ap_swarm_balancer_update(b, &p2, 1, 400000000, now));
-    now = 250000000;
+    /* Banned again, and its record never refreshed: forgotten once it
+     * expires, while the others, refreshed, stay. */
+    alive[2] = false;
+    const long f0 = fails;
+    run(b, speed, alive, 3, 0, 30, &now, d2, &fails);
+    assert_int_equal(fails, f0 + 1);
+    for (int i = 0; i < 2; i++) {
+        ap_peer_id_t p = pid(i);
+        assert_ok(ap_swarm_balancer_update_record(b, &p, 1, 900000000, 102, now));
+    }
+    assert_int_equal(ap_swarm_balancer_count(b), 3);
+    now = 700000000;
     memset(d2, 0, sizeof d2);
     run(b, speed, alive, 3, 0, 30, &now, d2, &fails);
-    assert_int_equal(d2[1], 0);
+    assert_int_equal(d2[2], 0);
+    assert_int_equal(fails, f0 + 1);
     assert_int_equal(ap_swarm_balancer_count(b), 2);
+    assert_int_equal(ap_swarm_balancer_info(b, &p2, now, &info), AP_ENOTFOUND);
     ap_swarm_balancer_free(b);
 }
 
@@ -328,7 +345,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shares_and_kill),
-        cmocka_unit_test(test_ban_until_expiry),
+        cmocka_unit_test(test_ban_until_newer_record),
         cmocka_unit_test(test_timeout_no_ban),
         cmocka_unit_test(test_lying_announcement),
         cmocka_unit_test(test_deadlines),

@@ -36,7 +36,7 @@ typedef struct sopts {
     int stages, layers_per_stage, width, heads, ctx, batch;
     int inflight;
     long long steps, target;
-    double lr, clip, period, duration, rebalance, margin;
+    double lr, clip, period, record_ttl, duration, rebalance, margin;
     bool local, uncompressed;
     uint64_t seed;
 } sopts_t;
@@ -68,8 +68,9 @@ static void usage(FILE *f)
         "server options:\n"
         "  --stage N|auto            the stage to serve (default auto: the stage with the\n"
         "                            least announced throughput, read from the DHT)\n"
-        "  --announce-period S       seconds between announcements (default 2; records\n"
-        "                            live 3 periods)\n"
+        "  --announce-period S       seconds between announcements (default 2)\n"
+        "  --record-ttl S            seconds each announcement lives in the DHT (default\n"
+        "                            3 announcement periods, the least allowed)\n"
         "  --target-batch N          samples per optimizer step of a stage, summed over its\n"
         "                            servers (default 64)\n"
         "  --lr X                    Adam learning rate (default 0.003)\n"
@@ -379,8 +380,11 @@ static void srv_start_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     int rc = ap_swarm_server_new(rt, v->m, v->stage, v->o->uncompressed ? &raw : NULL, &v->s);
     if (!rc) {
         ap_swarm_server_on_backward(v->s, on_bwd, v);
-        rc =
-            ap_swarm_server_announce(v->s, v->dht, v->o->run_id, (uint64_t)(v->o->period * 1e6), 0);
+        if (v->o->record_ttl > 0)
+            rc = ap_swarm_server_announce_ttl(v->s, (uint64_t)(v->o->record_ttl * 1e6 + 0.5));
+        if (!rc)
+            rc = ap_swarm_server_announce(v->s, v->dht, v->o->run_id,
+                                          (uint64_t)(v->o->period * 1e6), 0);
     }
     if (!rc && v->o->rebalance > 0) {
         ap_swarm_rebalance_opts_t ro = {
@@ -794,6 +798,7 @@ static int swarm_main(int argc, char **argv)
                                           {"batch", required_argument, NULL, 'B'},
                                           {"uncompressed", no_argument, NULL, 'u'},
                                           {"announce-period", required_argument, NULL, 'a'},
+                                          {"record-ttl", required_argument, NULL, 1002},
                                           {"target-batch", required_argument, NULL, 'g'},
                                           {"lr", required_argument, NULL, 'r'},
                                           {"local", no_argument, NULL, 'o'},
@@ -858,6 +863,11 @@ static int swarm_main(int argc, char **argv)
         case 'a':
             if (!ap_cli_num("--announce-period", optarg, 0.1, 3600, &o.period)) goto out;
             break;
+        case 1002:
+            if (!ap_cli_num("--record-ttl", optarg, 0.3,
+                            (double)(AP_SWARM_RECORD_TTL_MAX_US / 1000000), &o.record_ttl))
+                goto out;
+            break;
         case 'g':
             if (!ap_cli_int("--target-batch", optarg, 1, 1 << 30, &o.target)) goto out;
             break;
@@ -913,6 +923,14 @@ static int swarm_main(int argc, char **argv)
     if (!o.run_id || !*o.run_id || strlen(o.run_id) > 100 || !o.npeers) {
         fprintf(stderr, "apiary swarm %s: needs --run-id (1..100 bytes) and --initial-peers\n",
                 sub);
+        goto out;
+    }
+    if (o.record_ttl > 0 && o.record_ttl < 3 * o.period * (1 - 1e-9)) {
+        fprintf(stderr,
+                "apiary swarm %s: --record-ttl %g is below 3 announcement periods (%g s): a "
+                "record must outlive two missed refreshes; give at least %g or a shorter "
+                "--announce-period\n",
+                sub, o.record_ttl, 3 * o.period, 3 * o.period);
         goto out;
     }
     if (o.width % o.heads) {
