@@ -120,8 +120,12 @@ static void test_curve_processes(void **state)
 /* A longer run of the defaults: 2 peers, 45 epochs of 512 samples. With the
  * constant rate 5e-2 the loss bottomed out near epoch 26 (2.31) and climbed
  * back to 2.64 by epoch 43 (docs/training.md, "Why these defaults"); the
- * default rsqrt schedule keeps falling. Every window of 5 epochs from epoch
- * 20 on must end no more than 0.05 above where it began. */
+ * default rsqrt schedule keeps falling. The descent (epochs 0-24) must fall
+ * over every 10 epochs; from epoch 20 on, where the loss falls by about 0.01
+ * per epoch and one epoch's mean varies by ±0.03, no window of 5 epochs may
+ * end more than 0.05 above where it began, and the last 5 epochs' mean must
+ * be below the mean of epochs 20-24. (A strict 10-epoch rule on that plateau
+ * failed a healthy run: 2.2272 at epoch 30, 2.2574 at 40, 2.1364 at 44.) */
 static void test_long_curve(void **state)
 {
     (void)state;
@@ -139,8 +143,9 @@ static void test_long_curve(void **state)
     run_peers(dir, "long", 2, extra, loss, n, logs);
     for (int i = 0; i < 2; i++) {
         char why[160];
-        if (ap_test_curve_check(loss[i], n[i], 10, why, sizeof why) ||
-            ap_test_curve_check_late(loss[i], n[i], 20, 5, 0.05, why, sizeof why))
+        if (ap_test_curve_check(loss[i], n[i] < 25 ? n[i] : 25, 10, why, sizeof why) ||
+            ap_test_curve_check_late(loss[i], n[i], 20, 5, 0.05, why, sizeof why) ||
+            ap_test_curve_check_trend(loss[i], n[i], 20, 5, why, sizeof why))
             fail_msg("peer%d: %s (log %s)", i, why, logs[i]);
     }
     for (int i = 0; i < 2; i++) unlink(logs[i]);

@@ -45,6 +45,28 @@ int ap_test_curve_check_late(const double *loss, int n, int from, int window, do
     return 0;
 }
 
+static double mean(const double *v, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return s / n;
+}
+
+int ap_test_curve_check_trend(const double *loss, int n, int from, int width, char *why, size_t cap)
+{
+    if (width < 1 || n < from + 2 * width) {
+        snprintf(why, cap, "%d epochs, fewer than %d", n, from + 2 * width);
+        return -1;
+    }
+    const double early = mean(loss + from, width), late = mean(loss + n - width, width);
+    if (!(late < early)) {
+        snprintf(why, cap, "mean loss of epochs %d..%d is %.4f, not below %.4f of epochs %d..%d",
+                 n - width, n - 1, late, early, from, from + width - 1);
+        return -1;
+    }
+    return 0;
+}
+
 void ap_test_curve_print(const char *label, const double *loss, int n)
 {
     fprintf(stderr, "%s:", label);

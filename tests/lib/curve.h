@@ -16,6 +16,11 @@ int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t
  * or -1 with why as above. */
 int ap_test_curve_check_late(const double *loss, int n, int from, int window, double tol, char *why,
                              size_t cap);
+/* The trend of a long run, robust to one epoch's noise: the mean of the last
+ * `width` epochs is below the mean of the `width` epochs from `from`.
+ * Returns 0 or -1 with why as above. */
+int ap_test_curve_check_trend(const double *loss, int n, int from, int width, char *why,
+                              size_t cap);
 /* Prints the curve on one line ("label: a b c ...") to stderr. */
 void ap_test_curve_print(const char *label, const double *loss, int n);
 

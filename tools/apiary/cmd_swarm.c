@@ -218,6 +218,8 @@ typedef struct srv {
     uint64_t acc_samples, steps;
     uint32_t acc_calls;
     bool stepping;
+    bool moving; /* from on_move to move_end: only move_end resumes serving */
+    bool left;   /* the move left stage v->stage's collaboration: v->c, if any, is v->to's */
     int status;
     /* --stage auto */
     double totals[AP_SWARM_STAGES_MAX];
@@ -235,7 +237,7 @@ static void on_stepped(ap_rt_t *rt, void *arg, int status)
     ap_collab_get_stats(v->c, &st);
     ap_swarm_server_set_version(v->s, st.epoch);
     v->steps++;
-    ap_swarm_server_pause(v->s, false);
+    if (!v->moving) ap_swarm_server_pause(v->s, false);
 }
 
 static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
@@ -244,13 +246,15 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     ap_nn_params_t *p = ap_nn_model_params(v->m);
     v->acc_samples += samples;
     v->acc_calls++;
-    if (v->o->local) {
+    if (v->o->local || !v->c) { /* !v->c: its collaboration could not be rejoined */
         /* a non-finite gradient is refused (logged) and not applied */
         if (ap_swarm_sgd_step(p, (float)v->o->lr, (float)v->o->clip, NULL) == AP_OK) v->steps++;
         v->acc_samples = v->acc_calls = 0;
         return;
     }
-    if (v->stepping || v->acc_samples < (uint64_t)v->o->batch) return;
+    /* while moving, the old stage's gradients are only accumulated (and
+     * dropped by the move): a step would resume serving the old stage */
+    if (v->stepping || v->moving || v->acc_samples < (uint64_t)v->o->batch) return;
     /* the mean gradient over the calls accumulated */
     const float inv = 1.0f / (float)v->acc_calls;
     for (size_t k = 0; k < p->count; k++) p->grad[k] *= inv;
@@ -262,7 +266,7 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     if (rc) {
         v->stepping = false;
         ap_warn("swarm", "stage %u: cannot submit the gradients: %s", v->stage, ap_err_name(rc));
-        ap_swarm_server_pause(s, false);
+        if (!v->moving) ap_swarm_server_pause(s, false);
     }
 }
 
@@ -285,16 +289,53 @@ static void collab_cfg(srv_t *v, uint32_t stage, ap_nn_model_t *m, ap_collab_con
     cfg->delayed_updates = true;
 }
 
+static void on_rejoined(ap_rt_t *rt, void *arg, int status)
+{
+    (void)rt;
+    srv_t *v = arg;
+    if (status == AP_ECANCELED) return;
+    if (status)
+        ap_warn("swarm", "stage %u: rejoining its collaboration: %s (serving anyway)", v->stage,
+                ap_err_name(status));
+    ap_collab_stats_t st;
+    ap_collab_get_stats(v->c, &st);
+    ap_swarm_server_set_version(v->s, st.epoch);
+}
+
+/* After a failed move that had left the stage's collaboration: the new
+ * stage's collaboration, if joined (it works on v->next's parameters), is
+ * left before v->next is freed, and the server rejoins its own stage's. */
+static void rejoin_old(srv_t *v)
+{
+    ap_collab_free(v->c);
+    v->c = NULL;
+    v->left = false;
+    ap_collab_config_t cfg;
+    collab_cfg(v, v->stage, v->m, &cfg);
+    ap_nn_params_t *p = ap_nn_model_params(v->m);
+    int rc =
+        ap_collab_new(v->rt, v->dht, v->svc, &cfg, p->data, p->count, p->views, p->nviews, &v->c);
+    if (!rc) rc = ap_collab_start(v->c, on_rejoined, v);
+    if (rc) {
+        ap_warn("swarm", "stage %u: cannot rejoin its collaboration: %s (training locally)",
+                v->stage, ap_err_name(rc));
+        ap_collab_free(v->c);
+        v->c = NULL;
+    }
+}
+
 /* A rebalancing move, on the loop thread: pause, wait for the compute and
- * the optimizer step in progress, join the new stage's collaboration
- * (which downloads its parameters and optimizer state from that stage's
- * peers), then serve the new stage. */
+ * the optimizer step in progress (nothing resumes serving meanwhile), join
+ * the new stage's collaboration (which downloads its parameters and
+ * optimizer state from that stage's peers), then serve the new stage. A
+ * move that fails leaves the server in its stage and its collaboration. */
 static void move_end(srv_t *v, int rc)
 {
     if (!rc) rc = ap_swarm_server_set_stage(v->s, v->next, v->to);
     if (rc) {
         ap_warn("swarm", "rebalancing: cannot move to stage %u: %s; staying in stage %u", v->to,
                 ap_err_name(rc), v->stage);
+        if (v->left) rejoin_old(v);
         ap_nn_model_free(v->next);
     } else {
         ap_collab_stats_t cs = {0};
@@ -310,6 +351,8 @@ static void move_end(srv_t *v, int rc)
         v->acc_samples = v->acc_calls = 0;
     }
     v->next = NULL;
+    v->left = false;
+    v->moving = false;
     ap_swarm_server_pause(v->s, false);
     ap_swarm_rebalancer_moved(v->rb, rc);
 }
@@ -347,6 +390,7 @@ static void on_move_poll(ap_rt_t *rt, void *arg)
     /* leave the old stage's collaboration, join the new one's */
     ap_collab_free(v->c);
     v->c = NULL;
+    v->left = true;
     ap_collab_config_t cfg;
     collab_cfg(v, v->to, v->next, &cfg);
     ap_nn_params_t *p = ap_nn_model_params(v->next);
@@ -365,9 +409,11 @@ static void on_move(ap_swarm_rebalancer_t *rb, void *arg, uint32_t from, uint32_
     printf("rebalancing: stage %u is the bottleneck; moving from stage %u\n", to, from);
     fflush(stdout);
     v->to = to;
+    v->moving = true;
     ap_swarm_server_pause(v->s, true);
     v->poll = ap_rt_timer_start(v->rt, 20000, 20000, on_move_poll, v);
     if (!v->poll) {
+        v->moving = false;
         ap_swarm_server_pause(v->s, false);
         ap_swarm_rebalancer_moved(rb, AP_ENOMEM);
     }
@@ -404,6 +450,7 @@ static void srv_stop_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     if (v->poll) { /* a move not begun: stay */
         ap_rt_timer_stop(v->rt, v->poll);
         v->poll = 0;
+        v->moving = false;
     }
     ap_swarm_server_pause(v->s, true);
     ap_sync_complete(done, ap_swarm_server_idle(v->s) && !v->stepping && !v->next ? 0 : AP_EBUSY);
