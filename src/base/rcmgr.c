@@ -263,9 +263,14 @@ void ap_rc_scope_describe(const ap_rc_scope_t *s, char *out, size_t n)
         snprintf(who, sizeof who, "connection");
         break;
     }
-    snprintf(out, n, "%s: memory %llu/%llu, streams %u/%u, conns %u/%u", who,
-             (unsigned long long)s->use.memory, (unsigned long long)s->lim.memory, s->use.streams,
-             s->lim.streams, s->use.conns, s->lim.conns);
+    /* a limit of 0 is none at this scope (e.g. the node's connections,
+     * which admission bounds): "5/-", not "5/0" */
+    char ml[24] = "-", sl[16] = "-", cl[16] = "-";
+    if (s->lim.memory) snprintf(ml, sizeof ml, "%llu", (unsigned long long)s->lim.memory);
+    if (s->lim.streams) snprintf(sl, sizeof sl, "%u", s->lim.streams);
+    if (s->lim.conns) snprintf(cl, sizeof cl, "%u", s->lim.conns);
+    snprintf(out, n, "%s: memory %llu/%s, streams %u/%s, conns %u/%s", who,
+             (unsigned long long)s->use.memory, ml, s->use.streams, sl, s->use.conns, cl);
 }
 
 ap_rc_kind_t ap_rc_scope_kind(const ap_rc_scope_t *s)

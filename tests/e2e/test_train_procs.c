@@ -17,6 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <apiary/nn.h>
+#include <sodium.h>
+
 static uint8_t *read_all(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -214,6 +217,28 @@ static void test_train_processes(void **state)
     print_message("%s", line);
     assert_non_null(strstr(line, "corrupt"));
     assert_true(same_file(badfile, ck_before, ck_len / 2));
+    /* a valid checkpoint of huge finite parameters (every payload float
+     * 1e30, checksum redone): it loads, the first batch's loss is not
+     * finite, and the peer stops, exit 1, with the cause, the file untouched
+     * (it used to exit 0 with "epochs 0" after saving it again) */
+    uint8_t *huge = malloc(ck_len);
+    assert_non_null(huge);
+    memcpy(huge, ck_before, ck_len);
+    const float big = 1e30f;
+    for (size_t o = AP_NN_CKPT_HEADER; o + 4 <= ck_len - 32; o += 4) memcpy(huge + o, &big, 4);
+    crypto_generichash(huge + ck_len - 32, 32, huge, ck_len - 32, NULL, 0);
+    write_all(badfile, huge, ck_len);
+    mv[13] = "1000"; /* --max-epochs: beyond the checkpoint's epoch */
+    pids[3] = ap_test_spawn_log(mv, logs[3]);
+    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 1);
+    assert_true(ap_proc_grep_file(logs[3], "resumed from", NULL, 0));
+    assert_true(
+        ap_proc_grep_file(logs[3], "non-finite loss on the first batch", line, sizeof line));
+    print_message("%s", line);
+    assert_non_null(strstr(line, "1e+30"));
+    assert_false(ap_proc_grep_file(logs[3], "saved to", NULL, 0));
+    assert_true(same_file(badfile, huge, ck_len));
+    free(huge);
     /* --fresh: the refused file is moved aside (not deleted), training
      * starts from scratch and writes a new checkpoint */
     gv[17] = ck;

@@ -45,6 +45,9 @@ static void test_scopes(void **state)
     char line[256];
     ap_rc_scope_describe(full, line, sizeof line);
     assert_non_null(strstr(line, "memory 400/400"));
+    /* a scope without a limit says so ("-"), not "/0" */
+    ap_rc_scope_describe(a1.proto, line, sizeof line);
+    assert_non_null(strstr(line, "protocol /apiary/dht/1: memory 400/-"));
     /* a refusal reserves nothing anywhere */
     assert_int_equal(ap_rc_scope_use(ap_rcmgr_node(m))->memory, 400);
     assert_int_equal(ap_rc_scope_use(a2.conn)->memory, 100);

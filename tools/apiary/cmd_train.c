@@ -510,7 +510,8 @@ static int run(const topts_t *o)
         if (rc) fprintf(stderr, "apiary train: bad configuration: %s\n", ap_strerror(rc));
     }
     char ckpath[1024] = "";
-    bool fatal = false; /* stop before training, exit 1 */
+    bool fatal = false;   /* stop before training, exit 1 */
+    bool resumed = false; /* the parameters came from ckpath */
     if (!rc && o->ckdir && !o->aux) {
         mkdir(o->ckdir, 0700);
         snprintf(ckpath, sizeof ckpath, "%s/%s.ckpt", o->ckdir, o->run_id);
@@ -519,6 +520,7 @@ static int run(const topts_t *o)
             int lr = ap_nn_checkpoint_load(ckpath, m, ap_collab_solver_mut(c), &step);
             if (lr == 0) {
                 ap_collab_set_epoch(c, step);
+                resumed = true;
                 printf("resumed from %s at epoch %llu\n", ckpath, (unsigned long long)step);
             } else if (!o->fresh) {
                 /* never overwrite what was refused: stop, file untouched */
@@ -649,6 +651,29 @@ static int run(const topts_t *o)
                 sample++;
                 r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
                 if (!r) r = ap_nn_mlp_backward(m);
+            }
+            if (r == AP_ENONFINITE) {
+                /* nothing non-finite is saved: the checkpoint on disk (if
+                 * any) is the last good state, or the one to look at */
+                float big = 0;
+                for (size_t k = 0; k < pr->count; k++)
+                    if (fabsf(pr->data[k]) > big || !isfinite(pr->data[k]))
+                        big = fabsf(pr->data[k]);
+                if (resumed && local_samples == 0)
+                    fprintf(stderr,
+                            "apiary train: the parameters resumed from %s give a non-finite loss "
+                            "on the first batch (largest |parameter| %g): it is left as it is; "
+                            "move it aside or use another --checkpoint-dir\n",
+                            ckpath, (double)big);
+                else
+                    fprintf(stderr,
+                            "apiary train: the loss is not finite at epoch %llu (largest "
+                            "|parameter| %g): training diverged; stopping without saving%s\n",
+                            (unsigned long long)ap_collab_epoch(c), (double)big,
+                            ckpath[0] ? " (the last checkpoint is kept)" : "");
+                ckpath[0] = 0;
+                rc = r;
+                break;
             }
             if (r) {
                 fprintf(stderr, "apiary train: batch failed: %s\n", ap_strerror(r));
