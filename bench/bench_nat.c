@@ -10,7 +10,10 @@
  *             public; also one line per kind with that kind's fraction.
  *
  * Needs root and nftables; otherwise it prints why and reports nothing
- * ({"skipped":true} with --json). `--part NAME` runs one part only. */
+ * ({"skipped":true} with --json). `--part NAME` runs one part only.
+ * `--delay MS` adds MS of netem delay each way at every router in the
+ * holepunch and relay parts (a round trip between two homes grows by
+ * 4 * MS); their lines then carry "delay_ms". */
 #include "bench.h"
 
 #include "apiary/log.h"
@@ -22,12 +25,36 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct nat_part {
     const char *name;
     int (*run)(ap_bench_ctx_t *c);
 } nat_part_t;
+
+static unsigned g_delay_ms; /* --delay */
+
+/* --delay on every router of ns; 0 or 1 (reason printed). */
+static int apply_delay(ap_natns_t *ns)
+{
+    char why[400];
+    for (size_t k = 0; k < ap_natns_nhomes(ns) && g_delay_ms; k++)
+        if (ap_natns_set_delay(ns, k, g_delay_ms, why, sizeof why)) {
+            fprintf(stderr, "nat: --delay: %s\n", why);
+            return 1;
+        }
+    return 0;
+}
+
+/* ",\"delay_ms\":N" with --delay, else "". */
+static const char *delay_field(void)
+{
+    static char f[32];
+    f[0] = 0;
+    if (g_delay_ms) snprintf(f, sizeof f, ",\"delay_ms\":%u", g_delay_ms);
+    return f;
+}
 
 static void json_safe(char *out, size_t n, const char *s)
 {
@@ -96,7 +123,7 @@ static int part_holepunch(ap_bench_ctx_t *c)
         return 1;
     }
     static ap_nat_punch_round_t res[AP_NAT_PUNCH_ROUNDS];
-    int rc = 0;
+    int rc = apply_delay(ns);
     for (size_t k = 0; k < 3 && rc == 0; k++) {
         int n = k == 2 ? (rounds < 3 ? rounds : 3) : rounds;
         if (ap_nat_punch_run(ns, 0, pairs[k][0], pairs[k][1], n, 20000, res, why, sizeof why)) {
@@ -112,8 +139,8 @@ static int part_holepunch(ap_bench_ctx_t *c)
                 ms += res[r].ms_direct;
             }
         const char *kind = ap_nat_kind_name(kinds[pairs[k][0]]);
-        char f[96];
-        snprintf(f, sizeof f, "\"nat\":\"%s\",\"rounds\":%d", kind, n);
+        char f[128];
+        snprintf(f, sizeof f, "\"nat\":\"%s\",\"rounds\":%d%s", kind, n, delay_field());
         ap_bench_report(c, "holepunch_success_rate", (double)ok / n, "fraction", f);
         if (ok) ap_bench_report(c, "time_to_direct_ms", ms / ok, "ms", f);
     }
@@ -134,14 +161,19 @@ static int part_relay(ap_bench_ctx_t *c)
     }
     size_t bytes = c->quick ? (1u << 20) : (3u << 20);
     double relayed = 0, direct = 0;
+    if (apply_delay(ns)) {
+        ap_natns_free(ns);
+        return 1;
+    }
     int rc = ap_nat_relay_throughput(ns, 0, 0, 1, bytes, &relayed, &direct, why, sizeof why);
     ap_natns_free(ns);
     if (rc) {
         fprintf(stderr, "nat: relay: %s\n", why);
         return 1;
     }
-    char f[96];
-    snprintf(f, sizeof f, "\"bytes\":%zu,\"baseline_is\":\"direct to the relay\"", bytes);
+    char f[128];
+    snprintf(f, sizeof f, "\"bytes\":%zu,\"baseline_is\":\"direct to the relay\"%s", bytes,
+             delay_field());
     ap_bench_report_vs(c, "relay_circuit_MBps", relayed / 1e6, "MB/s", direct / 1e6, f);
     return 0;
 }
@@ -158,10 +190,16 @@ static int bench_nat(ap_bench_ctx_t *c, int argc, char **argv)
 {
     const char *only = NULL;
     for (int k = 1; k < argc; k++) {
-        if (!strcmp(argv[k], "--part") && k + 1 < argc)
+        char *end = NULL;
+        if (!strcmp(argv[k], "--part") && k + 1 < argc) {
             only = argv[++k];
-        else {
-            fprintf(stderr, "usage: apiary bench nat [--json] [--quick] [--part NAME]\n");
+        } else if (!strcmp(argv[k], "--delay") && k + 1 < argc &&
+                   (g_delay_ms = (unsigned)strtoul(argv[k + 1], &end, 10), *end == 0) &&
+                   argv[k + 1][0] && g_delay_ms <= 1000) {
+            k++;
+        } else {
+            fprintf(stderr, "usage: apiary bench nat [--json] [--quick] [--part NAME] "
+                            "[--delay MS (0-1000)]\n");
             return 2;
         }
     }

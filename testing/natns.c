@@ -525,6 +525,27 @@ int ap_natns_enter_router(const ap_natns_t *ns, size_t k)
     return ns && k < ns->nh ? enter(rtr(ns, k)) : AP_EINVAL;
 }
 
+int ap_natns_set_delay(ap_natns_t *ns, size_t k, unsigned ms, char *why, size_t wn)
+{
+    if (!ns || k >= ns->nh || ms > 10000) return AP_EINVAL;
+    const char *devs[2] = {"wan0", "lan0"};
+    char delay[24];
+    snprintf(delay, sizeof delay, "%ums", ms);
+    for (size_t d = 0; d < 2; d++) {
+        const char *r = rtr(ns, k)->name;
+        if (ms == 0) {
+            ap_nscmd_runv(NULL, 0, "tc", "-n", r, "qdisc", "del", "dev", devs[d], "root",
+                          (char *)NULL);
+            continue;
+        }
+        /* a limit well above what a test keeps in flight at these delays */
+        int rc = ap_nscmd_runv(why, wn, "tc", "-n", r, "qdisc", "replace", "dev", devs[d], "root",
+                               "netem", "delay", delay, "limit", "10000", (char *)NULL);
+        if (rc) return rc == AP_ESYS ? AP_ENOTSUP : rc;
+    }
+    return 0;
+}
+
 int ap_natns_upnp_mappings(const ap_natns_t *ns, size_t k)
 {
     if (!ns || k >= ns->nh || ns->kinds[k] != AP_NAT_UPNP) return AP_EINVAL;

@@ -89,6 +89,13 @@ const char *ap_natns_public_ip(const ap_natns_t *ns, size_t i);
 const char *ap_natns_home_ip(const ap_natns_t *ns, size_t k);
 const char *ap_natns_router_ip(const ap_natns_t *ns, size_t k);
 
+/* Delays every packet between home host k and the internet by ms in each
+ * direction (tc netem on router k's wan0 and lan0), so a home's round trip
+ * to a public node grows by 2 * ms and one between two delayed homes by
+ * 2 * (ms_a + ms_b). 0 removes the delay. AP_EINVAL for a bad k; AP_ENOTSUP
+ * without `tc` or the netem qdisc (why says which). */
+int ap_natns_set_delay(ap_natns_t *ns, size_t k, unsigned ms, char *why, size_t wn);
+
 /* AP_NAT_UPNP router k: the number of TCP port forwards miniupnpd holds
  * now (its DNAT rules), or a negative AP_E* code (not a UPnP router, nft
  * failed). */

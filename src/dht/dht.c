@@ -184,6 +184,7 @@ void ap_dht_free(ap_dht_t *dht)
     ap__dht_storage_close(&dht->store);
     ap__dht_storage_close(&dht->cache);
     ap__dht_routing_close(&dht->table);
+    ap__dht_circuits_free(dht);
     free(dht);
 }
 

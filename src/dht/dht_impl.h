@@ -73,7 +73,32 @@ struct ap_dht {
     double ho_tokens; /* bytes */
     uint64_t ho_tokens_us;
     size_t ho_inflight; /* bytes of hand-over STOREs not yet answered */
+    /* circuit addresses (through a relay) of peers that sent us requests,
+     * passed on in FIND answers next to the contact's one direct address:
+     * a peer behind NAT is reached by them. Allocated on first use (only
+     * NATed peers have them), at most AP__DHT_CIRCUITS_MAX, oldest evicted
+     * (dht_circuits.c). */
+    struct ap__dht_circuit *circ;
+    size_t ncirc, cap_circ;
 };
+
+/* ---- circuit addresses (dht_circuits.c) ---- */
+
+#define AP__DHT_CIRCUITS_MAX 512
+
+typedef struct ap__dht_circuit {
+    ap_peer_id_t peer;
+    uint64_t seen_us;
+    char addr[AP_RT_ADDR_MAX];
+} ap__dht_circuit_t;
+
+/* Learns from a request's sender addresses (n of them): the first circuit
+ * address among them is kept for peer; none forgets the one kept (the peer
+ * lost its reservation or no longer needs one). */
+void ap__dht_circuit_note(ap_dht_t *dht, const ap_peer_id_t *peer, char **addrs, size_t n);
+/* The circuit address kept for peer, or NULL. */
+const char *ap__dht_circuit_of(const ap_dht_t *dht, const ap_peer_id_t *peer);
+void ap__dht_circuits_free(ap_dht_t *dht);
 
 /* ---- lookups (dht_lookup.c) ---- */
 

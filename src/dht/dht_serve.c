@@ -72,7 +72,7 @@ static void handle_find(ap_dht_t *dht, ap_rpc_req_t *req, const ap_peer_id_t *fr
     Apiary__Dht__PeerInfo *pis = calloc(n * (size_t)(k + 1), sizeof *pis);
     Apiary__Dht__PeerInfo **piptr = calloc(n * (size_t)(k + 1), sizeof *piptr);
     ProtobufCBinaryData *pids = calloc(n * (size_t)(k + 1), sizeof *pids);
-    char **addrp = calloc(n * (size_t)(k + 1), sizeof *addrp);
+    char **addrp = calloc(2 * n * (size_t)(k + 1), sizeof *addrp); /* direct, circuit */
     /* records: views into storage, valid until we respond */
     Apiary__Dht__Record *recs = NULL, **recptr = NULL;
     size_t nrec_total = 0, recs_cap = 0;
@@ -125,11 +125,11 @@ static void handle_find(ap_dht_t *dht, ap_rpc_req_t *req, const ap_peer_id_t *fr
             pids[base + cnt].data = nb[j].peer.b;
             pids[base + cnt].len = AP_PEER_ID_LEN;
             pi->id = pids[base + cnt];
-            if (nb[j].addr[0]) {
-                addrp[base + cnt] = nb[j].addr;
-                pi->addrs = &addrp[base + cnt];
-                pi->n_addrs = 1;
-            }
+            char **pa = &addrp[2 * (base + cnt)];
+            const char *circ = ap__dht_circuit_of(dht, &nb[j].peer);
+            if (nb[j].addr[0]) pa[pi->n_addrs++] = nb[j].addr;
+            if (circ) pa[pi->n_addrs++] = (char *)circ;
+            if (pi->n_addrs) pi->addrs = pa;
             piptr[base + cnt] = pi;
             cnt++;
         }
@@ -179,6 +179,7 @@ void ap__dht_on_request(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     if (!q->client) {
         ap__dht_learn_addrs(dht, &from, q->sender_addrs, q->n_sender_addrs);
         ap__dht_peer_seen(dht, &from, q->n_sender_addrs ? q->sender_addrs[0] : NULL);
+        ap__dht_circuit_note(dht, &from, q->sender_addrs, q->n_sender_addrs);
     }
     switch (q->body_case) {
     case APIARY__DHT__REQUEST__BODY_PING: {
