@@ -91,8 +91,9 @@ static void fluid(ap_bench_ctx_t *c)
     for (int t = 0; t < trials; t++) {
         ap_swarm_member_t m[NSRV];
         for (uint32_t i = 0; i < NSRV; i++) {
-            m[i] = (ap_swarm_member_t){pid(i + 100u * (uint32_t)t), i < S - 1 ? i + 1 : 0,
-                                       speeds[rnd() % 3]};
+            m[i] = (ap_swarm_member_t){.peer = pid(i + 100u * (uint32_t)t),
+                                       .stage = i < S - 1 ? i + 1 : 0,
+                                       .throughput = speeds[rnd() % 3]};
         }
         for (int p = 0; p < 20 && period(m, NSRV) > 0; p++) {
         }
@@ -110,7 +111,8 @@ static void fluid(ap_bench_ctx_t *c)
     double slot[NSRV]; /* fixed pipelines: slot p*S+s holds a server's speed, 0 = empty */
     uint32_t next = 0;
     for (uint32_t i = 0; i < NSRV; i++) {
-        m[i] = (ap_swarm_member_t){pid(next++), i % S, speeds[rnd() % 3]};
+        m[i] = (ap_swarm_member_t){
+            .peer = pid(next++), .stage = i % S, .throughput = speeds[rnd() % 3]};
         slot[i] = m[i].throughput;
     }
     while (period(m, NSRV) > 0) {
@@ -124,7 +126,8 @@ static void fluid(ap_bench_ctx_t *c)
         if (pending < NSRV) slot[pending] = pending_v;
         size_t gone = (size_t)(rnd() % NSRV);
         double v = speeds[rnd() % 3];
-        m[gone] = (ap_swarm_member_t){pid(next++), (uint32_t)(rnd() % S), v};
+        m[gone] = (ap_swarm_member_t){
+            .peer = pid(next++), .stage = (uint32_t)(rnd() % S), .throughput = v};
         slot[gone] = 0; /* the fixed pipeline loses its server for this period */
         pending = gone;
         pending_v = v;

@@ -62,13 +62,20 @@ static ap_nn_model_t *stage_model(uint32_t S, uint32_t s)
     return m;
 }
 
-static void set_speed(slot_t *v)
+/* The node's compute speed for serving `stage` with model m: set before the
+ * server computes anything there (its synthetic call included). */
+static void set_speed_for(slot_t *v, uint32_t stage, ap_nn_model_t *m)
 {
     /* a forward (2 x tokens x parameters) and a backward (3 times that);
      * the last stage gets only the backward (it recomputes the forward) */
-    const double per = v->stage == v->w->c.stages - 1 ? 6.0 : 8.0;
-    const double cost = per * BB * TT * (double)ap_nn_model_params(v->m)->count;
+    const double per = stage == v->w->c.stages - 1 ? 6.0 : 8.0;
+    const double cost = per * BB * TT * (double)ap_nn_model_params(m)->count;
     ap_sim_set_flops(v->w->sim, v->node, v->speed * v->w->c.unit * cost);
+}
+
+static void set_speed(slot_t *v)
+{
+    set_speed_for(v, v->stage, v->m);
 }
 
 static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
@@ -126,7 +133,9 @@ static void on_poll(ap_rt_t *rt, void *arg)
     if (m && src) {
         ap_nn_params_t *a = ap_nn_model_params(m), *b = ap_nn_model_params(src->m);
         if (a->count == b->count) memcpy(a->data, b->data, a->count * sizeof *a->data);
+        set_speed_for(v, v->to, m);
         rc = ap_swarm_server_set_stage(v->s, m, v->to);
+        if (rc) set_speed(v);
     }
     if (rc) {
         ap_nn_model_free(m);
@@ -136,7 +145,6 @@ static void on_poll(ap_rt_t *rt, void *arg)
         v->m = m;
         v->stage = v->to;
         v->moves++;
-        set_speed(v);
     }
     ap_swarm_server_pause(v->s, false);
     ap_swarm_rebalancer_moved(v->rb, rc);
@@ -271,18 +279,19 @@ int ap_test_sw_start(ap_test_sw_t *w, uint32_t i, uint32_t stage, double speed)
     const ap_codec_cfg_t raw = {.id = AP_CODEC_NONE};
     char rb[RUNLEN];
     const char *run = run_of(w, i, rb);
+    set_speed(v);
     int rc = join(w, v->node, &v->dht);
     if (!rc) rc = ap_swarm_server_new(rt, v->m, stage, w->c.compressed ? NULL : &raw, &v->s);
     if (!rc) {
         ap_swarm_server_on_backward(v->s, on_bwd, v);
-        rc = ap_swarm_server_announce(v->s, v->dht, run, w->c.announce_us, 0);
+        if (w->c.record_ttl_us) rc = ap_swarm_server_announce_ttl(v->s, w->c.record_ttl_us);
+        if (!rc) rc = ap_swarm_server_announce(v->s, v->dht, run, w->c.announce_us, 0);
     }
     if (!rc && w->c.rebalance) {
         ap_swarm_rebalance_opts_t o = {.period_us = w->c.rebalance_us};
         rc = ap_swarm_rebalancer_new(rt, v->s, v->dht, run, w->c.stages, &o, on_move, v, &v->rb);
     }
     v->up = true;
-    set_speed(v);
     if (rc) slot_down(v);
     return rc;
 }
@@ -441,4 +450,14 @@ int ap_test_sw_rebalance_stats(const ap_test_sw_t *w, uint32_t i, ap_swarm_rebal
 double ap_test_sw_announced(const ap_test_sw_t *w, uint32_t i)
 {
     return i < w->c.slots && w->srv[i].s ? ap_swarm_server_throughput(w->srv[i].s) : 0;
+}
+
+bool ap_test_sw_estimated(const ap_test_sw_t *w, uint32_t i)
+{
+    return i < w->c.slots && w->srv[i].s && ap_swarm_server_estimated(w->srv[i].s);
+}
+
+uint32_t ap_test_sw_tokens(void)
+{
+    return BB * TT;
 }

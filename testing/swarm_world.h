@@ -19,20 +19,21 @@
 #define AP_TEST_SW_TRAINERS_MAX 16
 
 typedef struct ap_test_sw_cfg {
-    uint32_t stages;       /* 1..8 */
-    uint32_t slots;        /* server slots (servers joining later included) */
-    uint32_t trainers;     /* 1..AP_TEST_SW_TRAINERS_MAX */
-    uint32_t inflight;     /* micro-batches each trainer keeps in flight */
-    double unit;           /* micro-batches/s of a server of speed 1 */
-    bool rebalance;        /* run every server's rebalancing loop */
-    uint64_t rebalance_us; /* its period T (default 2 s) */
-    uint64_t announce_us;  /* announcement period (default 1 s; records live 3) */
-    bool hetero_links;     /* per-node latency 2..20 ms and bandwidth 50..1000 Mbit/s */
-    bool compressed;       /* blockwise 8-bit activations (default float32) */
-    uint32_t pipelines;    /* 0 = one SWARM; K = K separate runs (fixed pipelines):
-                              slot i serves run i % K, trainer k drives run k % K */
-    float lr;              /* the servers' SGD learning rate (0 = default 0.002) */
-    float clip;            /* global-norm clip of each SGD step (0 = default 1; < 0: none) */
+    uint32_t stages;        /* 1..8 */
+    uint32_t slots;         /* server slots (servers joining later included) */
+    uint32_t trainers;      /* 1..AP_TEST_SW_TRAINERS_MAX */
+    uint32_t inflight;      /* micro-batches each trainer keeps in flight */
+    double unit;            /* micro-batches/s of a server of speed 1 */
+    bool rebalance;         /* run every server's rebalancing loop */
+    uint64_t rebalance_us;  /* its period T (default 2 s) */
+    uint64_t announce_us;   /* announcement period (default 1 s; records live 3) */
+    uint64_t record_ttl_us; /* the servers' record TTL (0 = 3 announcement periods) */
+    bool hetero_links;      /* per-node latency 2..20 ms and bandwidth 50..1000 Mbit/s */
+    bool compressed;        /* blockwise 8-bit activations (default float32) */
+    uint32_t pipelines;     /* 0 = one SWARM; K = K separate runs (fixed pipelines):
+                               slot i serves run i % K, trainer k drives run k % K */
+    float lr;               /* the servers' SGD learning rate (0 = default 0.002) */
+    float clip;             /* global-norm clip of each SGD step (0 = default 1; < 0: none) */
     uint64_t seed;
 } ap_test_sw_cfg_t;
 
@@ -73,8 +74,13 @@ double ap_test_sw_assigned(const ap_test_sw_t *w);
 double ap_test_sw_optimum(const ap_test_sw_t *w);
 /* The rebalancing loop's counters of slot i; AP_ENOTFOUND without one. */
 int ap_test_sw_rebalance_stats(const ap_test_sw_t *w, uint32_t i, ap_swarm_rebalance_stats_t *out);
-/* The throughput slot i announces now (tokens/s). */
+/* The throughput slot i announces now (tokens/s), and whether it is an
+ * estimate (not yet measured on served calls). */
 double ap_test_sw_announced(const ap_test_sw_t *w, uint32_t i);
+bool ap_test_sw_estimated(const ap_test_sw_t *w, uint32_t i);
+/* Tokens of a micro-batch (a server of speed v computes v x unit of them
+ * per second). */
+uint32_t ap_test_sw_tokens(void);
 /* Micro-batch rows (samples per micro-batch). */
 uint32_t ap_test_sw_rows(void);
 

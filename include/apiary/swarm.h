@@ -225,6 +225,10 @@ typedef struct ap_swarm_member {
     ap_peer_id_t peer;
     uint32_t stage;    /* < nstages */
     double throughput; /* as announced in its record, units/s */
+    /* Filled by ap_swarm_members_from; the plan ignores them. */
+    bool estimate;      /* the throughput is an estimate (AP_SWARM_ANNOUNCE_ESTIMATE) */
+    int64_t made_ms;    /* wall-clock ms the record was made (expiry - TTL); 0 = unknown */
+    uint32_t period_ms; /* its owner's announcement period; 0 = unknown */
 } ap_swarm_member_t;
 
 /* Fills to[i] with member i's stage after this period's moves (its own stage
@@ -237,6 +241,11 @@ AP_EXPORT int ap_swarm_rebalance_plan(const ap_swarm_member_t *m, size_t n, uint
 /* The delay to the next rebalancing check: uniform in [period/2, 3 period/2)
  * from u in [0,1) (ap_rt_rand_double), so servers do not act in lockstep. */
 AP_EXPORT uint64_t ap_swarm_rebalance_delay(uint64_t period_us, double u);
+/* Whether a member's record is stale at wall_ms: made more than 1.5 of its
+ * owner's announcement periods plus slack_ms ago, so its owner has missed a
+ * refresh (crashed, preempted) although the record has not expired yet.
+ * False when the record does not say when it was made or its period. */
+AP_EXPORT bool ap_swarm_member_stale(const ap_swarm_member_t *m, int64_t wall_ms, int64_t slack_ms);
 /* The pipeline's throughput under an assignment: the least stage total
  * (0 if a stage has no server). */
 AP_EXPORT double ap_swarm_pipeline_throughput(const ap_swarm_member_t *m, const uint32_t *stage,
@@ -280,8 +289,12 @@ AP_EXPORT int ap_swarm_server_new(ap_rt_t *rt, ap_nn_model_t *m, uint32_t stage,
  * was shut down. */
 AP_EXPORT void ap_swarm_server_free(ap_swarm_server_t *s);
 AP_EXPORT void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *out);
-/* Measured throughput, or the initial estimate given to _announce. */
+/* Measured throughput, else the estimate (the one given to _announce, or
+ * the synthetic call's), else 0; 0 while leaving. */
 AP_EXPORT double ap_swarm_server_throughput(const ap_swarm_server_t *s);
+/* Whether ap_swarm_server_throughput is an estimate (not yet measured on
+ * served calls); its record then carries AP_SWARM_ANNOUNCE_ESTIMATE. */
+AP_EXPORT bool ap_swarm_server_estimated(const ap_swarm_server_t *s);
 AP_EXPORT uint32_t ap_swarm_server_stage(const ap_swarm_server_t *s);
 /* Paused, the server keeps queueing calls but starts no compute (the model's
  * parameters may then be changed, e.g. by an optimizer step, once
@@ -308,9 +321,12 @@ AP_EXPORT int ap_swarm_sgd_step(ap_nn_params_t *p, float lr, float clip, double 
 AP_EXPORT void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version);
 /* Serves another stage with another model (a rebalancing move; the caller
  * loaded m's state first). Queued calls get AP_EINVAL "wrong stage"; the
- * measured throughput starts again (the record says 0, unmeasured, until
- * then) and the leaving mark is cleared; the record is stored under the new
- * stage at once. AP_EBUSY while a compute runs. */
+ * measured throughput starts again and the leaving mark is cleared; the
+ * record is stored under the new stage at once, saying 0 (unmeasured) until
+ * a synthetic backward of the new stage, queued first, has measured its
+ * compute: the record then carries that estimate (stored at once) until the
+ * first served call measures the throughput. AP_EBUSY while a compute
+ * runs. */
 AP_EXPORT int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage);
 /* Marks the server as leaving its stage (a move has begun) or not: its
  * record then announces throughput 0, stored at once, so the other servers'
@@ -325,8 +341,12 @@ AP_EXPORT void ap_swarm_server_leave(ap_swarm_server_t *s, bool leaving);
  * because an earlier store is still in flight (a slow DHT): up to 4 stores
  * run at once, and one due beyond that starts when one of them ends, so the
  * record stays stored while the server lives as long as a store takes less
- * than the TTL minus one period. initial_throughput is announced until the
- * first measurement (0 = none). dht is borrowed and must outlive the server.
+ * than the TTL minus one period. initial_throughput is announced, as an
+ * estimate, until the first measurement; with 0 the server queues a
+ * synthetic backward of its stage first and announces what that compute
+ * gives, as an estimate, as soon as it is done. The first measurement on a
+ * served call is stored at once. Each record carries the period and the TTL,
+ * so readers see how old it is. dht is borrowed and must outlive the server.
  * AP_EINVAL (period out of range, or a TTL set before that is below 3
  * periods), AP_EEXIST if announcing already. */
 AP_EXPORT int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *run,
@@ -397,10 +417,12 @@ AP_EXPORT void ap_swarm_trainer_stats(const ap_swarm_trainer_t *t, ap_swarm_trai
  * Trainers then route the server to its new stage only (its newest record).
  * Hysteresis: the plan's margin; throughputs rounded to an eighth of an
  * octave before planning, so measurement noise does not change the plan from
- * one server's view to another's; no decision while any server in the view
- * is unmeasured (announces throughput 0), and a mover marks itself leaving
- * (ap_swarm_server_leave: its record says 0) from its decision until it is
- * measured in its new stage, so the others wait for its move instead of
+ * one server's view to another's; records whose owner stopped refreshing
+ * them (ap_swarm_member_stale, with the read's duration as slack) are left
+ * out of the view; no decision while any server in the view announces
+ * throughput 0 (an estimate counts), and a mover marks itself leaving
+ * (ap_swarm_server_leave: its record says 0) from its decision until it has
+ * an estimate in its new stage, so the others wait for its move instead of
  * moving too; a server that has moved sits out `cooldown` checks; a server
  * never leaves a stage it serves alone (the half of a swap whose partner
  * has not moved yet waits). With the randomised delays spreading the
@@ -422,6 +444,7 @@ typedef struct ap_swarm_rebalance_stats {
                               last of its stage, cooling down) */
     double last_min;       /* pipeline throughput in the last view (least stage total) */
     double last_planned;   /* and after that view's plan */
+    uint64_t stale;        /* records left out of a view: their owner stopped refreshing */
 } ap_swarm_rebalance_stats_t;
 
 /* fn runs on the loop thread; it may call ap_swarm_rebalancer_moved at once
@@ -471,18 +494,28 @@ AP_EXPORT int ap_swarm_members_from(const ap_dht_result_t *res, uint32_t nstages
  * A stage server announces itself under the key ap_swarm_stage_key(run,
  * stage) with the owner-signed subkey "[owner:<its PeerID>]" (the DHT checks
  * the signature) and the value below, and refreshes it before it expires.
- * Value (big-endian, 24 bytes): magic 0x57, version 1, 2 zero bytes,
- * throughput (IEEE double bits, units/s, finite and >= 0), queue length
- * (uint32), stage version (uint64, e.g. the optimizer epoch). */
+ * Value (big-endian, 32 bytes): magic 0x57, version 2, a flags byte
+ * (AP_SWARM_ANNOUNCE_ESTIMATE; other bits zero), a zero byte, throughput
+ * (IEEE double bits, units/s, finite and >= 0), queue length (uint32), stage
+ * version (uint64, e.g. the optimizer epoch), the announcement period (ms,
+ * uint32; 0 = not given) and the record's TTL (ms, uint32; 0 = not given).
+ * With period and TTL a reader knows how long ago a record was made (its
+ * TTL minus the time it has left), hence whether its owner stopped
+ * refreshing it, well before it expires. */
 
-#define AP_SWARM_ANNOUNCE_LEN 24
-#define AP_SWARM_RUN_MAX      128 /* run id bytes */
-#define AP_SWARM_KEY_MAX      (AP_SWARM_RUN_MAX + 32)
+#define AP_SWARM_ANNOUNCE_LEN      32
+#define AP_SWARM_ANNOUNCE_ESTIMATE 0x01 /* the throughput is an estimate, not yet measured */
+#define AP_SWARM_RUN_MAX           128  /* run id bytes */
+#define AP_SWARM_KEY_MAX           (AP_SWARM_RUN_MAX + 32)
 
 typedef struct ap_swarm_announce {
     double throughput;
+    bool estimate; /* throughput estimated (its own compute of the stage measured on a
+                      synthetic call), not yet measured on served calls; needs throughput > 0 */
     uint32_t queue;
     uint64_t version;
+    uint32_t period_ms; /* announcement period (0 = not given) */
+    uint32_t ttl_ms;    /* the record's TTL (0 = not given) */
 } ap_swarm_announce_t;
 
 /* "swarm/<run>/stage/<stage>" into key (AP_SWARM_KEY_MAX bytes); returns its
@@ -490,7 +523,8 @@ typedef struct ap_swarm_announce {
 AP_EXPORT int ap_swarm_stage_key(const char *run, uint32_t stage, char key[AP_SWARM_KEY_MAX]);
 AP_EXPORT void ap_swarm_announce_encode(const ap_swarm_announce_t *a,
                                         uint8_t out[AP_SWARM_ANNOUNCE_LEN]);
-/* AP_ECORRUPT (length, magic, reserved bytes, throughput), AP_EVERSION. */
+/* AP_ECORRUPT (length, magic, reserved bits, throughput, an estimate of 0),
+ * AP_EVERSION. */
 AP_EXPORT int ap_swarm_announce_decode(const uint8_t *in, size_t len, ap_swarm_announce_t *a);
 /* Reads the announcer of a record from its "[owner:<PeerID>]" subkey. */
 AP_EXPORT int ap_swarm_announce_owner(const ap_dht_record_t *rec, ap_peer_id_t *peer);

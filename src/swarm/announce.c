@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define MAGIC   0x57
-#define VERSION 1
+#define VERSION 2
 
 int ap_swarm_stage_key(const char *run, uint32_t stage, char key[AP_SWARM_KEY_MAX])
 {
@@ -27,24 +27,31 @@ void ap_swarm_announce_encode(const ap_swarm_announce_t *a, uint8_t out[AP_SWARM
     memcpy(&bits, &t, 8);
     out[0] = MAGIC;
     out[1] = VERSION;
-    out[2] = out[3] = 0;
+    out[2] = a->estimate && t > 0 ? AP_SWARM_ANNOUNCE_ESTIMATE : 0;
+    out[3] = 0;
     ap__put_be64(out + 4, bits);
     ap__put_be32(out + 12, a->queue);
     ap__put_be64(out + 16, a->version);
+    ap__put_be32(out + 24, a->period_ms);
+    ap__put_be32(out + 28, a->ttl_ms);
 }
 
 int ap_swarm_announce_decode(const uint8_t *in, size_t len, ap_swarm_announce_t *a)
 {
     if (!in || !a || len != AP_SWARM_ANNOUNCE_LEN || in[0] != MAGIC) return AP_ECORRUPT;
     if (in[1] != VERSION) return AP_EVERSION;
-    if (in[2] || in[3]) return AP_ECORRUPT;
+    if ((in[2] & ~AP_SWARM_ANNOUNCE_ESTIMATE) || in[3]) return AP_ECORRUPT;
     uint64_t bits = ap__get_be64(in + 4);
     double t;
     memcpy(&t, &bits, 8);
     if (!isfinite(t) || signbit(t)) return AP_ECORRUPT; /* also -0: one encoding per value */
+    if (in[2] && !(t > 0)) return AP_ECORRUPT;          /* an estimate of nothing */
     a->throughput = t;
+    a->estimate = in[2] != 0;
     a->queue = ap__get_be32(in + 12);
     a->version = ap__get_be64(in + 16);
+    a->period_ms = ap__get_be32(in + 24);
+    a->ttl_ms = ap__get_be32(in + 28);
     return 0;
 }
 

@@ -100,6 +100,14 @@ double ap_swarm_pipeline_throughput(const ap_swarm_member_t *m, const uint32_t *
     return lo;
 }
 
+bool ap_swarm_member_stale(const ap_swarm_member_t *m, int64_t wall_ms, int64_t slack_ms)
+{
+    if (!m || m->made_ms <= 0 || !m->period_ms) return false;
+    if (slack_ms < 0) slack_ms = 0;
+    const int64_t age = wall_ms - m->made_ms;
+    return age > (int64_t)m->period_ms * 3 / 2 + slack_ms;
+}
+
 uint64_t ap_swarm_rebalance_delay(uint64_t period_us, double u)
 {
     if (!(u >= 0) || u >= 1) u = 0.5;

@@ -26,7 +26,7 @@ struct ap_swarm_rebalancer {
     ap_swarm_rebalance_opts_t o;
     ap_swarm_move_fn fn;
     void *arg;
-    uint64_t timer_id;
+    uint64_t timer_id, read_us; /* when the view's read began */
     ap_swarm_watch_t *w;
     bool moving, dying, in_cb;
     uint32_t cooldown; /* checks left before this server may move again */
@@ -58,28 +58,45 @@ static void destroy(ap_swarm_rebalancer_t *rb)
 /* Decides from one view; true when a move was handed to the owner. */
 static bool decide(ap_swarm_rebalancer_t *rb, const ap_dht_result_t *res, uint32_t n)
 {
-    int k = ap_swarm_members_from(res, n, ap_rt_wall_ms(rb->rt), rb->m, rb->exp, MEMBERS_MAX - 1);
+    const int64_t wall = ap_rt_wall_ms(rb->rt);
+    int k = ap_swarm_members_from(res, n, wall, rb->m, rb->exp, MEMBERS_MAX - 1);
     if (k < 0) {
         rb->st.skipped++;
         return false;
     }
-    size_t cnt = (size_t)k, self = cnt;
+    /* A record whose owner stopped refreshing it (made over 1.5 periods ago,
+     * plus the time this read took) is left out: its server is gone, and
+     * counting it until its record expires (a TTL of 3 periods or more)
+     * would hide the hole it left. */
+    const uint64_t now = ap_rt_now_us(rb->rt);
+    const int64_t slack = (int64_t)((now > rb->read_us ? now - rb->read_us : 0) / 1000);
     const ap_peer_id_t *me = ap_rt_self(rb->rt);
-    for (size_t i = 0; i < cnt; i++)
-        if (ap_peer_id_cmp(&rb->m[i].peer, me) == 0) self = i;
+    size_t cnt = 0, self;
+    for (size_t i = 0; i < (size_t)k; i++) {
+        if (ap_peer_id_cmp(&rb->m[i].peer, me) != 0 &&
+            ap_swarm_member_stale(&rb->m[i], wall, slack)) {
+            rb->st.stale++;
+            continue;
+        }
+        rb->m[cnt++] = rb->m[i];
+    }
+    for (self = 0; self < cnt; self++)
+        if (ap_peer_id_cmp(&rb->m[self].peer, me) == 0) break;
     /* This server's own state is known better than its record says: the
      * record may lag a move or a new measurement. */
     const uint32_t cur = ap_swarm_server_stage(rb->s);
     const double thr = ap_swarm_server_throughput(rb->s);
     if (self == cnt) {
-        rb->m[cnt].peer = *me;
+        rb->m[cnt] = (ap_swarm_member_t){.peer = *me};
         cnt++;
     }
     rb->m[self].stage = cur;
     if (thr > 0) rb->m[self].throughput = thr;
-    /* Decide only on measured records: an unmeasured server (throughput 0:
-     * one that just joined, or one moving) would look like an empty place to
-     * fill, and a move under way must finish before anyone plans again. */
+    /* Decide only on records with a throughput, measured or estimated (a
+     * newcomer or a mover announces the compute of a synthetic call at once):
+     * a server announcing 0 (leaving for another stage, or not yet estimated)
+     * would look like an empty place to fill, and a move under way must
+     * finish before anyone plans again. */
     uint32_t per[AP_SWARM_STAGES_MAX] = {0};
     for (size_t i = 0; i < cnt; i++) {
         if (!(rb->m[i].throughput > 0)) {
@@ -157,6 +174,7 @@ static void on_timer(ap_rt_t *rt, void *arg)
 {
     ap_swarm_rebalancer_t *rb = arg;
     rb->timer_id = 0;
+    rb->read_us = ap_rt_now_us(rt);
     /* the watch reads at once; its own period never elapses before on_view */
     int rc =
         ap_swarm_watch_new(rt, rb->dht, rb->run, rb->S, rb->o.period_us * 4, on_view, rb, &rb->w);

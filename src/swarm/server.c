@@ -26,6 +26,7 @@ struct job {
     size_t olen;
     int rc;
     const char *why;
+    bool calib; /* a synthetic backward measuring the stage's compute: no caller */
 };
 
 struct ap_swarm_server {
@@ -43,13 +44,13 @@ struct ap_swarm_server {
     bool paused, dying;
     bool leaving; /* a move is under way: announce no throughput */
     double thr;   /* measured tokens/s, 0 = not yet */
+    double est;   /* estimate until measured: given, or from a synthetic call (0 = none) */
     ap_swarm_backward_fn on_bwd;
     void *bwd_arg;
     /* announcements */
     ap_dht_t *dht;
     char run[AP_SWARM_RUN_MAX + 1];
     uint64_t period_us, ttl_us, timer_id, version;
-    double initial_thr;
     uint32_t storing; /* stores in flight */
     bool store_again; /* one was due while STORES_MAX were in flight */
 };
@@ -74,12 +75,39 @@ static void job_free(job_t *j)
     free(j);
 }
 
+/* A job that will not run: its caller (if any) gets rc with why. */
+static void job_drop(job_t *j, int rc, const char *why)
+{
+    if (j->req) ap_rpc_respond_error(j->req, rc, why);
+    job_free(j);
+}
+
+/* The synthetic call's compute leaves the stage's gradients as they were:
+ * they may hold a served backward's contribution not yet stepped. */
+static void calib_run(job_t *j)
+{
+    ap_nn_params_t *p = ap_nn_model_params(j->s->m);
+    float *keep = malloc((p->count ? p->count : 1) * sizeof *keep);
+    if (!keep) {
+        j->rc = AP_ENOMEM;
+        return;
+    }
+    memcpy(keep, p->grad, p->count * sizeof *keep);
+    j->rc = ap_swarm_stage_run(j->s->m, j->s->stage, &j->q, &j->r, &j->why);
+    memcpy(p->grad, keep, p->count * sizeof *keep);
+    free(keep);
+}
+
 /* Worker thread: the stage compute and the answer's encoding. Touches only
  * the job and the model, which nothing else touches while it runs. */
 static void work(void *arg)
 {
     job_t *j = arg;
     ap_swarm_server_t *s = j->s;
+    if (j->calib) {
+        calib_run(j);
+        return;
+    }
     j->rc = ap_swarm_stage_run(s->m, s->stage, &j->q, &j->r, &j->why);
     if (j->rc) return;
     j->rc = ap_swarm_resp_encode(&j->r, &s->codec, &j->out, &j->olen);
@@ -88,6 +116,18 @@ static void work(void *arg)
 
 static void pump(ap_swarm_server_t *s);
 static void server_destroy(ap_swarm_server_t *s);
+static void announce_now(ap_swarm_server_t *s);
+
+/* Tokens of micro-batches per second that a call of `tokens` computed in
+ * el_us stands for: a micro-batch costs a stage a forward and a backward
+ * (about three forwards), the last stage only the backward (trainers skip
+ * its forward). */
+static double units_per_s(const ap_swarm_server_t *s, ap_swarm_op_t op, double tokens,
+                          uint64_t el_us)
+{
+    const double units = s->last ? tokens : op == AP_SWARM_BACKWARD ? tokens * 0.75 : tokens * 0.25;
+    return units * 1e6 / (double)(el_us ? el_us : 1);
+}
 
 static void after(ap_rt_t *rt, void *arg, int status)
 {
@@ -95,17 +135,23 @@ static void after(ap_rt_t *rt, void *arg, int status)
     ap_swarm_server_t *s = j->s;
     s->running = NULL;
     const uint64_t now = ap_rt_now_us(rt);
-    if (status == 0 && j->rc == 0) {
-        const double tokens = (double)j->q.B * j->q.T;
-        const uint64_t el = now > s->started_us ? now - s->started_us : 1;
-        /* Throughput in tokens of micro-batches per second: a micro-batch
-         * costs a stage a forward and a backward (about three forwards), the
-         * last stage only the backward (trainers skip its forward). */
-        const double units = s->last                        ? tokens
-                             : j->q.op == AP_SWARM_BACKWARD ? tokens * 0.75
-                                                            : tokens * 0.25;
-        const double v = units * 1e6 / (double)el;
-        s->thr = s->thr > 0 ? (1 - THR_EMA) * s->thr + THR_EMA * v : v;
+    const uint64_t el = now > s->started_us ? now - s->started_us : 1;
+    if (j->calib) {
+        if (status == 0 && j->rc == 0) {
+            s->est = units_per_s(s, j->q.op, (double)j->q.B * j->q.T, el);
+            if (!(s->thr > 0) && !s->dying) announce_now(s); /* the estimate, at once */
+        } else {
+            ap_debug(MOD, "stage %u: the synthetic call failed: %s", s->stage,
+                     j->why ? j->why : ap_err_name(status ? status : j->rc));
+        }
+        job_free(j);
+    } else if (status == 0 && j->rc == 0) {
+        const double v = units_per_s(s, j->q.op, (double)j->q.B * j->q.T, el);
+        const bool first = !(s->thr > 0);
+        s->thr = first ? v : (1 - THR_EMA) * s->thr + THR_EMA * v;
+        /* the first measurement replaces the estimate (or nothing) in the
+         * record at once */
+        if (first && !s->dying) announce_now(s);
         if (j->q.op == AP_SWARM_FORWARD) {
             s->st.forwards++;
         } else {
@@ -118,8 +164,7 @@ static void after(ap_rt_t *rt, void *arg, int status)
         job_free(j);
         if (bwd && s->on_bwd && !s->dying) s->on_bwd(s, s->bwd_arg, samples);
     } else if (status) {
-        ap_rpc_respond_error(j->req, status, "server shutting down");
-        job_free(j);
+        job_drop(j, status, "server shutting down");
     } else {
         refuse(s, j->req, j->rc, j->why);
         job_free(j);
@@ -146,8 +191,7 @@ static void pump(ap_swarm_server_t *s)
         int rc = ap_rt_work(s->rt, cost, work, after, j);
         if (rc) {
             s->running = NULL;
-            ap_rpc_respond_error(j->req, rc, "cannot schedule the compute");
-            job_free(j);
+            job_drop(j, rc, "cannot schedule the compute");
         }
     }
 }
@@ -183,6 +227,40 @@ static void on_call(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     else
         s->head = j;
     s->tail = j;
+    s->queued++;
+    pump(s);
+}
+
+/* Queues, first, a synthetic backward of the largest micro-batch the stage
+ * takes (zero inputs; the gradients it computes are discarded): its compute
+ * time gives an estimate of the server's throughput in this stage before any
+ * trainer has called it. */
+static void calibrate(ap_swarm_server_t *s)
+{
+    ap_nn_gpt_config_t c;
+    if (ap_nn_model_gpt_config(s->m, &c) || c.max_batch < 1 || c.ctx < 1 || c.n_embd < 1) return;
+    job_t *j = calloc(1, sizeof *j);
+    if (!j) return;
+    const size_t N = (size_t)c.max_batch * (size_t)c.ctx, NC = N * (size_t)c.n_embd;
+    j->s = s;
+    j->calib = true;
+    j->q = (ap_swarm_req_t){.op = AP_SWARM_BACKWARD,
+                            .stage = s->stage,
+                            .B = (uint32_t)c.max_batch,
+                            .T = (uint32_t)c.ctx,
+                            .C = (uint32_t)c.n_embd};
+    bool ok = true;
+    if (c.embed) ok = ok && (j->q.tokens = calloc(N, sizeof *j->q.tokens));
+    if (!c.embed) ok = ok && (j->q.in = calloc(NC, sizeof *j->q.in));
+    if (c.head) ok = ok && (j->q.targets = calloc(N, sizeof *j->q.targets));
+    if (!c.head) ok = ok && (j->q.dout = calloc(NC, sizeof *j->q.dout));
+    if (!ok) {
+        job_free(j);
+        return;
+    }
+    j->next = s->head; /* before the calls waiting */
+    s->head = j;
+    if (!s->tail) s->tail = j;
     s->queued++;
     pump(s);
 }
@@ -228,8 +306,7 @@ void ap_swarm_server_free(ap_swarm_server_t *s)
     while (s->head) {
         job_t *j = s->head;
         s->head = j->next;
-        ap_rpc_respond_error(j->req, AP_ESHUTDOWN, "server shutting down");
-        job_free(j);
+        job_drop(j, AP_ESHUTDOWN, "server shutting down");
     }
     s->tail = NULL;
     s->queued = 0;
@@ -250,7 +327,12 @@ void ap_swarm_server_stats(const ap_swarm_server_t *s, ap_swarm_server_stats_t *
 double ap_swarm_server_throughput(const ap_swarm_server_t *s)
 {
     if (!s || s->leaving) return 0;
-    return s->thr > 0 ? s->thr : s->initial_thr;
+    return s->thr > 0 ? s->thr : s->est;
+}
+
+bool ap_swarm_server_estimated(const ap_swarm_server_t *s)
+{
+    return s && !s->leaving && !(s->thr > 0) && s->est > 0;
 }
 
 uint32_t ap_swarm_server_stage(const ap_swarm_server_t *s)
@@ -282,19 +364,16 @@ void ap_swarm_server_set_version(ap_swarm_server_t *s, uint64_t version)
     if (s) s->version = version;
 }
 
-static void announce_now(ap_swarm_server_t *s);
-
 int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t stage)
 {
     if (!s || !m) return AP_EINVAL;
     if (s->running) return AP_EBUSY;
     ap_nn_gpt_config_t c;
     if (ap_nn_model_gpt_config(m, &c)) return AP_EINVAL;
-    while (s->head) { /* calls for the old stage */
+    while (s->head) { /* calls for the old stage (and a synthetic one) */
         job_t *j = s->head;
         s->head = j->next;
-        ap_rpc_respond_error(j->req, AP_EINVAL, "wrong stage");
-        job_free(j);
+        job_drop(j, AP_EINVAL, "wrong stage");
     }
     s->tail = NULL;
     s->queued = 0;
@@ -303,9 +382,10 @@ int ap_swarm_server_set_stage(ap_swarm_server_t *s, ap_nn_model_t *m, uint32_t s
     s->last = c.head;
     s->nparams = ap_nn_model_params(m)->count;
     s->thr = 0; /* another stage: measure again */
-    s->initial_thr = 0;
+    s->est = 0;
     s->leaving = false;
-    if (s->dht) announce_now(s);
+    if (s->dht) announce_now(s); /* 0 until the synthetic call measures this stage */
+    calibrate(s);
     return 0;
 }
 
@@ -349,8 +429,11 @@ static void announce_now(ap_swarm_server_t *s)
     ap_peer_id_str(ap_rt_self(s->rt), idtxt);
     int slen = snprintf(sub, sizeof sub, "[owner:%s]", idtxt);
     ap_swarm_announce_t a = {.throughput = ap_swarm_server_throughput(s),
+                             .estimate = ap_swarm_server_estimated(s),
                              .queue = s->queued + (s->running ? 1 : 0),
-                             .version = s->version};
+                             .version = s->version,
+                             .period_ms = (uint32_t)(s->period_us / 1000),
+                             .ttl_ms = (uint32_t)(s->ttl_us / 1000)};
     uint8_t val[AP_SWARM_ANNOUNCE_LEN];
     ap_swarm_announce_encode(&a, val);
     const int64_t ttl_ms = (int64_t)(s->ttl_us / 1000);
@@ -410,12 +493,13 @@ int ap_swarm_server_announce(ap_swarm_server_t *s, ap_dht_t *dht, const char *ru
     s->dht = dht;
     s->period_us = period_us;
     if (!s->ttl_us) s->ttl_us = period_us * TTL_PERIODS;
-    s->initial_thr = initial_throughput > 0 ? initial_throughput : 0;
+    if (initial_throughput > 0 && !(s->thr > 0)) s->est = initial_throughput;
     s->timer_id = ap_rt_timer_start(s->rt, period_us, period_us, on_announce_timer, s);
     if (!s->timer_id) {
         s->dht = NULL;
         return AP_ENOMEM;
     }
     announce_now(s);
+    if (!(s->thr > 0) && !(s->est > 0)) calibrate(s);
     return 0;
 }

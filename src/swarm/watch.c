@@ -164,20 +164,20 @@ int ap_swarm_members_from(const ap_dht_result_t *res, uint32_t nstages, int64_t 
             size_t k;
             for (k = 0; k < n; k++)
                 if (ap_peer_id_cmp(&m[k].peer, &peer) == 0) break;
-            if (k < n) {
-                if (expires_ms[k] < rec->expiration_ms) {
-                    m[k].stage = s;
-                    m[k].throughput = a.throughput;
-                    expires_ms[k] = rec->expiration_ms;
-                }
-                continue;
+            if (k < n && expires_ms[k] >= rec->expiration_ms) continue;
+            if (k == n) {
+                if (n == max) return AP_ELIMIT;
+                m[n].peer = peer;
+                n++;
             }
-            if (n == max) return AP_ELIMIT;
-            m[n].peer = peer;
-            m[n].stage = s;
-            m[n].throughput = a.throughput;
-            expires_ms[n] = rec->expiration_ms;
-            n++;
+            m[k].stage = s;
+            m[k].throughput = a.throughput;
+            m[k].estimate = a.estimate;
+            m[k].made_ms = a.ttl_ms && rec->expiration_ms > (int64_t)a.ttl_ms
+                               ? rec->expiration_ms - (int64_t)a.ttl_ms
+                               : 0;
+            m[k].period_ms = a.period_ms;
+            expires_ms[k] = rec->expiration_ms;
         }
     }
     return (int)n;

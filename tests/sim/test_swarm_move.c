@@ -157,9 +157,93 @@ static void test_eight_trainers(void **state)
     assert_true(without < 0.75);
 }
 
+/* Records living 20 s: two of stage 2's three servers die, and their
+ * records stay in the DHT long after. They stop being refreshed, so every
+ * server's view leaves them out once they are 1.5 announcement periods old,
+ * and one stage-0 server moves to stage 2 while the dead records still
+ * live (counted, they made stage 2 look served by three). */
+static void test_stale_records(void **state)
+{
+    (void)state;
+    static const uint32_t stage[] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 2};
+    const uint32_t n = 10;
+    ap_test_sw_cfg_t c = {.stages = 3,
+                          .slots = n,
+                          .trainers = 2,
+                          .inflight = 10,
+                          .unit = 20,
+                          .rebalance = true,
+                          .rebalance_us = 2 * SEC,
+                          .announce_us = SEC,
+                          .record_ttl_us = 20 * SEC,
+                          .seed = ap_test_seed(73)};
+    ap_test_sw_t *w = ap_test_sw_new(&c);
+    assert_non_null(w);
+    for (uint32_t i = 0; i < n; i++) assert_ok(ap_test_sw_start(w, i, stage[i], 1));
+    ap_test_sw_run(w, 3 * SEC);
+    assert_ok(ap_test_sw_train(w));
+    ap_test_sw_run(w, 6 * SEC);
+    ap_test_sw_crash(w, 8);
+    ap_test_sw_crash(w, 9);
+    ap_test_sw_run(w, 9 * SEC); /* the dead records have 10 s or more to live */
+    print_stages(w, n, "9 s after the deaths");
+    uint32_t moves = 0, from0 = 0;
+    uint64_t stale = 0;
+    for (uint32_t i = 0; i < 8; i++) {
+        moves += ap_test_sw_moves(w, i);
+        if (ap_test_sw_moves(w, i) && i < 4 && ap_test_sw_stage(w, i) == 2) from0++;
+        ap_swarm_rebalance_stats_t st;
+        assert_ok(ap_test_sw_rebalance_stats(w, i, &st));
+        stale += st.stale;
+    }
+    const double rate = ap_test_sw_rate(w, 4 * SEC), opt = ap_test_sw_optimum(w);
+    print_message("moves %u (from stage 0 to 2: %u), stale records left out %llu; %.1f samples/s "
+                  "(optimum %.0f)\n",
+                  moves, from0, (unsigned long long)stale, rate, opt);
+    assert_int_equal(moves, 1);
+    assert_int_equal(from0, 1);
+    assert_true(stale > 0);
+    assert_true(rate >= 0.9 * opt);
+    assert_int_equal(ap_test_sw_failed(w), 0);
+    ap_test_sw_free(w);
+}
+
+/* A newly started server announces an estimate of its throughput at once,
+ * from its compute of a synthetic call, before any trainer calls it: the
+ * rebalancing loops need not wait for it to be measured. In the simulator
+ * the estimate is exact: speed x unit micro-batches/s, in tokens. */
+static void test_newcomer_estimate(void **state)
+{
+    (void)state;
+    ap_test_sw_cfg_t c = {.stages = 2,
+                          .slots = 3,
+                          .trainers = 1,
+                          .inflight = 1,
+                          .unit = 20,
+                          .rebalance = true,
+                          .seed = ap_test_seed(74)};
+    ap_test_sw_t *w = ap_test_sw_new(&c);
+    assert_non_null(w);
+    static const double speed[] = {1, 2, 4};
+    for (uint32_t i = 0; i < 3; i++) assert_ok(ap_test_sw_start(w, i, i % 2, speed[i]));
+    ap_test_sw_run(w, SEC / 2); /* no trainer */
+    for (uint32_t i = 0; i < 3; i++) {
+        const double want = speed[i] * c.unit * ap_test_sw_tokens(),
+                     got = ap_test_sw_announced(w, i);
+        print_message("server %u (stage %u, speed %.0f): announces %.1f tokens/s (estimate %d), "
+                      "exact %.1f\n",
+                      i, i % 2, speed[i], got, ap_test_sw_estimated(w, i), want);
+        assert_true(ap_test_sw_estimated(w, i));
+        assert_true(fabs(got - want) <= 1e-6 * want);
+        assert_int_equal(ap_test_sw_backwards(w, i), 0);
+    }
+    ap_test_sw_free(w);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_move_after_deaths),
-                                       cmocka_unit_test(test_eight_trainers)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_move_after_deaths), cmocka_unit_test(test_eight_trainers),
+        cmocka_unit_test(test_stale_records), cmocka_unit_test(test_newcomer_estimate)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

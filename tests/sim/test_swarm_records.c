@@ -11,6 +11,7 @@
 #include "apiary/sim.h"
 #include "apiary/swarm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ typedef struct watch {
     ap_rt_t *rt;
     int64_t held_until, first_ms, last_ttl_ms;
     int arrivals, lapses;
+    ap_swarm_announce_t last; /* the value last received */
 } watch_t;
 
 static int on_store(void *arg, const ap_dht_record_t *rec, const ap_peer_id_t *from)
@@ -66,6 +68,7 @@ static int on_store(void *arg, const ap_dht_record_t *rec, const ap_peer_id_t *f
     if (rec->expiration_ms > w->held_until) w->held_until = rec->expiration_ms;
     w->last_ttl_ms = rec->expiration_ms - now;
     w->arrivals++;
+    assert_ok(ap_swarm_announce_decode(rec->value, rec->value_len, &w->last));
     return 0;
 }
 
@@ -161,6 +164,66 @@ static void test_record_ttl(void **state)
     assert_true(w.wt.last_ttl_ms > 2900 && w.wt.last_ttl_ms <= 3000);
     assert_ok(ap_swarm_server_announce_ttl(w.s, 0)); /* the default */
     assert_int_equal(ap_swarm_server_record_ttl(w.s), 3 * PERIOD);
+    slow_free(&w);
+}
+
+/* ---- estimates ------------------------------------------------------------------ */
+
+static void grad_pattern(ap_nn_model_t *m)
+{
+    ap_nn_params_t *p = ap_nn_model_params(m);
+    for (size_t k = 0; k < p->count; k++) p->grad[k] = (float)(k % 97) * 1e-3f;
+}
+
+static bool grad_is_pattern(ap_nn_model_t *m)
+{
+    ap_nn_params_t *p = ap_nn_model_params(m);
+    for (size_t k = 0; k < p->count; k++)
+        if (p->grad[k] != (float)(k % 97) * 1e-3f) return false;
+    return true;
+}
+
+/* A server announcing with no initial figure measures a synthetic backward
+ * of its stage first and announces that estimate at once, marked as one;
+ * so does a server switched to another stage. The synthetic call leaves the
+ * stage's gradients as they were (they may hold a served backward's part
+ * of a step). Records carry the period and the TTL. */
+static void test_estimate(void **state)
+{
+    (void)state;
+    slow_t w;
+    slow_new(&w, 5000);
+    grad_pattern(w.m);
+    assert_ok(ap_swarm_server_announce(w.s, w.dht[1], RUN, PERIOD, 0));
+    assert_true(ap_swarm_server_throughput(w.s) == 0); /* not computed yet */
+    assert_false(ap_swarm_server_estimated(w.s));
+    ap_sim_run_for(w.sim, PERIOD / 2); /* before the first refresh */
+    const double est = ap_swarm_server_throughput(w.s);
+    ap_swarm_server_stats_t st;
+    ap_swarm_server_stats(w.s, &st);
+    print_message("estimate %.1f tokens/s after %llu stores; %llu calls served\n", est,
+                  (unsigned long long)st.announces,
+                  (unsigned long long)(st.forwards + st.backwards));
+    assert_true(est > 0);
+    assert_true(ap_swarm_server_estimated(w.s));
+    assert_int_equal(st.forwards + st.backwards, 0);
+    assert_true(grad_is_pattern(w.m));
+    assert_int_equal(w.wt.arrivals, 2); /* 0 at once, then the estimate at once */
+    assert_true(w.wt.last.estimate && w.wt.last.throughput == est);
+    assert_int_equal(w.wt.last.period_ms, PERIOD / 1000);
+    assert_int_equal(w.wt.last.ttl_ms, 3 * PERIOD / 1000);
+    /* another stage (here: another model of the same shape) */
+    ap_nn_model_t *m2 = one_stage_model();
+    grad_pattern(m2);
+    assert_ok(ap_swarm_server_set_stage(w.s, m2, 0));
+    ap_nn_model_free(w.m);
+    w.m = m2;
+    assert_true(ap_swarm_server_throughput(w.s) == 0);
+    ap_sim_run_for(w.sim, PERIOD / 4);
+    assert_true(ap_swarm_server_estimated(w.s));
+    assert_true(fabs(ap_swarm_server_throughput(w.s) - est) <= 1e-6 * est);
+    assert_true(grad_is_pattern(m2));
+    assert_true(w.wt.last.estimate && w.wt.last.throughput == ap_swarm_server_throughput(w.s));
     slow_free(&w);
 }
 
@@ -337,6 +400,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slow_store_keeps_record),
         cmocka_unit_test(test_record_ttl),
+        cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_ban_until_newer_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,16 +30,38 @@ static void test_codec(void **state)
     big[sizeof big - 1] = 0;
     assert_int_equal(ap_swarm_stage_key(big, 3, key), AP_EINVAL);
 
-    ap_swarm_announce_t a = {.throughput = 123.5, .queue = 7, .version = 99}, d;
+    ap_swarm_announce_t a = {.throughput = 123.5,
+                             .estimate = true,
+                             .queue = 7,
+                             .version = 99,
+                             .period_ms = 1000,
+                             .ttl_ms = 30000},
+                        d;
     uint8_t v[AP_SWARM_ANNOUNCE_LEN];
+    assert_int_equal(sizeof v, 32);
     ap_swarm_announce_encode(&a, v);
+    assert_int_equal(v[1], 2);
+    assert_int_equal(v[2], AP_SWARM_ANNOUNCE_ESTIMATE);
     assert_ok(ap_swarm_announce_decode(v, sizeof v, &d));
     assert_true(d.throughput == 123.5 && d.queue == 7 && d.version == 99);
+    assert_true(d.estimate && d.period_ms == 1000 && d.ttl_ms == 30000);
     assert_int_equal(ap_swarm_announce_decode(v, sizeof v - 1, &d), AP_ECORRUPT);
-    v[1] = 2;
-    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_EVERSION);
+    assert_int_equal(ap_swarm_announce_decode(v, 24, &d), AP_ECORRUPT); /* version 1's length */
     v[1] = 1;
-    v[2] = 1;
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_EVERSION);
+    v[1] = 2;
+    v[2] = 2; /* an unknown flag */
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
+    v[2] = 0;
+    v[3] = 1;
+    assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
+    v[3] = 0;
+    assert_ok(ap_swarm_announce_decode(v, sizeof v, &d));
+    assert_false(d.estimate);
+    a.throughput = 0; /* an estimate of nothing is not sent as one */
+    ap_swarm_announce_encode(&a, v);
+    assert_int_equal(v[2], 0);
+    v[2] = AP_SWARM_ANNOUNCE_ESTIMATE;
     assert_int_equal(ap_swarm_announce_decode(v, sizeof v, &d), AP_ECORRUPT);
     v[2] = 0;
     a.throughput = NAN;
@@ -98,11 +120,51 @@ static void test_feed(void **state)
     ap_swarm_balancer_free(b);
 }
 
+/* A record says when it was made (its expiry minus the TTL it carries) and
+ * its owner's period; 1.5 periods (plus the reader's slack) after it was
+ * made, its owner has missed a refresh. */
+static void test_stale(void **state)
+{
+    (void)state;
+    char sk[3][96], pidtxt[AP_PEER_ID_STR_MAX];
+    uint8_t vals[3][AP_SWARM_ANNOUNCE_LEN];
+    ap_dht_record_t recs[3];
+    const int64_t wall = 1700000000000;
+    for (int i = 0; i < 3; i++) {
+        ap_peer_id_t p = pid(i);
+        snprintf(sk[i], sizeof sk[i], "[owner:%s]", ap_peer_id_str(&p, pidtxt));
+        /* server 0: made 0.2 s ago; 1: made 1.6 s ago; 2: says no period */
+        ap_swarm_announce_t a = {
+            .throughput = 5, .estimate = i == 0, .period_ms = i == 2 ? 0 : 1000, .ttl_ms = 3000};
+        ap_swarm_announce_encode(&a, vals[i]);
+        recs[i] = (ap_dht_record_t){.subkey = (const uint8_t *)sk[i],
+                                    .subkey_len = strlen(sk[i]),
+                                    .value = vals[i],
+                                    .value_len = sizeof vals[i],
+                                    .expiration_ms = wall + (i == 1 ? 1400 : 2800)};
+    }
+    ap_dht_result_t res = {.found = true, .is_dict = true, .nrecords = 3, .records = recs};
+    ap_swarm_member_t m[3];
+    int64_t exp[3];
+    assert_int_equal(ap_swarm_members_from(&res, 1, wall, m, exp, 3), 3);
+    assert_true(m[0].estimate && !m[1].estimate);
+    assert_int_equal(m[0].made_ms, wall - 200);
+    assert_int_equal(m[1].made_ms, wall - 1600);
+    assert_int_equal(m[0].period_ms, 1000);
+    assert_false(ap_swarm_member_stale(&m[0], wall, 0));
+    assert_true(ap_swarm_member_stale(&m[1], wall, 0));
+    assert_false(ap_swarm_member_stale(&m[1], wall, 100)); /* a slow read: 1.6 s is within */
+    assert_false(ap_swarm_member_stale(&m[1], wall - 101, 0));
+    assert_false(ap_swarm_member_stale(&m[2], wall + 10000, 0)); /* no period: never */
+    assert_false(ap_swarm_member_stale(NULL, wall, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec),
         cmocka_unit_test(test_feed),
+        cmocka_unit_test(test_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -194,7 +194,8 @@ static void test_determinism(void **state)
     assert_int_equal(to[li], 3);
     /* A balanced pipeline stays put; so does one a move would not clearly improve. */
     ap_swarm_member_t f[4];
-    for (uint32_t i = 0; i < 4; i++) f[i] = (ap_swarm_member_t){pid(i), i, 1};
+    for (uint32_t i = 0; i < 4; i++)
+        f[i] = (ap_swarm_member_t){.peer = pid(i), .stage = i, .throughput = 1};
     assert_int_equal(ap_swarm_rebalance_plan(f, 4, S, MARGIN, to), 0);
     /* Bad input. */
     f[0].stage = S;
@@ -231,7 +232,8 @@ static void test_ties(void **state)
     ap_swarm_member_t m[NSRV];
     double tot[S] = {0};
     for (uint32_t i = 0; i < NSRV; i++) {
-        m[i] = (ap_swarm_member_t){pid(i), st[i], coarse(320 * sp[i])};
+        m[i] =
+            (ap_swarm_member_t){.peer = pid(i), .stage = st[i], .throughput = coarse(320 * sp[i])};
         tot[st[i]] += m[i].throughput;
     }
     print_message("stage totals 2 and 3: %.17g %.17g\n", tot[2], tot[3]);
@@ -247,14 +249,18 @@ static void test_ties(void **state)
     assert_true(after >= 6 * unit * (1 - 1e-9));
     /* The same with exact integers, and in any order. */
     ap_swarm_member_t r[NSRV];
-    for (uint32_t i = 0; i < NSRV; i++) r[i] = (ap_swarm_member_t){pid(i), st[i], sp[i]};
+    for (uint32_t i = 0; i < NSRV; i++)
+        r[i] = (ap_swarm_member_t){.peer = pid(i), .stage = st[i], .throughput = sp[i]};
     uint32_t to2[NSRV];
     assert_int_equal(ap_swarm_rebalance_plan(r, NSRV, S, MARGIN, to2), mv);
     for (uint32_t i = 0; i < NSRV; i++) assert_int_equal(to2[i], to[i]);
 
     /* Near-least: 3 stages of 12, 5.0 and 5.2. */
-    ap_swarm_member_t q[7] = {{pid(0), 0, 4}, {pid(1), 0, 4},   {pid(2), 0, 4}, {pid(3), 1, 1},
-                              {pid(4), 1, 4}, {pid(5), 2, 1.2}, {pid(6), 2, 4}};
+    const uint32_t qs[7] = {0, 0, 0, 1, 1, 2, 2};
+    const double qv[7] = {4, 4, 4, 1, 4, 1.2, 4};
+    ap_swarm_member_t q[7];
+    for (uint32_t i = 0; i < 7; i++)
+        q[i] = (ap_swarm_member_t){.peer = pid(i), .stage = qs[i], .throughput = qv[i]};
     uint32_t tq[7];
     before = ap_swarm_pipeline_throughput(q, NULL, 7, 3);
     mv = ap_swarm_rebalance_plan(q, 7, 3, MARGIN, tq);
