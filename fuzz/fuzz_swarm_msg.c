@@ -24,6 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ap_swarm_req_decode(out, len, &q2, &why) != 0) abort();
         size_t n = (size_t)q.B * q.T * q.C;
         if (q2.B != q.B || q2.T != q.T || q2.C != q.C || q2.stage != q.stage) abort();
+        if (q2.budget_us != q.budget_us) abort();
         same(q.in, q2.in, n);
         same(q.dout, q2.dout, n);
         if (!q.tokens != !q2.tokens || !q.targets != !q2.targets) abort();

@@ -156,12 +156,14 @@ typedef enum ap_swarm_op { AP_SWARM_FORWARD = 1, AP_SWARM_BACKWARD = 2 } ap_swar
  * ones are owned by the struct (ap_swarm_req_clear). */
 typedef struct ap_swarm_req {
     ap_swarm_op_t op;
-    uint32_t stage;   /* index of the stage called */
-    uint32_t B, T, C; /* micro-batch, sequence, width */
-    int32_t *tokens;  /* (B,T) */
-    int32_t *targets; /* (B,T) */
-    float *in;        /* (B,T,C) */
-    float *dout;      /* (B,T,C) */
+    uint32_t stage;     /* index of the stage called */
+    uint32_t B, T, C;   /* micro-batch, sequence, width */
+    int32_t *tokens;    /* (B,T) */
+    int32_t *targets;   /* (B,T) */
+    float *in;          /* (B,T,C) */
+    float *dout;        /* (B,T,C) */
+    uint32_t budget_us; /* the caller waits this long for the answer (0 = not said): a server
+                           does not start a call that has waited in its queue that long */
 } ap_swarm_req_t;
 
 typedef struct ap_swarm_resp {
@@ -258,11 +260,12 @@ typedef struct ap_swarm_server ap_swarm_server_t;
 typedef struct ap_swarm_trainer ap_swarm_trainer_t;
 
 typedef struct ap_swarm_server_stats {
-    uint64_t forwards, backwards;          /* calls answered */
-    uint64_t refused;                      /* calls refused (bad bytes or not fitting the stage) */
-    uint64_t samples;                      /* rows (B) of the backwards answered */
-    uint32_t queue;                        /* calls waiting or computing now */
-    double throughput;                     /* measured, units/s (0 = not yet) */
+    uint64_t forwards, backwards; /* calls answered */
+    uint64_t refused;             /* calls refused (bad bytes or not fitting the stage) */
+    uint64_t expired;  /* calls not computed: they waited in the queue past their budget */
+    uint64_t samples;  /* rows (B) of the backwards answered */
+    uint32_t queue;    /* calls waiting or computing now */
+    double throughput; /* measured, units/s (0 = not yet) */
     uint64_t announces, announce_failures; /* DHT stores of its record */
 } ap_swarm_server_stats_t;
 

@@ -27,6 +27,7 @@ struct job {
     int rc;
     const char *why;
     bool calib; /* a synthetic backward measuring the stage's compute: no caller */
+    uint64_t arrived_us;
 };
 
 struct ap_swarm_server {
@@ -183,6 +184,14 @@ static void pump(ap_swarm_server_t *s)
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         s->queued--;
+        /* Its caller has given up (its timer started before the call was
+         * sent, so it has run out by now): computing it would only delay
+         * the calls behind it, at the moment this server is the busiest. */
+        if (j->q.budget_us && ap_rt_now_us(s->rt) - j->arrived_us >= j->q.budget_us) {
+            s->st.expired++;
+            job_drop(j, AP_ETIMEDOUT, "waited longer than the caller's deadline");
+            continue;
+        }
         const double tokens = (double)j->q.B * j->q.T;
         const double cost =
             2.0 * tokens * (double)s->nparams * (j->q.op == AP_SWARM_BACKWARD ? 3.0 : 1.0);
@@ -198,7 +207,6 @@ static void pump(ap_swarm_server_t *s)
 
 static void on_call(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
-    (void)rt;
     ap_swarm_server_t *s = arg;
     if (s->queued >= AP_SWARM_QUEUE_MAX) {
         refuse(s, req, AP_EBUSY, "queue full");
@@ -222,6 +230,7 @@ static void on_call(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     }
     j->s = s;
     j->req = req;
+    j->arrived_us = ap_rt_now_us(rt);
     if (s->tail)
         s->tail->next = j;
     else

@@ -197,6 +197,7 @@ static void step(mb_t *b)
     }
     ap_swarm_req_t q;
     build(b, &q);
+    q.budget_us = deadline > UINT32_MAX ? UINT32_MAX : (uint32_t)deadline;
     uint8_t *buf;
     size_t len;
     if ((rc = ap_swarm_req_encode(&q, &t->codec, &buf, &len))) {

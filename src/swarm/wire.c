@@ -14,7 +14,7 @@
 #define REQ_HDR    20
 #define RESP_HDR   16
 
-enum { F_TOKENS = 1, F_TARGETS = 2, F_IN = 4, F_DOUT = 8 };
+enum { F_TOKENS = 1, F_TARGETS = 2, F_IN = 4, F_DOUT = 8, F_BUDGET = 16 };
 enum { F_LOSS = 1, F_ACT = 2 };
 
 #define FAIL(code, reason)                                                                         \
@@ -88,8 +88,9 @@ int ap_swarm_req_encode(const ap_swarm_req_t *r, const ap_codec_cfg_t *codec, ui
     const ap_codec_cfg_t *c = codec_or_default(codec, &tmp);
     const size_t N = (size_t)r->B * r->T, NC = N * r->C;
     if (!tensor_bound(c, NC)) return AP_EINVAL;
-    uint8_t flags = (uint8_t)((r->tokens ? F_TOKENS : 0) | (r->targets ? F_TARGETS : 0) |
-                              (r->in ? F_IN : 0) | (r->dout ? F_DOUT : 0));
+    uint8_t flags =
+        (uint8_t)((r->tokens ? F_TOKENS : 0) | (r->targets ? F_TARGETS : 0) | (r->in ? F_IN : 0) |
+                  (r->dout ? F_DOUT : 0) | (r->budget_us ? F_BUDGET : 0));
     ap_buf_t b;
     ap__buf_init(&b);
     if ((rc = ap__buf_reserve(&b, REQ_HDR))) goto fail;
@@ -103,6 +104,11 @@ int ap_swarm_req_encode(const ap_swarm_req_t *r, const ap_codec_cfg_t *codec, ui
     if (r->targets && (rc = put_ints(&b, r->targets, N))) goto fail;
     if (r->in && (rc = put_tensor(&b, c, r->in, NC))) goto fail;
     if (r->dout && (rc = put_tensor(&b, c, r->dout, NC))) goto fail;
+    if (r->budget_us) {
+        if ((rc = ap__buf_reserve(&b, 4))) goto fail;
+        ap__put_be32(b.data + b.len, r->budget_us);
+        b.len += 4;
+    }
     if (b.len > AP_SWARM_MSG_MAX) {
         rc = AP_ELIMIT;
         goto fail;
@@ -247,7 +253,8 @@ int ap_swarm_req_decode(const uint8_t *in, size_t len, ap_swarm_req_t *r, const 
     if (!r) return AP_EINVAL;
     memset(r, 0, sizeof *r);
     if (!in) return AP_EINVAL;
-    int rc = get_hdr(in, len, REQ_HDR, REQ_MAGIC, F_TOKENS | F_TARGETS | F_IN | F_DOUT, why);
+    int rc =
+        get_hdr(in, len, REQ_HDR, REQ_MAGIC, F_TOKENS | F_TARGETS | F_IN | F_DOUT | F_BUDGET, why);
     if (rc) return rc;
     uint8_t flags = in[3];
     r->op = (ap_swarm_op_t)in[2];
@@ -264,6 +271,12 @@ int ap_swarm_req_decode(const uint8_t *in, size_t len, ap_swarm_req_t *r, const 
         FAIL(rc, "truncated targets");
     if ((flags & F_IN) && (rc = get_tensor(in, len, &pos, NC, &r->in, why))) goto fail;
     if ((flags & F_DOUT) && (rc = get_tensor(in, len, &pos, NC, &r->dout, why))) goto fail;
+    if (flags & F_BUDGET) {
+        if (len - pos < 4) FAIL(AP_ECORRUPT, "truncated budget");
+        r->budget_us = ap__get_be32(in + pos);
+        pos += 4;
+        if (!r->budget_us) FAIL(AP_ECORRUPT, "zero budget");
+    }
     if (pos != len) FAIL(AP_ECORRUPT, "trailing bytes");
     return 0;
 fail:

@@ -227,6 +227,77 @@ static void test_estimate(void **state)
     slow_free(&w);
 }
 
+/* ---- calls whose caller gave up ------------------------------------------------- */
+
+typedef struct answers {
+    int n, ok, status[4];
+} answers_t;
+
+static void on_answer(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
+                      const char *errmsg)
+{
+    (void)rt;
+    (void)resp;
+    (void)len;
+    (void)errmsg;
+    answers_t *a = arg;
+    if (a->n < 4) a->status[a->n] = status;
+    a->n++;
+    a->ok += status == 0;
+}
+
+static bool answered3(void *arg)
+{
+    return ((answers_t *)arg)->n >= 3;
+}
+
+/* Three forwards of 100 ms of compute each, sent at once, each saying its
+ * caller waits 150 ms: the first two start within that (after 0 and 100 ms
+ * in the queue), the third would start after 200 ms, when its caller has
+ * given up, so the server answers it AP_ETIMEDOUT without computing it.
+ * The budget travels in the request. */
+static void test_expired_calls(void **state)
+{
+    (void)state;
+    slow_t w;
+    slow_new(&w, 5000);
+    const double cost = 2.0 * BB * TT * (double)ap_nn_model_params(w.m)->count;
+    assert_ok(ap_sim_set_flops(w.sim, 1, cost / 0.1));
+    int32_t tok[BB * TT] = {0};
+    ap_swarm_req_t q = {.op = AP_SWARM_FORWARD,
+                        .B = BB,
+                        .T = TT,
+                        .C = CW,
+                        .tokens = tok,
+                        .budget_us = 150000},
+                   d;
+    uint8_t *buf;
+    size_t len;
+    const char *why;
+    assert_ok(ap_swarm_req_encode(&q, NULL, &buf, &len));
+    assert_ok(ap_swarm_req_decode(buf, len, &d, &why));
+    assert_int_equal(d.budget_us, 150000);
+    ap_swarm_req_clear(&d);
+    answers_t a = {0};
+    ap_rt_t *rt = ap_sim_node(w.sim, 0);
+    ap_rpc_opts_t o = {.timeout_us = 10000000}; /* the test waits for every answer */
+    for (int i = 0; i < 3; i++)
+        assert_true(ap_rt_rpc_call(rt, ap_rt_self(ap_sim_node(w.sim, 1)), AP_SWARM_PROTO_STAGE, buf,
+                                   len, &o, on_answer, &a) != 0);
+    free(buf);
+    assert_true(ap_sim_run_until(w.sim, answered3, &a, ap_sim_now_us(w.sim) + 5000000));
+    ap_swarm_server_stats_t st;
+    ap_swarm_server_stats(w.s, &st);
+    print_message("answers: %d %d %d; forwards computed %llu, expired %llu\n", a.status[0],
+                  a.status[1], a.status[2], (unsigned long long)st.forwards,
+                  (unsigned long long)st.expired);
+    assert_int_equal(a.ok, 2);
+    assert_int_equal(a.status[2], AP_ETIMEDOUT);
+    assert_int_equal(st.forwards, 2);
+    assert_int_equal(st.expired, 1);
+    slow_free(&w);
+}
+
 /* ---- bans last until a newer record ---------------------------------------- */
 
 #define NSRV    2
@@ -401,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_slow_store_keeps_record),
         cmocka_unit_test(test_record_ttl),
         cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_expired_calls),
         cmocka_unit_test(test_ban_until_newer_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -300,6 +300,19 @@ static void test_bad_bytes(void **state)
     buf[8] = 0x7f; /* huge BB */
     assert_int_equal(ap_swarm_req_decode(buf, len, &d, &why), AP_ELIMIT);
     free(buf);
+    /* the caller's budget: 4 bytes at the end when flagged (16), never 0 */
+    q.budget_us = 250000;
+    assert_ok(ap_swarm_req_encode(&q, &none, &buf, &len));
+    assert_int_equal(buf[3] & 16, 16);
+    assert_ok(ap_swarm_req_decode(buf, len, &d, &why));
+    assert_int_equal(d.budget_us, 250000);
+    ap_swarm_req_clear(&d);
+    assert_int_equal(ap_swarm_req_decode(buf, len - 1, &d, &why), AP_ECORRUPT);
+    memset(buf + len - 4, 0, 4);
+    assert_int_equal(ap_swarm_req_decode(buf, len, &d, &why), AP_ECORRUPT);
+    print_message("zero budget: %s\n", why);
+    free(buf);
+    q.budget_us = 0;
     in[5] = NAN;
     assert_ok(ap_swarm_req_encode(&q, &none, &buf, &len));
     assert_int_equal(ap_swarm_req_decode(buf, len, &d, &why), AP_ENONFINITE);
@@ -349,6 +362,9 @@ static void test_write_corpus(void **state)
          &fp16},
         {"req_bwd_last",
          {.op = AP_SWARM_BACKWARD, .stage = 2, .B = BB, .T = TT, .C = CW, .in = x, .targets = tgt},
+         &none},
+        {"req_budget",
+         {.op = AP_SWARM_FORWARD, .B = BB, .T = TT, .C = CW, .tokens = tok, .budget_us = 150000},
          &none},
     };
     char path[1024];
