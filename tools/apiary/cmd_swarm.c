@@ -302,26 +302,35 @@ static void on_rejoined(ap_rt_t *rt, void *arg, int status)
     ap_swarm_server_set_version(v->s, st.epoch);
 }
 
+/* Leaves the current collaboration (if any) and joins stage's, over m's
+ * parameters; start's callback is cb. On failure v->c is NULL. */
+static int join_collab(srv_t *v, uint32_t stage, ap_nn_model_t *m, ap_collab_fn cb)
+{
+    ap_collab_free(v->c);
+    v->c = NULL;
+    ap_collab_config_t cfg;
+    collab_cfg(v, stage, m, &cfg);
+    ap_nn_params_t *p = ap_nn_model_params(m);
+    int rc =
+        ap_collab_new(v->rt, v->dht, v->svc, &cfg, p->data, p->count, p->views, p->nviews, &v->c);
+    if (!rc) rc = ap_collab_start(v->c, cb, v);
+    if (rc) {
+        ap_collab_free(v->c);
+        v->c = NULL;
+    }
+    return rc;
+}
+
 /* After a failed move that had left the stage's collaboration: the new
  * stage's collaboration, if joined (it works on v->next's parameters), is
  * left before v->next is freed, and the server rejoins its own stage's. */
 static void rejoin_old(srv_t *v)
 {
-    ap_collab_free(v->c);
-    v->c = NULL;
     v->left = false;
-    ap_collab_config_t cfg;
-    collab_cfg(v, v->stage, v->m, &cfg);
-    ap_nn_params_t *p = ap_nn_model_params(v->m);
-    int rc =
-        ap_collab_new(v->rt, v->dht, v->svc, &cfg, p->data, p->count, p->views, p->nviews, &v->c);
-    if (!rc) rc = ap_collab_start(v->c, on_rejoined, v);
-    if (rc) {
+    int rc = join_collab(v, v->stage, v->m, on_rejoined);
+    if (rc)
         ap_warn("swarm", "stage %u: cannot rejoin its collaboration: %s (training locally)",
                 v->stage, ap_err_name(rc));
-        ap_collab_free(v->c);
-        v->c = NULL;
-    }
 }
 
 /* A rebalancing move, on the loop thread: pause, wait for the compute and
@@ -388,14 +397,8 @@ static void on_move_poll(ap_rt_t *rt, void *arg)
         return;
     }
     /* leave the old stage's collaboration, join the new one's */
-    ap_collab_free(v->c);
-    v->c = NULL;
     v->left = true;
-    ap_collab_config_t cfg;
-    collab_cfg(v, v->to, v->next, &cfg);
-    ap_nn_params_t *p = ap_nn_model_params(v->next);
-    rc = ap_collab_new(rt, v->dht, v->svc, &cfg, p->data, p->count, p->views, p->nviews, &v->c);
-    if (!rc) rc = ap_collab_start(v->c, on_joined, v);
+    rc = join_collab(v, v->to, v->next, on_joined);
     if (rc) {
         ap_warn("swarm", "rebalancing: cannot join stage %u's collaboration: %s", v->to,
                 ap_err_name(rc));
