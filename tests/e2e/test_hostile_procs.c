@@ -49,8 +49,10 @@ static void test_attacks(void **state)
         /* memory returns after the attack (the benchmark's target is 1.5 x
          * baseline; this bound only catches a node that keeps what an
          * attacker made it hold: the zero-window attack peaks near 200 MB
-         * and ends near 11 MB on a 10 MB baseline) */
-        assert_true(field(line, "rss_after_mb") <= 2 * base + 32);
+         * and ends near 11 MB on a 10 MB baseline). Not under ASan, whose
+         * allocator keeps freed memory in quarantine: there RSS after the
+         * attack equals its peak */
+        if (!ap_test_sanitized()) assert_true(field(line, "rss_after_mb") <= 2 * base + 32);
     }
     int st = pclose(f);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
