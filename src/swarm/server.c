@@ -258,12 +258,11 @@ static void calibrate(ap_swarm_server_t *s)
                             .B = (uint32_t)c.max_batch,
                             .T = (uint32_t)c.ctx,
                             .C = (uint32_t)c.n_embd};
-    bool ok = true;
-    if (c.embed) ok = ok && (j->q.tokens = calloc(N, sizeof *j->q.tokens));
-    if (!c.embed) ok = ok && (j->q.in = calloc(NC, sizeof *j->q.in));
-    if (c.head) ok = ok && (j->q.targets = calloc(N, sizeof *j->q.targets));
-    if (!c.head) ok = ok && (j->q.dout = calloc(NC, sizeof *j->q.dout));
-    if (!ok) {
+    const bool in = c.embed ? (j->q.tokens = calloc(N, sizeof *j->q.tokens)) != NULL
+                            : (j->q.in = calloc(NC, sizeof *j->q.in)) != NULL;
+    const bool out = c.head ? (j->q.targets = calloc(N, sizeof *j->q.targets)) != NULL
+                            : (j->q.dout = calloc(NC, sizeof *j->q.dout)) != NULL;
+    if (!in || !out) {
         job_free(j);
         return;
     }

@@ -18,6 +18,22 @@ static ap_peer_id_t pid(int i)
     return id;
 }
 
+/* Server i's record of a: its owner subkey written into sk (96 bytes), the
+ * value into val, expiring at exp_ms. */
+static ap_dht_record_t owner_record(int i, const ap_swarm_announce_t *a, char *sk, uint8_t *val,
+                                    int64_t exp_ms)
+{
+    char pidtxt[AP_PEER_ID_STR_MAX];
+    ap_peer_id_t p = pid(i);
+    snprintf(sk, 96, "[owner:%s]", ap_peer_id_str(&p, pidtxt));
+    ap_swarm_announce_encode(a, val);
+    return (ap_dht_record_t){.subkey = (const uint8_t *)sk,
+                             .subkey_len = strlen(sk),
+                             .value = val,
+                             .value_len = AP_SWARM_ANNOUNCE_LEN,
+                             .expiration_ms = exp_ms};
+}
+
 static void test_codec(void **state)
 {
     (void)state;
@@ -81,20 +97,13 @@ static void test_codec(void **state)
 static void test_feed(void **state)
 {
     (void)state;
-    char sk[4][96], pidtxt[AP_PEER_ID_STR_MAX];
+    char sk[4][96];
     uint8_t vals[4][AP_SWARM_ANNOUNCE_LEN];
     ap_dht_record_t recs[5];
     const int64_t wall = 1700000000000;
     for (int i = 0; i < 4; i++) {
-        ap_peer_id_t p = pid(i);
-        snprintf(sk[i], sizeof sk[i], "[owner:%s]", ap_peer_id_str(&p, pidtxt));
         ap_swarm_announce_t a = {.throughput = 10.0 * (i + 1)};
-        ap_swarm_announce_encode(&a, vals[i]);
-        recs[i] = (ap_dht_record_t){.subkey = (const uint8_t *)sk[i],
-                                    .subkey_len = strlen(sk[i]),
-                                    .value = vals[i],
-                                    .value_len = sizeof vals[i],
-                                    .expiration_ms = wall + 30000};
+        recs[i] = owner_record(i, &a, sk[i], vals[i], wall + 30000);
     }
     recs[2].expiration_ms = wall - 1; /* expired */
     recs[3].value_len = 5;            /* malformed */
@@ -126,22 +135,15 @@ static void test_feed(void **state)
 static void test_stale(void **state)
 {
     (void)state;
-    char sk[3][96], pidtxt[AP_PEER_ID_STR_MAX];
+    char sk[3][96];
     uint8_t vals[3][AP_SWARM_ANNOUNCE_LEN];
     ap_dht_record_t recs[3];
     const int64_t wall = 1700000000000;
     for (int i = 0; i < 3; i++) {
-        ap_peer_id_t p = pid(i);
-        snprintf(sk[i], sizeof sk[i], "[owner:%s]", ap_peer_id_str(&p, pidtxt));
         /* server 0: made 0.2 s ago; 1: made 1.6 s ago; 2: says no period */
         ap_swarm_announce_t a = {
             .throughput = 5, .estimate = i == 0, .period_ms = i == 2 ? 0 : 1000, .ttl_ms = 3000};
-        ap_swarm_announce_encode(&a, vals[i]);
-        recs[i] = (ap_dht_record_t){.subkey = (const uint8_t *)sk[i],
-                                    .subkey_len = strlen(sk[i]),
-                                    .value = vals[i],
-                                    .value_len = sizeof vals[i],
-                                    .expiration_ms = wall + (i == 1 ? 1400 : 2800)};
+        recs[i] = owner_record(i, &a, sk[i], vals[i], wall + (i == 1 ? 1400 : 2800));
     }
     ap_dht_result_t res = {.found = true, .is_dict = true, .nrecords = 3, .records = recs};
     ap_swarm_member_t m[3];

@@ -218,13 +218,19 @@ typedef struct srv {
     uint64_t acc_samples, steps;
     uint32_t acc_calls;
     bool stepping;
-    bool moving; /* from on_move to move_end: only move_end resumes serving */
-    bool left;   /* the move left stage v->stage's collaboration: v->c, if any, is v->to's */
     int status;
     /* --stage auto */
     double totals[AP_SWARM_STAGES_MAX];
     bool got;
 } srv_t;
+
+/* A rebalancing move is under way: from on_move (the poll waits for the
+ * compute) to move_end (v->next, the new stage's model, is set between); only
+ * move_end resumes serving meanwhile. */
+static bool moving(const srv_t *v)
+{
+    return v->poll || v->next;
+}
 
 static void on_stepped(ap_rt_t *rt, void *arg, int status)
 {
@@ -237,7 +243,7 @@ static void on_stepped(ap_rt_t *rt, void *arg, int status)
     ap_collab_get_stats(v->c, &st);
     ap_swarm_server_set_version(v->s, st.epoch);
     v->steps++;
-    if (!v->moving) ap_swarm_server_pause(v->s, false);
+    if (!moving(v)) ap_swarm_server_pause(v->s, false);
 }
 
 static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
@@ -254,7 +260,7 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     }
     /* while moving, the old stage's gradients are only accumulated (and
      * dropped by the move): a step would resume serving the old stage */
-    if (v->stepping || v->moving || v->acc_samples < (uint64_t)v->o->batch) return;
+    if (v->stepping || moving(v) || v->acc_samples < (uint64_t)v->o->batch) return;
     /* the mean gradient over the calls accumulated */
     const float inv = 1.0f / (float)v->acc_calls;
     for (size_t k = 0; k < p->count; k++) p->grad[k] *= inv;
@@ -266,7 +272,7 @@ static void on_bwd(ap_swarm_server_t *s, void *arg, uint64_t samples)
     if (rc) {
         v->stepping = false;
         ap_warn("swarm", "stage %u: cannot submit the gradients: %s", v->stage, ap_err_name(rc));
-        if (!v->moving) ap_swarm_server_pause(s, false);
+        if (!moving(v)) ap_swarm_server_pause(s, false);
     }
 }
 
@@ -326,7 +332,6 @@ static int join_collab(srv_t *v, uint32_t stage, ap_nn_model_t *m, ap_collab_fn 
  * left before v->next is freed, and the server rejoins its own stage's. */
 static void rejoin_old(srv_t *v)
 {
-    v->left = false;
     int rc = join_collab(v, v->stage, v->m, on_rejoined);
     if (rc)
         ap_warn("swarm", "stage %u: cannot rejoin its collaboration: %s (training locally)",
@@ -344,7 +349,9 @@ static void move_end(srv_t *v, int rc)
     if (rc) {
         ap_warn("swarm", "rebalancing: cannot move to stage %u: %s; staying in stage %u", v->to,
                 ap_err_name(rc), v->stage);
-        if (v->left) rejoin_old(v);
+        /* with v->next loaded, a collaborative server has left its stage's
+         * collaboration (on_move_poll) */
+        if (v->next && !v->o->local) rejoin_old(v);
         ap_nn_model_free(v->next);
     } else {
         ap_collab_stats_t cs = {0};
@@ -360,8 +367,6 @@ static void move_end(srv_t *v, int rc)
         v->acc_samples = v->acc_calls = 0;
     }
     v->next = NULL;
-    v->left = false;
-    v->moving = false;
     ap_swarm_server_pause(v->s, false);
     ap_swarm_rebalancer_moved(v->rb, rc);
 }
@@ -397,7 +402,6 @@ static void on_move_poll(ap_rt_t *rt, void *arg)
         return;
     }
     /* leave the old stage's collaboration, join the new one's */
-    v->left = true;
     rc = join_collab(v, v->to, v->next, on_joined);
     if (rc) {
         ap_warn("swarm", "rebalancing: cannot join stage %u's collaboration: %s", v->to,
@@ -412,11 +416,9 @@ static void on_move(ap_swarm_rebalancer_t *rb, void *arg, uint32_t from, uint32_
     printf("rebalancing: stage %u is the bottleneck; moving from stage %u\n", to, from);
     fflush(stdout);
     v->to = to;
-    v->moving = true;
     ap_swarm_server_pause(v->s, true);
     v->poll = ap_rt_timer_start(v->rt, 20000, 20000, on_move_poll, v);
     if (!v->poll) {
-        v->moving = false;
         ap_swarm_server_pause(v->s, false);
         ap_swarm_rebalancer_moved(rb, AP_ENOMEM);
     }
@@ -453,7 +455,6 @@ static void srv_stop_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     if (v->poll) { /* a move not begun: stay */
         ap_rt_timer_stop(v->rt, v->poll);
         v->poll = 0;
-        v->moving = false;
     }
     ap_swarm_server_pause(v->s, true);
     ap_sync_complete(done, ap_swarm_server_idle(v->s) && !v->stepping && !v->next ? 0 : AP_EBUSY);

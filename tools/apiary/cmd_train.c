@@ -656,9 +656,7 @@ static int run(const topts_t *o)
                 /* nothing non-finite is saved: the checkpoint on disk (if
                  * any) is the last good state, or the one to look at */
                 float big = 0;
-                for (size_t k = 0; k < pr->count; k++)
-                    if (fabsf(pr->data[k]) > big || !isfinite(pr->data[k]))
-                        big = fabsf(pr->data[k]);
+                for (size_t k = 0; k < pr->count; k++) big = fmaxf(big, fabsf(pr->data[k]));
                 if (resumed && local_samples == 0)
                     fprintf(stderr,
                             "apiary train: the parameters resumed from %s give a non-finite loss "
