@@ -353,6 +353,15 @@ static void finish_cb(ap_rt_t *rt, void *arg)
     unregister_round(ar);
     ar->res.elapsed_us = ap_rt_now_us(rt) - ar->start_us;
     ar->res.elems = ar->total;
+    for (int k = 0; ar->out && k < ar->n; k++) { /* automatic pacing, per part */
+        const out_slot_t *os = &ar->out[k];
+        if (k != ar->self && os->ring)
+            ap_debug(MOD,
+                     "round: part %d lead %u (start-up %s, lead at last growth %u), smallest "
+                     "round trip %llu us, %.3f results/ms",
+                     k, os->lead, os->full ? "ended" : "not ended", os->full_lead,
+                     (unsigned long long)os->min_rtt_us, os->rate * 1e3);
+    }
     if (ar->sends) {
         ar->res.averaged_fraction =
             ar->total ? (double)ar->res.elems_averaged / (double)ar->total : 1.0;

@@ -25,6 +25,9 @@
 #define LEAD_MIN  3u
 #define LEAD_CAP  1024u
 #define LEAD_GROW 2.0
+/* after start-up, a round trip's result rate below this share of the best
+ * start-up rate means the lead starved the part */
+#define LEAD_STARVED 0.75
 
 /* ---- state ------------------------------------------------------------------ */
 
@@ -75,6 +78,7 @@ typedef struct out_slot {
     double full_rate;              /* start-up: the rate at the last ≥ 25 % growth */
     uint32_t trip_end, flat_trips; /* start-up: round trip boundary, trips without growth */
     uint32_t full_lead;            /* start-up: the lead at the last ≥ 25 % growth */
+    uint32_t floor_lead;           /* after start-up: the lead never goes below it */
     uint32_t trip_recv;            /* start-up: results when the round trip began */
     uint64_t trip_us;              /* start-up: when it began */
     uint64_t trip_min_us;          /* start-up: its smallest round trip so far */

@@ -48,7 +48,7 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     if (!os->min_rtt_us || rtt < os->min_rtt_us) os->min_rtt_us = rtt;
     if (!os->trip_min_us || rtt < os->trip_min_us) os->trip_min_us = rtt;
     os->rate = os->rate > 0 ? os->rate + (rate - os->rate) / 8 : rate;
-    if (!os->full && c >= os->trip_end) { /* one round trip since the last check */
+    if (c >= os->trip_end) { /* one round trip since the last check */
         /* the results' rate over that round trip */
         double trip_rate =
             now > os->trip_us ? (double)(c + 1 - os->trip_recv) / (double)(now - os->trip_us) : 0;
@@ -59,7 +59,15 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
         os->trip_us = now;
         os->trip_recv = c + 1;
         os->trip_min_us = 0;
-        if (queue && os->full_lead) {
+        if (os->full) {
+            /* the bandwidth-delay product starved the part: where the round
+             * trip grows with the lead (a CPU-bound loopback, where queued
+             * chunks wait for the processes), rate × smallest round trip
+             * is below the lead the rate needs; keep the lead that reached
+             * it */
+            if (os->lead < os->full_lead && trip_rate < LEAD_STARVED * os->full_rate)
+                os->floor_lead = os->full_lead;
+        } else if (queue && os->full_lead) {
             os->full = true;
         } else if (trip_rate >= 1.25 * os->full_rate) {
             os->full_rate = trip_rate;
@@ -74,6 +82,7 @@ static void lead_sample(ap_allreduce_t *ar, out_slot_t *os, uint32_t c)
     if (os->full) { /* no more than the lead that last raised the rate */
         lead = round(bdp);
         if (lead > os->full_lead) lead = os->full_lead;
+        if (lead < os->floor_lead) lead = os->floor_lead;
     }
     if (!os->full && lead < os->lead) lead = os->lead; /* start-up: never shrink */
     if (lead < LEAD_MIN) lead = LEAD_MIN;
