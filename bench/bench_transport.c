@@ -26,6 +26,9 @@
  *                                 the parent (N connections to the child)
  * and through runtime/uv's mux over this transport (a node per process):
  *   encrypted_stream_MBps     (a) with "layer":"mux": one stream, 64 KiB messages
+ *                             and with "layer":"yamux": the same stream from a
+ *                             node dialling with AP_NODE_WIRE_YAMUX (libp2p
+ *                             Noise, one yamux stream carrying the mux frames)
  *   rpc_rtt_p50_us / _p99_us  (d) unary RPC, 64-byte request, 1 and 64 callers
  *   streams1000_MBps / streams1000_fairness (e) 1,000 concurrent streams of
  *                                 equal size; fairness = slowest / fastest
@@ -853,6 +856,57 @@ static bool sf_all_p(void *arg)
     return ((mb_t *)arg)->nclosed >= 1000;
 }
 
+/* One runtime.h stream of m->total bytes in 64 KiB messages from this
+ * process to the child's sink over m's connection; reported with "layer". */
+static void one_stream(ap_bench_ctx_t *ctx, ap_host_t *h, mb_t *m, pid_t pid, const char *layer,
+                       double aead, double raw, double bound)
+{
+    m->total = ctx->quick ? (64u << 20) : (512u << 20);
+    m->sent = 0;
+    m->closed = false;
+    m->msg = 64u << 10;
+    static const ap_stream_cbs_t cbs = {.on_writable = mb_fill, .on_close = mb_closed};
+    ap_stream_opts_t so = {.window = 4u << 20};
+    ap_stream_t *s;
+    double t0 = ap_bench_now();
+    cpu_mark_t c0 = cpu_mark(pid);
+    if (ap_rt_stream_open(m->rt, &m->peer, MUX_SINK, NULL, 0, &so, &cbs, m, &s) != 0) return;
+    mb_fill(s, m);
+    ap_host_run_until(h, mb_closed_p, m, 120000000);
+    double wall = ap_bench_now() - t0;
+    if (!m->closed || m->close_status != 0) {
+        fprintf(stderr, "bench transport: the %s stream did not finish: %s\n", layer,
+                m->closed ? ap_strerror(m->close_status) : "timed out");
+        return;
+    }
+    double mbps = (double)m->total / wall / 1e6;
+    cpu_mark_t c1 = cpu_mark(pid);
+    double mcpu = cpu_mbps(m->total, c0, c1);
+    char f[384], idle[128], cpuf[128], base[192];
+    idle_fields(idle, sizeof idle, c0, c1);
+    cpu_fields(cpuf, sizeof cpuf, m->total, c0, c1);
+    snprintf(f, sizeof f,
+             "\"layer\":\"%s\",\"sender_cpu_per_wall\":%.2f,"
+             "\"receiver_cpu_per_wall\":%.2f%s%s",
+             layer, (c1.self - c0.self) / wall, (c1.peer - c0.peer) / wall, idle, cpuf);
+    ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
+    snprintf(base, sizeof base,
+             "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"%s\","
+             "\"per\":\"cpu_second_of_busier_process\"",
+             layer);
+    ap_bench_report_vs(ctx, "encrypted_stream_cpu_MBps", mcpu, "MB/s", aead, base);
+    static const char *const bases[3] = {"aead_seal_MBps", "raw_tcp_MBps",
+                                         "encrypted_stream_bound_MBps"};
+    const double vals[3] = {aead, raw, bound};
+    for (int i = 0; i < 3; i++) {
+        snprintf(base, sizeof base,
+                 "\"baseline_metric\":\"%s\",\"layer\":\"%s\",\"procs\":2,"
+                 "\"msg_bytes\":65536",
+                 bases[i], layer);
+        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", vals[i], base);
+    }
+}
+
 static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw, double bound)
 {
     int fds[2];
@@ -887,40 +941,23 @@ static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw, double b
         goto out;
     }
     /* (a) one stream through the mux */
-    m.total = ctx->quick ? (64u << 20) : (512u << 20);
-    m.msg = 64u << 10;
-    static const ap_stream_cbs_t cbs = {.on_writable = mb_fill, .on_close = mb_closed};
-    ap_stream_opts_t so = {.window = 4u << 20};
-    ap_stream_t *s;
-    double t0 = ap_bench_now();
-    cpu_mark_t c0 = cpu_mark(pid);
-    if (ap_rt_stream_open(m.rt, &m.peer, MUX_SINK, NULL, 0, &so, &cbs, &m, &s) == 0) {
-        mb_fill(s, &m);
-        ap_host_run_until(h, mb_closed_p, &m, 120000000);
-        double wall = ap_bench_now() - t0;
-        double mbps = (double)m.total / wall / 1e6;
-        cpu_mark_t c1 = cpu_mark(pid);
-        double mcpu = cpu_mbps(m.total, c0, c1);
-        char f[384], idle[128], cpuf[128];
-        idle_fields(idle, sizeof idle, c0, c1);
-        cpu_fields(cpuf, sizeof cpuf, m.total, c0, c1);
-        snprintf(f, sizeof f,
-                 "\"layer\":\"mux\",\"sender_cpu_per_wall\":%.2f,"
-                 "\"receiver_cpu_per_wall\":%.2f%s%s",
-                 (c1.self - c0.self) / wall, (c1.peer - c0.peer) / wall, idle, cpuf);
-        ap_bench_report(ctx, "encrypted_stream_wall_s", wall, "s", f);
-        ap_bench_report_vs(ctx, "encrypted_stream_cpu_MBps", mcpu, "MB/s", aead,
-                           "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\","
-                           "\"per\":\"cpu_second_of_busier_process\"");
-        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", aead,
-                           "\"baseline_metric\":\"aead_seal_MBps\",\"layer\":\"mux\",\"procs\":2,"
-                           "\"msg_bytes\":65536");
-        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", raw,
-                           "\"baseline_metric\":\"raw_tcp_MBps\",\"layer\":\"mux\",\"procs\":2,"
-                           "\"msg_bytes\":65536");
-        ap_bench_report_vs(ctx, "encrypted_stream_MBps", mbps, "MB/s", bound,
-                           "\"baseline_metric\":\"encrypted_stream_bound_MBps\",\"layer\":\"mux\","
-                           "\"procs\":2,\"msg_bytes\":65536");
+    one_stream(ctx, h, &m, pid, "mux", aead, raw, bound);
+    /* (a') the same runtime.h stream over a libp2p connection with yamux
+     * (a second, dial-only node: libp2p Noise, each stream a yamux stream) */
+    {
+        mb_t y;
+        memset(&y, 0, sizeof y);
+        ap_node_opts_t yo = {.dial_only = true};
+        if (ap_node_new(h, &yo, &y.rt) == 0 && ap_node_set_wire(y.rt, AP_NODE_WIRE_YAMUX) == 0) {
+            ap_rt_dial(y.rt, addr, 10000000, mb_dialed, &y);
+            ap_host_run_until(h, mb_dialed_p, &y, 15000000);
+            if (y.dial_status == 0)
+                one_stream(ctx, h, &y, pid, "yamux", aead, raw, bound);
+            else
+                fprintf(stderr, "bench transport: yamux dial failed: %s\n",
+                        ap_strerror(y.dial_status));
+        }
+        if (y.rt) ap_node_free(y.rt);
     }
     /* (d) unary RPC round trips */
     double p50, p99;
@@ -940,7 +977,7 @@ static void bench_mux_tcp(ap_bench_ctx_t *ctx, double aead, double raw, double b
     m.nclosed = 0;
     static const ap_stream_cbs_t fcbs = {.on_writable = sf_fill, .on_close = sf_closed};
     ap_stream_opts_t fo = {.window = 64u << 10};
-    t0 = ap_bench_now();
+    double t0 = ap_bench_now();
     int opened = 0;
     for (int i = 0; i < 1000; i++) {
         fs[i] = (sfair_t){&m, i, 0, per};
