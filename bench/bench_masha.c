@@ -187,8 +187,8 @@ static int run(ap_bench_ctx_t *ctx, int argc, char **argv)
             else
                 ap_bench_report_vs(ctx, "floats_per_worker", (double)b.r.floats_up, "floats",
                                    eg_floats[hi], fields);
-            /* bytes_per_worker: wire version 2 (what runs send); the same run
-             * framed in version 1 (analytic: the values are the same) */
+            /* bytes_per_worker: wire version 3 (what runs send); the same run
+             * framed in versions 1 and 2 (analytic: the values are the same) */
             if (m == 0) {
                 eg_bytes[hi] = (double)b.r.bytes_up;
                 ap_bench_report(ctx, "bytes_per_worker", (double)b.r.bytes_up, "B", fields);
@@ -198,6 +198,10 @@ static int run(ap_bench_ctx_t *ctx, int argc, char **argv)
             ap_masha_opts_t o1 = {
                 .method = methods[m].method, .fraction = methods[m].fraction, .wire = 1};
             ap_bench_report(ctx, "bytes_per_worker_wire1",
+                            (double)ap_masha_upload_bytes(p, &o1, b.r.iters, b.r.refreshes), "B",
+                            fields);
+            o1.wire = 2;
+            ap_bench_report(ctx, "bytes_per_worker_wire2",
                             (double)ap_masha_upload_bytes(p, &o1, b.r.iters, b.r.refreshes), "B",
                             fields);
             /* values + indices only (no protocol/codec headers, no rand-k seed) */

@@ -4,8 +4,13 @@
  * rand-k seed, and whether to re-frame the chunk into the other header
  * version; the rest is one wire chunk. Decoding must never read or write out
  * of bounds, a successful decode must touch only its chunk's range, and a
- * re-framed chunk must decode to the same bits. */
+ * re-framed chunk must decode to the same bits. With bit 5 of the first
+ * byte the rest is a bare chunk (AP_COMPRESS_BARE) instead: 5 bytes say
+ * what the receiver expects (codec, u16 count, k, offset; bit 6 = no rand-k
+ * seed), then the payload; a successful bare decode must touch only its
+ * range and equal the decode of the same payload behind a compact header. */
 #include "apiary/compress.h"
+#include "compress/wire.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,12 +29,55 @@ static int decode(const uint8_t *in, size_t len, uint8_t sel, float *dst, size_t
                      : ap_compress_decode(in, len, dst, n, h);
 }
 
+static void fill7(float *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++) d[i] = 7.0f;
+}
+
+static void fuzz_bare(uint8_t sel, const uint8_t *data, size_t size)
+{
+    if (size < 5) return;
+    ap_codec_cfg_t c = {.id = (ap_codec_id_t)(data[0] % 10), .k = data[3], .seed = SEED};
+    size_t count = (size_t)data[1] | (size_t)data[2] << 8, off = data[4] & 15;
+    unsigned flags = AP_COMPRESS_BARE | ((sel & 64) ? AP_COMPRESS_NO_SEED : 0);
+    data += 5;
+    size -= 5;
+    size_t n = count + off - ((sel & 1) && count + off ? 1 : 0);
+    float *a = malloc((n + 2) * sizeof(float)), *b = malloc((n + 2) * sizeof(float));
+    if (!a || !b) abort();
+    fill7(a, n + 2);
+    int rc = (sel & 2) ? ap_compress_decode_add_bare(&c, count, off, flags, data, size, 0.5f, a, n)
+                       : ap_compress_decode_bare(&c, count, off, flags, data, size, a, n);
+    if (a[n] != 7.0f || a[n + 1] != 7.0f) abort();
+    for (size_t i = 0; i < off && i < n; i++)
+        if (a[i] != 7.0f) abort(); /* wrote outside its chunk */
+    if (rc == 0) {                 /* the same payload behind a compact header decodes the same */
+        uint32_t param = c.id == AP_CODEC_BLOCKWISE8 ? AP_COMPRESS_BLOCK : ap_compress_k(&c, count);
+        unsigned f2 = AP_COMPRESS_COMPACT | (flags & AP_COMPRESS_NO_SEED);
+        uint8_t *v2 = malloc(AP_COMPRESS_V2_HDR_MAX + size);
+        if (!v2) abort();
+        size_t hl = ap__cw_hdr_write(v2, c.id, (uint32_t)count, off, (uint32_t)size, param, f2);
+        memcpy(v2 + hl, data, size);
+        fill7(b, n + 2);
+        int rc2 = (sel & 2) ? ap_compress_decode_add_seeded(v2, hl + size, SEED, 0.5f, b, n, NULL)
+                            : ap_compress_decode_seeded(v2, hl + size, SEED, b, n, NULL);
+        if (rc2 != 0 || memcmp(a, b, (n + 2) * sizeof(float))) abort();
+        free(v2);
+    }
+    free(a);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     uint8_t sel = data[0];
     data++;
     size--;
+    if (sel & 32) {
+        fuzz_bare(sel, data, size);
+        return 0;
+    }
     ap_compress_hdr_t h;
     size_t dst_count = 64;
     bool parsed = ap_compress_parse(data, size, &h) == 0;

@@ -1,9 +1,9 @@
 /* libFuzzer target: the MASHA server's request checks and the worker's reply
- * checks (both wire versions) on untrusted bytes. The first input byte picks
- * the method, server compression and whether the bytes are a request or a
- * reply; a server is first fed valid requests of its first phase from
- * workers 0..M-2, so the fuzzed request can complete the phase as worker M-1. The
- * one-step and two-step server paths must agree on every input. */
+ * checks (all three wire versions) on untrusted bytes. The first input byte
+ * picks the method, server compression, the node's wire version (bit 4:
+ * 1, bit 7: 2, else 3) and whether the bytes are a request or a reply; a server is first fed valid
+ * requests of its first phase from workers 0..M-2, so the fuzzed request can complete the phase as
+ * worker M-1. The one-step and two-step server paths must agree on every input. */
 #include "apiary/masha.h"
 #include "compress/masha_core.h"
 
@@ -32,7 +32,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                          .seed = 7,
                          .target = 1e-6,
                          .max_iters = 10,
-                         .wire = (sel & 16) ? 1 : 0};
+                         .wire = (sel & 16)    ? 1
+                                 : (sel & 128) ? 2
+                                               : 0};
     size_t d = ap_masha_dim(p);
     ap__masha_hdr_t mh;
     (void)ap__masha_hdr_parse(data, size, (sel & 8) != 0, &mh);

@@ -97,6 +97,11 @@ typedef enum ap_codec_id {
     2u /* with COMPACT, RANDK only: leave the seed out; the receiver                               \
           derives cfg->seed itself and passes it to                                                \
           ap_compress_decode_seeded */
+#define AP_COMPRESS_BARE                                                                           \
+    4u /* no header at all: the payload alone (with NO_SEED: randk without                         \
+          its seed), for a protocol whose receiver knows every header field                        \
+          (codec, k, count, offset); decode with ap_compress_decode_bare.                          \
+          Not with COMPACT */
 #define AP_COMPRESS_MAX_COUNT     (1u << 28) /* elements per chunk */
 #define AP_COMPRESS_CHUNK_DEFAULT (1u << 20) /* elements per chunk for tensors */
 #define AP_COMPRESS_BLOCK         4096       /* BLOCKWISE8 block size */
@@ -192,6 +197,22 @@ AP_EXPORT AP_NODISCARD int ap_compress_decode_seeded(const uint8_t *in, size_t l
 AP_EXPORT AP_NODISCARD int ap_compress_decode_add_seeded(const uint8_t *in, size_t len,
                                                          uint64_t seed, float alpha, float *dst,
                                                          size_t dst_count, ap_compress_hdr_t *hdr);
+
+/* Decodes a bare chunk (AP_COMPRESS_BARE): nothing in it says what it is,
+ * so the receiver states what the sender encoded — cfg (codec, k or
+ * fraction, and for a seedless randk chunk the sender's cfg->seed), count,
+ * offset and the encoder flags — and in[0..len) must be exactly the payload
+ * those imply (else AP_ECORRUPT). AP_EINVAL for a bad cfg, count or flags
+ * without BARE; then as ap_compress_decode (range, payload checks). The
+ * _add variant adds alpha * decoded. */
+AP_EXPORT AP_NODISCARD int ap_compress_decode_bare(const ap_codec_cfg_t *cfg, size_t count,
+                                                   uint64_t offset, unsigned flags,
+                                                   const uint8_t *in, size_t len, float *dst,
+                                                   size_t dst_count);
+AP_EXPORT AP_NODISCARD int ap_compress_decode_add_bare(const ap_codec_cfg_t *cfg, size_t count,
+                                                       uint64_t offset, unsigned flags,
+                                                       const uint8_t *in, size_t len, float alpha,
+                                                       float *dst, size_t dst_count);
 
 /* Re-frames a valid chunk under other encoder flags without re-encoding its
  * values (the payload is the same bytes; a RANDK seed is added or dropped):

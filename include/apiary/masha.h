@@ -82,10 +82,12 @@ typedef struct ap_masha_opts {
     uint64_t seed;          /* compressor seeds and the server's coin */
     uint64_t max_iters;     /* give up after this many iterations */
     double target;          /* stop when |z-z*|^2 <= target |z0-z*|^2 (1e-6) */
-    int wire;               /* 0 = the newest wire version (2, /apiary/masha/2, compact
-                               headers); 1 = version 1 only (what a peer built before
-                               version 2 speaks). Workers of both versions can share a
-                               server: it answers each in its version. */
+    int wire;               /* 0 = the newest wire version (3, /apiary/masha/3, 1-2 byte
+                               headers, bare chunks); 1, 2 = speak at most that version
+                               (what a peer built before version 2 or 3 speaks): a server
+                               serves versions 1..wire, a worker starts at wire and steps
+                               down. Workers of all versions can share a server: it
+                               answers each in its version. */
     /* called after every iteration (may be NULL): bytes/floats uploaded per
      * worker so far and the relative squared distance */
     void (*trace)(void *arg, uint64_t iter, uint64_t floats_up, uint64_t bytes_up, double rel2);
@@ -109,7 +111,7 @@ AP_EXPORT int ap_masha_run(const ap_masha_problem_t *p, const ap_masha_opts_t *o
 
 /* Upload bytes per worker that the protocol sends for a run of `iters`
  * iterations with `refreshes` reference refreshes (headers included), in
- * wire version o->wire. Version 2 carries the worker index as a varint: the
+ * wire version o->wire. Versions 2 and 3 carry the worker index as a varint: the
  * count is exact for workers 0..127; a worker 128..16383 sends one byte more
  * per request, from 16384 two. */
 AP_EXPORT uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_masha_opts_t *o,
@@ -120,15 +122,18 @@ AP_EXPORT uint64_t ap_masha_upload_bytes(const ap_masha_problem_t *p, const ap_m
  * compress.h chunk); the server answers every worker of the phase at once
  * when all M requests are in (reply: header + chunk of the average, and the
  * shared refresh coin). Every worker rebuilds its own operator from the
- * problem config and its index. Two wire versions (docs/compression.md):
- * "/apiary/masha/2" (3-byte headers, compact chunks, rand-k seeds derived
- * by the receiver) and "/apiary/masha/1" (8-byte headers, 24-byte chunk
- * headers, seeds sent). A server serves both and answers each worker in its
- * version; a worker speaks version 2 and falls back to version 1 for good
- * when the server does not serve it (AP_ENOPROTO on its first call). */
+ * problem config and its index. Three wire versions (docs/compression.md):
+ * "/apiary/masha/3" (1-2 byte headers, bare chunks: codec, count and k are
+ * implied by the phase and the run's options), "/apiary/masha/2" (3-byte
+ * headers, compact chunks, rand-k seeds derived by the receiver) and
+ * "/apiary/masha/1" (8-byte headers, 24-byte chunk headers, seeds sent). A
+ * server serves all and answers each worker in its version; a worker speaks
+ * version 3 and steps down one version for good each time the server does
+ * not serve it (AP_ENOPROTO on its first call). */
 
 #define AP_MASHA_PROTO  "/apiary/masha/1"
 #define AP_MASHA_PROTO2 "/apiary/masha/2"
+#define AP_MASHA_PROTO3 "/apiary/masha/3"
 
 typedef struct ap_masha_node ap_masha_node_t;
 

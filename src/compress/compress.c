@@ -531,6 +531,9 @@ static bool all_finite(const uint8_t *p, size_t nfloats)
     return true;
 }
 
+static int decode_body(const ap_compress_hdr_t *hp, const uint8_t *p, const uint64_t *seed,
+                       float *dst, size_t dst_count, ap__dmode_t m);
+
 /* seed: the sender's cfg->seed for a chunk without its seed (NULL: unknown). */
 static int decode_impl(const uint8_t *in, size_t len, const uint64_t *seed, float *dst,
                        size_t dst_count, ap_compress_hdr_t *hdr_out, ap__dmode_t m)
@@ -541,11 +544,60 @@ static int decode_impl(const uint8_t *in, size_t len, const uint64_t *seed, floa
         ap_log(AP_LOG_DEBUG, "compress", "rejected chunk: %s", ap_err_name(rc));
         return rc;
     }
+    rc = decode_body(&h, in + h.hdr_len, seed, dst, dst_count, m);
+    if (!rc && hdr_out) *hdr_out = h;
+    return rc;
+}
+
+/* A bare chunk: the header comes from what the receiver expects. */
+static int decode_bare(const ap_codec_cfg_t *cfg, size_t count, uint64_t offset, unsigned flags,
+                       const uint8_t *in, size_t len, float *dst, size_t dst_count, ap__dmode_t m)
+{
+    if (!cfg || (unsigned)cfg->id >= AP_CODEC__COUNT || !(flags & AP_COMPRESS_BARE) ||
+        !ap__cw_flags_ok(flags) || count > AP_COMPRESS_MAX_COUNT || offset > UINT64_MAX - count)
+        return AP_EINVAL;
+    if (!in && len) return AP_EINVAL;
+    uint32_t param = cfg_param(cfg, count);
+    bool seed = cfg->id == AP_CODEC_RANDK && !(flags & AP_COMPRESS_NO_SEED);
+    uint64_t want;
+    if (!ap__cw_payload_size(cfg->id, count, param, seed, &want)) return AP_EINVAL;
+    if (len != want) return AP_ECORRUPT;
+    ap_compress_hdr_t h = {.codec = cfg->id,
+                           .count = (uint32_t)count,
+                           .offset = offset,
+                           .payload_len = (uint32_t)want,
+                           .param = param,
+                           .version = 0,
+                           .hdr_len = 0,
+                           .has_seed = seed};
+    return decode_body(&h, in, &cfg->seed, dst, dst_count, m);
+}
+
+int ap_compress_decode_bare(const ap_codec_cfg_t *cfg, size_t count, uint64_t offset,
+                            unsigned flags, const uint8_t *in, size_t len, float *dst,
+                            size_t dst_count)
+{
+    return decode_bare(cfg, count, offset, flags, in, len, dst, dst_count,
+                       (ap__dmode_t){.add = false, .alpha = 1});
+}
+
+int ap_compress_decode_add_bare(const ap_codec_cfg_t *cfg, size_t count, uint64_t offset,
+                                unsigned flags, const uint8_t *in, size_t len, float alpha,
+                                float *dst, size_t dst_count)
+{
+    return decode_bare(cfg, count, offset, flags, in, len, dst, dst_count,
+                       (ap__dmode_t){.add = true, .alpha = alpha});
+}
+
+/* The payload p of the chunk h (validated), into dst. */
+static int decode_body(const ap_compress_hdr_t *hp, const uint8_t *p, const uint64_t *seed,
+                       float *dst, size_t dst_count, ap__dmode_t m)
+{
+    ap_compress_hdr_t h = *hp;
     if (h.codec == AP_CODEC_RANDK && !h.has_seed && !seed) return AP_EPROTO;
     if (h.offset > dst_count || h.count > dst_count - h.offset) return AP_ERANGE;
     if (!dst && h.count) return AP_EINVAL;
     const ap__kernels_t *K = ap__kernels();
-    const uint8_t *p = in + h.hdr_len;
     float *d = dst + h.offset;
     size_t n = h.count;
     switch (h.codec) {
@@ -630,7 +682,6 @@ static int decode_impl(const uint8_t *in, size_t len, const uint64_t *seed, floa
     default:
         return AP_ENOTSUP;
     }
-    if (hdr_out) *hdr_out = h;
     return 0;
 }
 
@@ -808,7 +859,9 @@ int ap_compress_ef_encode_ex(ap_compress_ef_t *ef, const ap_codec_cfg_t *cfg, co
     int rc = ap_compress_encode_ex(cfg, t, count, offset, flags, out, cap, &len);
     if (rc) return rc;
     /* decode what was sent into the residual slot, then e = (x + e) - sent */
-    rc = ap_compress_decode_seeded(out, len, cfg->seed, ef->e, ef->n, NULL);
+    rc = (flags & AP_COMPRESS_BARE)
+             ? ap_compress_decode_bare(cfg, count, offset, flags, out, len, ef->e, ef->n)
+             : ap_compress_decode_seeded(out, len, cfg->seed, ef->e, ef->n, NULL);
     if (rc) return rc;
     for (size_t i = 0; i < count; i++) e[i] = t[i] - e[i];
     if (out_len) *out_len = len;

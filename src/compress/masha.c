@@ -5,6 +5,7 @@
 #include "apiary/log.h"
 #include "base/varint.h"
 #include "compress/masha_core.h"
+#include "compress/wire.h"
 #include "runtime/rt_impl.h"
 
 #include <math.h>
@@ -214,14 +215,36 @@ static ap_codec_cfg_t worker_codec(const ap_masha_opts_t *o, size_t d)
 
 static int wire_of(const ap_masha_opts_t *o)
 {
-    return o->wire == 1 ? 1 : AP__MASHA_V2;
+    return o->wire >= 1 && o->wire <= AP__MASHA_V3 ? o->wire : AP__MASHA_V3;
 }
 
 /* Chunk flags of a wire version: version 2 sends compact chunks without the
- * rand-k seed (every receiver derives it). */
+ * rand-k seed (every receiver derives it), version 3 bare chunks (the phase
+ * and the run's options imply every header field). */
 static unsigned chunk_flags(int wire)
 {
-    return wire == 1 ? 0 : AP_COMPRESS_COMPACT | AP_COMPRESS_NO_SEED;
+    if (wire == 1) return 0;
+    return (wire == 2 ? AP_COMPRESS_COMPACT : AP_COMPRESS_BARE) | AP_COMPRESS_NO_SEED;
+}
+
+/* The codec of the server's reply to a phase of iteration iter. */
+static ap_codec_cfg_t server_codec(const ap_masha_opts_t *o, size_t d, int phase, uint64_t iter)
+{
+    ap_codec_cfg_t c = {.id = AP_CODEC_NONE};
+    if (phase == AP__MP_DIFF && o->server_fraction > 0) {
+        c.k = k_of(o, d, o->server_fraction);
+        c.id = o->method == AP_MASHA_1 ? AP_CODEC_RANDK : AP_CODEC_TOPK;
+        c.seed = mix3(o->seed, iter, 0);
+    }
+    return c;
+}
+
+/* The iteration check a header of `version` carries. */
+static uint32_t iter_tag(int version, bool reply, uint64_t iter)
+{
+    if (version == 1) return (uint32_t)iter;
+    if (version == 2) return (uint32_t)(iter & 0xff);
+    return (uint32_t)(iter & (reply ? 0x0f : 0x1f));
 }
 
 static size_t varint_len(uint64_t v)
@@ -234,7 +257,7 @@ static size_t varint_len(uint64_t v)
 /* Bytes of a request of worker m carrying a chunk of d elements under c. */
 static uint64_t req_bytes(int wire, const ap_codec_cfg_t *c, size_t d, unsigned m)
 {
-    size_t hdr = wire == 1 ? AP__MASHA_HDR : 2 + varint_len(m);
+    size_t hdr = wire == 1 ? AP__MASHA_HDR : (wire == 2 ? 2 : 1) + varint_len(m);
     return hdr + ap_compress_size_ex(c, d, 0, chunk_flags(wire));
 }
 
@@ -264,16 +287,24 @@ int ap__masha_hdr_parse(const uint8_t *b, size_t len, bool is_reply, ap__masha_h
         } else
             h->worker = (unsigned)b[2] | ((unsigned)b[3] << 8);
         h->hdr_len = AP__MASHA_HDR;
-    } else if (b[0] >> 4 == AP__MASHA_V2) {
-        if (len < 2) return AP_EPROTO;
-        h->version = 2;
-        h->phase = b[0] & 7;
-        h->iter = b[1];
-        size_t at = 2;
-        if (is_reply)
-            h->refresh = (b[0] & 8) != 0;
-        else { /* varint worker index < 2^16, shortest form */
-            if (b[0] & 8) return AP_EPROTO;
+    } else if (b[0] >> 4 == AP__MASHA_V2 || (b[0] & 0x80)) {
+        size_t at;
+        if (b[0] & 0x80) { /* version 3: one byte */
+            h->version = 3;
+            h->phase = (uint8_t)((b[0] & 3) + 1);
+            h->refresh = is_reply && (b[0] & 4);
+            h->iter = is_reply ? (b[0] >> 3) & 0x0f : (b[0] >> 2) & 0x1f;
+            at = 1;
+        } else {
+            if (len < 2) return AP_EPROTO;
+            h->version = 2;
+            h->phase = b[0] & 7;
+            h->iter = b[1];
+            h->refresh = is_reply && (b[0] & 8);
+            if (!is_reply && (b[0] & 8)) return AP_EPROTO;
+            at = 2;
+        }
+        if (!is_reply) { /* varint worker index < 2^16, shortest form */
             uint32_t v = 0;
             for (int i = 0;; i++) {
                 if (i == 3 || at >= len) return AP_EPROTO;
@@ -310,9 +341,9 @@ struct ap__masha_worker {
     size_t msg_len, msg_cap;
     ap__masha_phase_t phase;
     uint64_t iter;
-    uint64_t msg_seed; /* codec seed of the pending request */
-    int wire;          /* 1 or 2 */
-    bool wire_fixed;   /* a reply in this version was accepted */
+    ap_codec_cfg_t msg_cfg; /* codec of the pending request */
+    int wire;               /* 1, 2 or 3 */
+    bool wire_fixed;        /* a reply in this version was accepted */
     ap_masha_result_t counts;
     bool stopped;
 };
@@ -382,10 +413,13 @@ static int build_msg(ap__masha_worker_t *w, ap__masha_phase_t ph, const ap_codec
         uint32_t it = (uint32_t)w->iter;
         memcpy(h + 4, &it, 4);
         hl = AP__MASHA_HDR;
-    } else {
+    } else if (w->wire == 2) {
         h[0] = (uint8_t)(AP__MASHA_V2 << 4 | ph);
         h[1] = (uint8_t)w->iter;
         hl = 2 + ap__uvarint_put(h + 2, (uint64_t)w->m);
+    } else {
+        h[0] = (uint8_t)(0x80 | iter_tag(3, false, w->iter) << 2 | (ph - 1));
+        hl = 1 + ap__uvarint_put(h + 1, (uint64_t)w->m);
     }
     size_t len;
     unsigned fl = chunk_flags(w->wire);
@@ -394,7 +428,7 @@ static int build_msg(ap__masha_worker_t *w, ap__masha_phase_t ph, const ap_codec
                 : ap_compress_encode_ex(cfg, w->fbuf, w->d, 0, fl, h + hl, w->msg_cap - hl, &len);
     if (rc) return rc;
     w->msg_len = hl + len;
-    w->msg_seed = cfg->seed;
+    w->msg_cfg = *cfg;
     w->phase = ph;
     w->counts.bytes_up += w->msg_len;
     w->counts.floats_up += nvalues;
@@ -446,6 +480,38 @@ int ap__masha_worker_wire(const ap__masha_worker_t *w)
     return w->wire;
 }
 
+/* Version 3 -> 2: the bare chunk gets its compact header. */
+static int downgrade_to2(ap__masha_worker_t *w, const ap__masha_hdr_t *h, uint8_t *out)
+{
+    const ap_codec_cfg_t *c = &w->msg_cfg;
+    size_t pl = w->msg_len - h->hdr_len;
+    out[0] = (uint8_t)(AP__MASHA_V2 << 4 | w->phase);
+    out[1] = (uint8_t)w->iter;
+    size_t hl = 2 + ap__uvarint_put(out + 2, (uint64_t)w->m);
+    hl += ap__cw_hdr_write(out + hl, c->id, (uint32_t)w->d, 0, (uint32_t)pl, ap_compress_k(c, w->d),
+                           chunk_flags(2));
+    if (hl + pl > w->msg_cap) return AP_EMSGSIZE;
+    memcpy(out + hl, w->msg + h->hdr_len, pl);
+    return (int)(hl + pl);
+}
+
+/* Version 2 -> 1: the chunk re-framed with its seed. */
+static int downgrade_to1(ap__masha_worker_t *w, const ap__masha_hdr_t *h, uint8_t *out)
+{
+    size_t len = 0;
+    int rc =
+        ap_compress_reframe(w->msg + h->hdr_len, w->msg_len - h->hdr_len, true, w->msg_cfg.seed, 0,
+                            out + AP__MASHA_HDR, w->msg_cap - AP__MASHA_HDR, &len);
+    if (rc) return rc;
+    out[0] = AP__MASHA_VERSION;
+    out[1] = (uint8_t)w->phase;
+    out[2] = (uint8_t)(w->m & 0xff);
+    out[3] = (uint8_t)(w->m >> 8);
+    uint32_t it = (uint32_t)w->iter;
+    memcpy(out + 4, &it, 4);
+    return (int)(AP__MASHA_HDR + len);
+}
+
 int ap__masha_worker_downgrade(ap__masha_worker_t *w)
 {
     if (w->wire == 1) return 0;
@@ -455,24 +521,16 @@ int ap__masha_worker_downgrade(ap__masha_worker_t *w)
     if (rc) return rc;
     uint8_t *out = malloc(w->msg_cap);
     if (!out) return AP_ENOMEM;
-    size_t len = 0;
-    rc = ap_compress_reframe(w->msg + h.hdr_len, w->msg_len - h.hdr_len, true, w->msg_seed, 0,
-                             out + AP__MASHA_HDR, w->msg_cap - AP__MASHA_HDR, &len);
-    if (rc) {
+    rc = w->wire == 3 ? downgrade_to2(w, &h, out) : downgrade_to1(w, &h, out);
+    if (rc < 0) {
         free(out);
         return rc;
     }
-    out[0] = AP__MASHA_VERSION;
-    out[1] = (uint8_t)w->phase;
-    out[2] = (uint8_t)(w->m & 0xff);
-    out[3] = (uint8_t)(w->m >> 8);
-    uint32_t it = (uint32_t)w->iter;
-    memcpy(out + 4, &it, 4);
-    w->counts.bytes_up += AP__MASHA_HDR + len - w->msg_len;
+    w->counts.bytes_up += (uint64_t)rc - w->msg_len;
     free(w->msg);
     w->msg = out;
-    w->msg_len = AP__MASHA_HDR + len;
-    w->wire = 1;
+    w->msg_len = (size_t)rc;
+    w->wire--;
     return 0;
 }
 
@@ -513,18 +571,23 @@ int ap__masha_worker_on_reply(ap__masha_worker_t *w, const uint8_t *rep, size_t 
     ap__masha_hdr_t mh;
     int rc = ap__masha_hdr_parse(rep, len, true, &mh);
     if (rc) return rc;
-    uint32_t want_it = w->wire == 1 ? (uint32_t)w->iter : (uint32_t)(w->iter & 0xff);
-    if (mh.version != w->wire || mh.phase != (uint8_t)w->phase || mh.iter != want_it)
+    if (mh.version != w->wire || mh.phase != (uint8_t)w->phase ||
+        mh.iter != iter_tag(w->wire, true, w->iter))
         return AP_EPROTO;
     if (mh.refresh && w->phase != AP__MP_DIFF) return AP_EPROTO;
     bool bit = mh.refresh;
     const uint8_t *ch = rep + mh.hdr_len;
     size_t chl = len - mh.hdr_len;
-    ap_compress_hdr_t h;
-    rc = ap_compress_parse(ch, chl, &h);
-    if (rc) return rc;
-    if (h.version != w->wire || h.offset != 0 || h.count != w->d) return AP_EPROTO;
-    rc = ap_compress_decode_seeded(ch, chl, mix3(w->o.seed, w->iter, 0), w->g, w->d, NULL);
+    ap_codec_cfg_t scfg = server_codec(&w->o, w->d, w->phase, w->iter);
+    if (w->wire == 3)
+        rc = ap_compress_decode_bare(&scfg, w->d, 0, chunk_flags(3), ch, chl, w->g, w->d);
+    else {
+        ap_compress_hdr_t h;
+        rc = ap_compress_parse(ch, chl, &h);
+        if (rc) return rc;
+        if (h.version != w->wire || h.offset != 0 || h.count != w->d) return AP_EPROTO;
+        rc = ap_compress_decode_seeded(ch, chl, scfg.seed, w->g, w->d, NULL);
+    }
     if (rc) return rc;
     w->wire_fixed = true;
     w->counts.bytes_down += len;
@@ -581,8 +644,8 @@ struct ap__masha_server {
     uint64_t iter;
     uint64_t rng[4];
     ap_compress_ef_t *ef; /* server-side error feedback (MASHA2 + server top-k) */
-    uint8_t *rep[2];      /* reply in wire version 1 and 2 */
-    size_t rep_len[2], rep_cap;
+    uint8_t *rep[3];      /* reply in wire version 1, 2 and 3 */
+    size_t rep_len[3], rep_cap;
 };
 
 ap__masha_server_t *ap__masha_server_new(size_t d, int workers, const ap_masha_opts_t *o)
@@ -603,9 +666,10 @@ ap__masha_server_t *ap__masha_server_new(size_t d, int workers, const ap_masha_o
     s->rep_cap = AP__MASHA_HDR + ap_compress_size(&none, d);
     s->rep[0] = malloc(s->rep_cap);
     s->rep[1] = malloc(s->rep_cap);
+    s->rep[2] = malloc(s->rep_cap);
     if (o->method == AP_MASHA_2 && o->server_fraction > 0) s->ef = ap_compress_ef_new(d);
     ap__rng_seed(s->rng, o->seed ^ 0x5e5e5e5e5e5e5e5eull);
-    if (!s->agg || !s->scratch || !s->seen || !s->rep[0] || !s->rep[1] ||
+    if (!s->agg || !s->scratch || !s->seen || !s->rep[0] || !s->rep[1] || !s->rep[2] ||
         (o->method == AP_MASHA_2 && o->server_fraction > 0 && !s->ef)) {
         ap__masha_server_free(s);
         return NULL;
@@ -621,6 +685,7 @@ void ap__masha_server_free(ap__masha_server_t *s)
     free(s->seen);
     free(s->rep[0]);
     free(s->rep[1]);
+    free(s->rep[2]);
     ap_compress_ef_free(s->ef);
     free(s);
 }
@@ -630,10 +695,10 @@ static int server_admit(ap__masha_server_t *s, const uint8_t *req, size_t len, a
 {
     int rc = ap__masha_hdr_parse(req, len, false, mh);
     if (rc) return rc;
-    uint32_t it = mh->version == 1 ? (uint32_t)s->iter : (uint32_t)(s->iter & 0xff);
-    if (mh->worker >= (unsigned)s->M || mh->phase != s->phase || mh->iter != it ||
-        s->seen[mh->worker])
+    if (mh->worker >= (unsigned)s->M || mh->phase != s->phase ||
+        mh->iter != iter_tag(mh->version, false, s->iter) || s->seen[mh->worker])
         return AP_EPROTO;
+    if (mh->version == 3) return 0; /* a bare chunk: its size is checked by the decode */
     ap_compress_hdr_t h;
     rc = ap_compress_parse(req + mh->hdr_len, len - mh->hdr_len, &h);
     if (rc) return rc;
@@ -647,20 +712,24 @@ static uint64_t req_seed(const ap__masha_server_t *s, unsigned m)
     return mix3(s->o.seed, s->iter, (uint64_t)m + 1);
 }
 
+/* The codec of worker m's request in the current phase (what a bare chunk
+ * must be). */
+static ap_codec_cfg_t req_codec(const ap__masha_server_t *s, unsigned m)
+{
+    ap_codec_cfg_t c = {.id = AP_CODEC_NONE};
+    if (s->phase == AP__MP_DIFF) c = worker_codec(&s->o, s->d);
+    c.seed = req_seed(s, m);
+    return c;
+}
+
 /* All M requests are in agg: builds the replies, moves to the next phase. */
 static int server_reply_build(ap__masha_server_t *s)
 {
-    ap_codec_cfg_t c = {.id = AP_CODEC_NONE};
-    bool ef = false, bit = false;
+    ap_codec_cfg_t c = server_codec(&s->o, s->d, s->phase, s->iter);
+    bool ef = c.id != AP_CODEC_NONE && s->ef != NULL, bit = false;
     if (s->phase == AP__MP_DIFF) {
         double u = (double)(ap__rng_next(s->rng) >> 11) / 9007199254740992.0;
         bit = u < 1 - s->tau;
-        if (s->o.server_fraction > 0) {
-            c.k = k_of(&s->o, s->d, s->o.server_fraction);
-            c.id = s->o.method == AP_MASHA_1 ? AP_CODEC_RANDK : AP_CODEC_TOPK;
-            c.seed = mix3(s->o.seed, s->iter, 0);
-            ef = s->ef != NULL;
-        }
     }
     /* version 2 first (the residual moves once), version 1 re-framed from it */
     uint8_t *r2 = s->rep[1], *r1 = s->rep[0];
@@ -673,6 +742,12 @@ static int server_reply_build(ap__masha_server_t *s)
            : ap_compress_encode_ex(&c, s->agg, s->d, 0, (unsigned)fl, r2 + 2, s->rep_cap - 2, &l);
     if (rc) return rc;
     s->rep_len[1] = 2 + l;
+    /* version 3: the same payload without the chunk header */
+    size_t chl = ap__cw_hdr_size(c.id, (uint32_t)s->d, 0, ap_compress_k(&c, s->d), (unsigned)fl);
+    uint8_t *r3 = s->rep[2];
+    r3[0] = (uint8_t)(0x80 | iter_tag(3, true, s->iter) << 3 | (bit ? 4 : 0) | (s->phase - 1));
+    memcpy(r3 + 1, r2 + 2 + chl, l - chl);
+    s->rep_len[2] = 1 + l - chl;
     r1[0] = AP__MASHA_VERSION;
     r1[1] = s->phase;
     r1[2] = bit ? 1 : 0;
@@ -708,6 +783,13 @@ static int server_decode(ap__masha_server_t *s, const uint8_t *req, size_t len,
 {
     const uint8_t *ch = req + mh->hdr_len;
     size_t chl = len - mh->hdr_len;
+    if (mh->version == 3) {
+        ap_codec_cfg_t c = req_codec(s, mh->worker);
+        unsigned fl = chunk_flags(3);
+        return add ? ap_compress_decode_add_bare(&c, s->d, 0, fl, ch, chl, 1.0f / (float)s->M,
+                                                 s->agg, s->d)
+                   : ap_compress_decode_bare(&c, s->d, 0, fl, ch, chl, s->scratch, s->d);
+    }
     uint64_t seed = req_seed(s, mh->worker);
     return add ? ap_compress_decode_add_seeded(ch, chl, seed, 1.0f / (float)s->M, s->agg, s->d,
                                                NULL)
@@ -756,8 +838,8 @@ int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs,
 
 const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, int version, size_t *len)
 {
-    if (version == 0) version = wire_of(&s->o);
-    int i = version == 1 ? 0 : 1;
+    if (version < 1 || version > AP__MASHA_V3) version = wire_of(&s->o);
+    int i = version - 1;
     *len = s->rep_len[i];
     return s->rep[i];
 }

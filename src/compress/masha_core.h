@@ -14,16 +14,21 @@
  * no rand-k seed: both sides derive it from the run seed, the iteration and
  * the worker index):
  *   request: u8 0x20 | phase, u8 iteration mod 256, varint worker
- *   reply:   u8 0x20 | refresh << 3 | phase, u8 iteration mod 256 */
+ *   reply:   u8 0x20 | refresh << 3 | phase, u8 iteration mod 256
+ * version 3 (/apiary/masha/3, 1..2 bytes, bare chunk: no chunk header, the
+ * phase and the run's options imply codec, count, k and offset 0):
+ *   request: u8 0x80 | (iteration mod 32) << 2 | (phase - 1), varint worker
+ *   reply:   u8 0x80 | (iteration mod 16) << 3 | refresh << 2 | (phase - 1) */
 #define AP__MASHA_HDR     8
 #define AP__MASHA_VERSION 1
 #define AP__MASHA_V2      2
+#define AP__MASHA_V3      3
 
 /* A parsed request or reply header. */
 typedef struct ap__masha_hdr {
-    int version;     /* 1 or 2 */
+    int version;     /* 1, 2 or 3 */
     uint8_t phase;   /* 1..4 */
-    uint32_t iter;   /* version 1: the iteration; version 2: its low 8 bits */
+    uint32_t iter;   /* version 1: the iteration; 2: its low 8 bits; 3: 5 (requests), 4 */
     unsigned worker; /* requests */
     bool refresh;    /* replies */
     size_t hdr_len;  /* the chunk follows */
@@ -48,11 +53,12 @@ ap__masha_worker_t *ap__masha_worker_new(const ap_masha_problem_t *p, const ap_m
 void ap__masha_worker_free(ap__masha_worker_t *w);
 /* Builds the first request. */
 int ap__masha_worker_start(ap__masha_worker_t *w);
-/* The worker's wire version (1 or 2). */
+/* The worker's wire version (1, 2 or 3). */
 int ap__masha_worker_wire(const ap__masha_worker_t *w);
-/* Switches the worker to wire version 1 (the server does not speak 2): the
- * pending request is re-framed (same values) and the byte count adjusted.
- * AP_ESTATE once a version 2 reply was accepted. */
+/* Switches the worker one wire version down (the server does not speak its
+ * version): the pending request is re-framed (same values) and the byte
+ * count adjusted. AP_ESTATE once a reply was accepted; 0 and no change in
+ * version 1. */
 int ap__masha_worker_downgrade(ap__masha_worker_t *w);
 /* The pending request (valid until the next call). */
 const uint8_t *ap__masha_worker_msg(const ap__masha_worker_t *w, size_t *len);
@@ -79,7 +85,7 @@ int ap__masha_server_add(ap__masha_server_t *s, const uint8_t *req, size_t len);
 int ap__masha_server_check(ap__masha_server_t *s, const uint8_t *req, size_t len);
 int ap__masha_server_complete(ap__masha_server_t *s, const uint8_t *const *reqs,
                               const size_t *lens);
-/* The reply for the completed phase in wire version `version` (1 or 2; 0 =
+/* The reply for the completed phase in wire version `version` (1, 2 or 3; 0 =
  * the opts' wire version), for the workers that spoke it (valid until the
  * next add). */
 const uint8_t *ap__masha_server_reply(ap__masha_server_t *s, int version, size_t *len);

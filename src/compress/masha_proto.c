@@ -74,7 +74,7 @@ static void server_peer_event(ap_rt_t *rt, void *arg, const ap_peer_id_t *peer, 
     }
 }
 
-/* A request on the protocol of wire version `version` (1 or 2). */
+/* A request on the protocol of wire version `version` (1, 2 or 3). */
 static void server_handle(ap_masha_node_t *n, ap_rpc_req_t *req, int version)
 {
     size_t len;
@@ -161,6 +161,21 @@ static void server_handler_v2(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
     (void)rt, server_handle(arg, req, 2);
 }
+static void server_handler_v3(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt, server_handle(arg, req, 3);
+}
+
+/* The wire versions a node speaks: 1 up to this. */
+static int top_wire(const ap_masha_opts_t *o)
+{
+    return o->wire >= 1 && o->wire <= 3 ? o->wire : 3;
+}
+
+static const char *proto_of(int version)
+{
+    return version == 1 ? AP_MASHA_PROTO : version == 2 ? AP_MASHA_PROTO2 : AP_MASHA_PROTO3;
+}
 
 int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const ap_masha_opts_t *o,
                           ap_masha_node_t **out)
@@ -186,12 +201,14 @@ int ap_masha_server_start(ap_rt_t *rt, const ap_masha_bilinear_cfg_t *pc, const 
         ap_masha_node_free(n);
         return AP_ENOMEM;
     }
-    /* both versions: workers of either share the run (wire = 1: version 1 only) */
-    int rc = ap_rt_rpc_register(rt, AP_MASHA_PROTO, msg_cap(d), server_handler_v1, n);
-    if (!rc && o->wire != 1) {
-        rc = ap_rt_rpc_register(rt, AP_MASHA_PROTO2, msg_cap(d), server_handler_v2, n);
-        if (rc) ap_rt_rpc_unregister(rt, AP_MASHA_PROTO);
-    }
+    /* versions 1 .. top_wire: workers of any share the run */
+    static const ap_rpc_handler_fn handlers[3] = {server_handler_v1, server_handler_v2,
+                                                  server_handler_v3};
+    int rc = 0, v = 1;
+    for (; v <= top_wire(o) && !rc; v++)
+        rc = ap_rt_rpc_register(rt, proto_of(v), msg_cap(d), handlers[v - 1], n);
+    if (rc)
+        for (v -= 2; v >= 1; v--) ap_rt_rpc_unregister(rt, proto_of(v));
     if (rc) {
         ap__masha_server_free(n->srv);
         n->srv = NULL;
@@ -244,11 +261,11 @@ static void worker_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp,
     (void)rt;
     ap_masha_node_t *n = arg;
     n->call = 0;
-    if (status == AP_ENOPROTO && ap__masha_worker_wire(n->wk) == 2 &&
-        ap__masha_worker_downgrade(n->wk) == 0) {
-        ap_log(AP_LOG_INFO, "masha", "server does not serve %s: speaking %s", AP_MASHA_PROTO2,
-               AP_MASHA_PROTO);
-        worker_send(n); /* the same request in version 1 */
+    int wire = ap__masha_worker_wire(n->wk);
+    if (status == AP_ENOPROTO && wire > 1 && ap__masha_worker_downgrade(n->wk) == 0) {
+        ap_log(AP_LOG_INFO, "masha", "server does not serve %s: speaking %s", proto_of(wire),
+               proto_of(wire - 1));
+        worker_send(n); /* the same request one version down */
         return;
     }
     if (status) {
@@ -277,7 +294,7 @@ static void worker_send(ap_masha_node_t *n)
     size_t len;
     const uint8_t *msg = ap__masha_worker_msg(n->wk, &len);
     ap_rpc_opts_t ro = {.timeout_us = 120 * 1000000ull, .max_resp = n->max_resp};
-    const char *proto = ap__masha_worker_wire(n->wk) == 1 ? AP_MASHA_PROTO : AP_MASHA_PROTO2;
+    const char *proto = proto_of(ap__masha_worker_wire(n->wk));
     n->call = ap_rt_rpc_call(n->rt, &n->server, proto, msg, len, &ro, worker_done, n);
     if (!n->call) worker_finish(n, AP_ENOMEM);
 }
@@ -314,10 +331,8 @@ void ap_masha_node_free(ap_masha_node_t *n)
 {
     if (!n) return;
     if (n->is_server) {
-        if (n->srv) {
-            ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO);
-            if (n->o.wire != 1) ap_rt_rpc_unregister(n->rt, AP_MASHA_PROTO2);
-        }
+        if (n->srv)
+            for (int v = 1; v <= top_wire(&n->o); v++) ap_rt_rpc_unregister(n->rt, proto_of(v));
         for (int i = 0; n->pending && i < n->M; i++)
             if (n->pending[i]) ap_rpc_respond_error(n->pending[i], AP_ESHUTDOWN, "server stopped");
         if (n->watch) ap_rt_peer_unwatch(n->rt, n->watch);

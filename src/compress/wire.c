@@ -1,5 +1,6 @@
-/* Chunk headers: version 1 (24 bytes, fixed fields) and version 2 (compact:
- * varints, implied payload length, defaults omitted, optional rand-k seed).
+/* Chunk headers: version 1 (24 bytes, fixed fields), version 2 (compact:
+ * varints, implied payload length, defaults omitted, optional rand-k seed)
+ * and bare chunks (no header: every field implied by the protocol).
  * Both are specified byte for byte in docs/compression.md. */
 #include "compress/wire.h"
 #include "base/varint.h"
@@ -46,8 +47,9 @@ bool ap__cw_payload_size(ap_codec_id_t id, uint64_t count, uint64_t param, bool 
 
 bool ap__cw_flags_ok(unsigned flags)
 {
-    if (flags & ~(AP_COMPRESS_COMPACT | AP_COMPRESS_NO_SEED)) return false;
-    return !(flags & AP_COMPRESS_NO_SEED) || (flags & AP_COMPRESS_COMPACT);
+    if (flags & ~(AP_COMPRESS_COMPACT | AP_COMPRESS_NO_SEED | AP_COMPRESS_BARE)) return false;
+    if ((flags & AP_COMPRESS_COMPACT) && (flags & AP_COMPRESS_BARE)) return false;
+    return !(flags & AP_COMPRESS_NO_SEED) || (flags & (AP_COMPRESS_COMPACT | AP_COMPRESS_BARE));
 }
 
 static size_t varint_len(uint64_t v)
@@ -96,6 +98,7 @@ static unsigned v2_bits(ap_codec_id_t id, uint64_t offset, uint32_t param, unsig
 size_t ap__cw_hdr_size(ap_codec_id_t id, uint32_t count, uint64_t offset, uint32_t param,
                        unsigned flags)
 {
+    if (flags & AP_COMPRESS_BARE) return 0;
     if (!(flags & AP_COMPRESS_COMPACT)) return AP_COMPRESS_HDR_LEN;
     unsigned b = v2_bits(id, offset, param, flags);
     size_t n = 2 + varint_len(count);
@@ -107,6 +110,7 @@ size_t ap__cw_hdr_size(ap_codec_id_t id, uint32_t count, uint64_t offset, uint32
 size_t ap__cw_hdr_write(uint8_t *out, ap_codec_id_t id, uint32_t count, uint64_t offset,
                         uint32_t payload_len, uint32_t param, unsigned flags)
 {
+    if (flags & AP_COMPRESS_BARE) return 0;
     if (!(flags & AP_COMPRESS_COMPACT)) {
         out[0] = AP_COMPRESS_MAGIC;
         out[1] = AP_COMPRESS_VERSION;

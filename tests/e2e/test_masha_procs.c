@@ -241,9 +241,10 @@ static void check_summary(const char *js, const ap_masha_result_t *ref)
 
 #define M 10
 
-/* server_wire 1: the server serves only /apiary/masha/1 (as one built before
- * version 2); the workers fall back to it over TCP + Noise and the run is
- * the version 1 run. */
+/* server_wire 1 or 2: the server serves only /apiary/masha/1 (as one built
+ * before version 2), or versions up to 2 (built before version 3); the
+ * workers step down to it over TCP + Noise and the run is that version's
+ * run. */
 static void run_ten(const char *method, double gamma, double frac, double sfrac, int server_wire)
 {
     uint64_t cseed = ap_test_seed(7);
@@ -266,7 +267,8 @@ static void run_ten(const char *method, double gamma, double frac, double sfrac,
     assert_int_equal(ref.bytes_up, ap_masha_upload_bytes(p, &o, ref.iters, ref.refreshes));
     ap_masha_problem_free(p);
 
-    char g[32], f[32], sf[32], cs[32], to[32], idx[M][8];
+    char g[32], f[32], sf[32], cs[32], to[32], idx[M][8], wv[8];
+    snprintf(wv, sizeof wv, "%d", server_wire);
     snprintf(g, sizeof g, "%.17g", gamma);
     snprintf(f, sizeof f, "%.17g", frac);
     snprintf(sf, sizeof sf, "%.17g", sfrac);
@@ -278,8 +280,8 @@ static void run_ten(const char *method, double gamma, double frac, double sfrac,
         "--compress-seed", cs, "--timeout", to
     const char *sargs[] = {"masha",    "server",
                            "--listen", "/ip4/127.0.0.1/tcp/0",
-                           COMMON,     server_wire == 1 ? "--wire" : NULL,
-                           "1",        NULL};
+                           COMMON,     server_wire ? "--wire" : NULL,
+                           wv,         NULL};
     child_t *s = spawn(sargs);
     char addr[512];
     server_addr(s, addr, sizeof addr);
@@ -312,6 +314,12 @@ static void test_masha1_old_server(void **state)
 {
     (void)state;
     run_ten("masha1", 0.686, 0.1, 0, 1);
+}
+
+static void test_masha1_v2_server(void **state)
+{
+    (void)state;
+    run_ten("masha1", 0.686, 0.1, 0, 2);
 }
 
 static void test_masha2_server_compressed(void **state)
@@ -486,6 +494,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_masha1_ten_processes, teardown),
         cmocka_unit_test_teardown(test_masha1_old_server, teardown),
+        cmocka_unit_test_teardown(test_masha1_v2_server, teardown),
         cmocka_unit_test_teardown(test_masha2_server_compressed, teardown),
         cmocka_unit_test_teardown(test_wrong_server_id, teardown),
         cmocka_unit_test_teardown(test_worker_killed_midrun, teardown),

@@ -288,13 +288,101 @@ static void test_bad_v2(void **state)
     assert_int_equal(ap_compress_parse(NULL, 5, NULL), AP_ECORRUPT);
 }
 
+/* Bare chunks (AP_COMPRESS_BARE): the payload alone, the same bytes as a
+ * compact chunk's payload, decoded with what the receiver expects; a size
+ * that disagrees, flags without BARE, COMPACT with BARE, a bad cfg or a
+ * destination too small are refused and write nothing. */
+static void test_bare(void **state)
+{
+    (void)state;
+    static const ap_codec_id_t ids[] = {AP_CODEC_NONE,       AP_CODEC_FP16,     AP_CODEC_BF16,
+                                        AP_CODEC_MEANSTD16,  AP_CODEC_UNIFORM8, AP_CODEC_QUANTILE8,
+                                        AP_CODEC_BLOCKWISE8, AP_CODEC_TOPK,     AP_CODEC_RANDK};
+    static const size_t ns[] = {1, 37, 5000};
+    float x[5000], a[5000 + 8], b[5000 + 8];
+    fill(x, 5000, 9);
+    static uint8_t v2[30000], bare[30000];
+    for (size_t ci = 0; ci < sizeof ids / sizeof ids[0]; ci++)
+        for (size_t ni = 0; ni < 3; ni++)
+            for (unsigned ns_seed = 0; ns_seed < 2; ns_seed++) {
+                if (ns_seed && ids[ci] != AP_CODEC_RANDK) continue;
+                size_t n = ns[ni];
+                ap_codec_cfg_t c = {.id = ids[ci], .fraction = 0.1, .seed = 77};
+                unsigned fb = AP_COMPRESS_BARE | (ns_seed ? AP_COMPRESS_NO_SEED : 0);
+                unsigned f2 = AP_COMPRESS_COMPACT | (ns_seed ? AP_COMPRESS_NO_SEED : 0);
+                size_t l2, lb;
+                assert_ok(ap_compress_encode_ex(&c, x, n, 3, f2, v2, sizeof v2, &l2));
+                assert_ok(ap_compress_encode_ex(&c, x, n, 3, fb, bare, sizeof bare, &lb));
+                assert_int_equal(ap_compress_size_ex(&c, n, 3, fb), lb);
+                ap_compress_hdr_t h;
+                assert_ok(ap_compress_parse(v2, l2, &h));
+                assert_int_equal(lb, h.payload_len);
+                assert_memory_equal(bare, v2 + h.hdr_len, lb);
+                memset(a, 0x55, sizeof a);
+                memset(b, 0x55, sizeof b);
+                assert_ok(ap_compress_decode_seeded(v2, l2, 77, a, n + 3, NULL));
+                assert_ok(ap_compress_decode_bare(&c, n, 3, fb, bare, lb, b, n + 3));
+                assert_memory_equal(a, b, sizeof a);
+                assert_ok(ap_compress_decode_add_seeded(v2, l2, 77, 0.5f, a, n + 3, NULL));
+                assert_ok(ap_compress_decode_add_bare(&c, n, 3, fb, bare, lb, 0.5f, b, n + 3));
+                assert_memory_equal(a, b, sizeof a);
+                /* malformed: every other length, a destination too small */
+                memset(b, 0x55, sizeof b);
+                memcpy(a, b, sizeof a);
+                assert_int_equal(ap_compress_decode_bare(&c, n, 3, fb, bare, lb - 1, b, n + 3),
+                                 AP_ECORRUPT);
+                assert_int_equal(ap_compress_decode_bare(&c, n, 3, fb, bare, lb + 1, b, n + 3),
+                                 AP_ECORRUPT);
+                assert_int_equal(ap_compress_decode_bare(&c, n, 3, fb, bare, 0, b, n + 3),
+                                 AP_ECORRUPT);
+                assert_int_equal(ap_compress_decode_bare(&c, n, 3, fb, bare, lb, b, n + 2),
+                                 AP_ERANGE);
+                assert_memory_equal(a, b, sizeof a);
+            }
+    ap_codec_cfg_t c = {.id = AP_CODEC_NONE};
+    float y[4] = {1, 2, 3, 4}, d[4];
+    uint8_t out[64];
+    size_t len;
+    assert_int_equal(ap_compress_encode_ex(&c, y, 4, 0, AP_COMPRESS_BARE | AP_COMPRESS_COMPACT, out,
+                                           sizeof out, &len),
+                     AP_EINVAL);
+    assert_int_equal(ap_compress_size_ex(&c, 4, 0, AP_COMPRESS_BARE | AP_COMPRESS_COMPACT), 0);
+    assert_ok(ap_compress_encode_ex(&c, y, 4, 0, AP_COMPRESS_BARE, out, sizeof out, &len));
+    assert_int_equal(len, 16);
+    assert_memory_equal(out, y, 16);
+    /* not a bare decode, unknown codec, count above the cap, offset overflow */
+    assert_int_equal(ap_compress_decode_bare(&c, 4, 0, AP_COMPRESS_COMPACT, out, 16, d, 4),
+                     AP_EINVAL);
+    assert_int_equal(ap_compress_decode_bare(&c, 4, 0, AP_COMPRESS_BARE | 8u, out, 16, d, 4),
+                     AP_EINVAL);
+    ap_codec_cfg_t bad = {.id = AP_CODEC__COUNT};
+    assert_int_equal(ap_compress_decode_bare(&bad, 4, 0, AP_COMPRESS_BARE, out, 16, d, 4),
+                     AP_EINVAL);
+    assert_int_equal(ap_compress_decode_bare(&c, (size_t)AP_COMPRESS_MAX_COUNT + 1, 0,
+                                             AP_COMPRESS_BARE, out, 16, d, 4),
+                     AP_EINVAL);
+    assert_int_equal(
+        ap_compress_decode_bare(&c, 4, UINT64_MAX - 2, AP_COMPRESS_BARE, out, 16, d, 4), AP_EINVAL);
+    /* a bare chunk is nothing to ap_compress_parse: it must not be taken for one */
+    ap_codec_cfg_t rk = {.id = AP_CODEC_RANDK, .k = 2};
+    assert_int_equal(
+        ap_compress_decode_bare(&rk, 100, 0, AP_COMPRESS_BARE | AP_COMPRESS_NO_SEED, out, 16, d, 4),
+        AP_ECORRUPT);
+    /* a non-finite value in a bare randk payload is refused like a framed one */
+    float inf[2] = {INFINITY, 1};
+    memcpy(out, inf, 8);
+    float big[100];
+    assert_int_equal(ap_compress_decode_bare(&rk, 100, 0, AP_COMPRESS_BARE | AP_COMPRESS_NO_SEED,
+                                             out, 8, big, 100),
+                     AP_ECORRUPT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layout),
-        cmocka_unit_test(test_roundtrip_vs_v1),
-        cmocka_unit_test(test_derived_seed),
-        cmocka_unit_test(test_bad_v2),
+        cmocka_unit_test(test_layout),       cmocka_unit_test(test_roundtrip_vs_v1),
+        cmocka_unit_test(test_derived_seed), cmocka_unit_test(test_bad_v2),
+        cmocka_unit_test(test_bare),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

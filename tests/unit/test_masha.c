@@ -185,7 +185,8 @@ static void test_server_rejects(void **state)
                          .fraction = 0.1,
                          .seed = 3,
                          .target = 1e-6,
-                         .max_iters = 10};
+                         .max_iters = 10,
+                         .wire = 2};
     ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), 10, &o);
     ap__masha_worker_t *w0 = ap__masha_worker_new(p, &o, 0), *w1 = ap__masha_worker_new(p, &o, 1);
     assert_ok(ap__masha_worker_start(w0));
@@ -233,6 +234,87 @@ static void test_server_rejects(void **state)
     uint8_t rep2[2] = {0x21, 0};
     assert_true(ap__masha_worker_on_reply(w0, rep2, 1, &done) < 0);           /* truncated */
     assert_true(ap__masha_worker_on_reply(w0, rep2, sizeof rep2, &done) < 0); /* no chunk */
+    ap__masha_worker_free(w0);
+    ap__masha_worker_free(w1);
+    ap__masha_server_free(s);
+    ap_masha_problem_free(p);
+}
+
+/* Version 3 (one header byte, bare chunks): the header byte's phase and
+ * iteration bits, the worker varint (truncated, overlong, out of range) and
+ * the exact payload size implied by the phase are all checked. */
+static void test_server_rejects_v3(void **state)
+{
+    (void)state;
+    ap_masha_problem_t *p = make(0.1);
+    ap_masha_opts_t o = {.method = AP_MASHA_1,
+                         .gamma = 0.1,
+                         .fraction = 0.1,
+                         .seed = 3,
+                         .target = 1e-6,
+                         .max_iters = 10};
+    ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), 2, &o);
+    ap__masha_worker_t *w0 = ap__masha_worker_new(p, &o, 0), *w1 = ap__masha_worker_new(p, &o, 1);
+    assert_ok(ap__masha_worker_start(w0));
+    assert_ok(ap__masha_worker_start(w1));
+    size_t l0, l1;
+    const uint8_t *m0 = ap__masha_worker_msg(w0, &l0), *m1 = ap__masha_worker_msg(w1, &l1);
+    assert_int_equal(l1, 1 + 1 + 400); /* header byte, worker 1, 100 floats */
+    assert_int_equal(m1[0], 0x80);     /* iteration 0, phase FULL */
+    assert_int_equal(m1[1], 1);
+    assert_int_equal(ap__masha_server_add(s, m0, l0), 0);
+    uint8_t bad[1024];
+    memcpy(bad, m1, l1);
+    bad[0] = 0x81; /* other phase */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    bad[0] = 0x84; /* other iteration */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    bad[0] = 0x80;
+    bad[1] = 2; /* worker index out of range */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    bad[1] = 0; /* worker 0 again */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    bad[1] = 0x81; /* overlong varint (1 in two bytes) */
+    bad[2] = 0x00;
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    memset(bad + 1, 0xff, 3); /* varint beyond 3 bytes */
+    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    memcpy(bad, m1, l1); /* one byte more or less than the phase implies */
+    assert_int_equal(ap__masha_server_add(s, bad, l1 + 1), AP_ECORRUPT);
+    for (size_t cut = 0; cut < l1; cut += 13) assert_true(ap__masha_server_add(s, m1, cut) < 0);
+    /* a version 3 header in front of a compact chunk is not a bare chunk */
+    {
+        ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
+        float zero[100] = {0};
+        uint8_t v2c[2 + 3 + 400] = {0x80, 1};
+        size_t cl;
+        assert_ok(
+            ap_compress_encode_ex(&none, zero, 100, 0, AP_COMPRESS_COMPACT, v2c + 2, 403, &cl));
+        assert_int_equal(ap__masha_server_add(s, v2c, 2 + cl), AP_ECORRUPT);
+    }
+    assert_int_equal(ap__masha_server_add(s, m1, l1), 1);
+    /* replies: one byte, then exactly the dense average */
+    size_t rl;
+    const uint8_t *rep = ap__masha_server_reply(s, 3, &rl);
+    assert_int_equal(rl, 1 + 400);
+    assert_int_equal(rep[0], 0x80);
+    uint8_t br[512];
+    bool done;
+    memcpy(br, rep, rl);
+    br[0] = 0x88; /* other iteration */
+    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl, &done), AP_EPROTO);
+    br[0] = 0x84; /* a refresh bit on a FULL reply */
+    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl, &done), AP_EPROTO);
+    br[0] = 0x80;
+    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl - 1, &done), AP_ECORRUPT);
+    assert_true(ap__masha_worker_on_reply(w0, br, 1, &done) < 0);
+    assert_true(ap__masha_worker_on_reply(w0, br, 0, &done) < 0);
+    assert_ok(ap__masha_worker_on_reply(w0, rep, rl, &done));
+    /* the next request is a DIFF: 1 + 1 + 4k bytes (k = 10), no chunk header */
+    assert_ok(ap__masha_worker_on_reply(w1, rep, rl, &done));
+    m1 = ap__masha_worker_msg(w1, &l1);
+    assert_int_equal(l1, 1 + 1 + 40);
+    assert_int_equal(m1[0], 0x80 | (AP__MP_DIFF - 1));
     ap__masha_worker_free(w0);
     ap__masha_worker_free(w1);
     ap__masha_server_free(s);
@@ -311,8 +393,8 @@ static void test_server_order_independent(void **state)
     ap_masha_problem_free(p);
 }
 
-/* Mixed wire versions: even workers speak version 1, odd ones version 2, to
- * one server that answers each in its version. The run is the in-process
+/* Mixed wire versions: worker m speaks version 1 + m mod 3, to one server
+ * that answers each in its version. The run is the in-process
  * run of either version (same values, same seeds: only the framing
  * differs), and each worker's bytes are the analytic count of its version.
  * With rand-k at the workers and at the server (MASHA1) and top-k with
@@ -326,7 +408,7 @@ static void run_mixed(const ap_masha_opts_t *o)
     ap__masha_worker_t *w[M];
     for (int m = 0; m < M; m++) {
         ap_masha_opts_t wo = *o;
-        wo.wire = m % 2 ? 2 : 1;
+        wo.wire = 1 + m % 3;
         w[m] = ap__masha_worker_new(p, &wo, m);
         assert_non_null(w[m]);
         assert_int_equal(ap__masha_worker_wire(w[m]), wo.wire);
@@ -340,18 +422,19 @@ static void run_mixed(const ap_masha_opts_t *o)
         for (int m = 0; m < M; m++) {
             msg = ap__masha_worker_msg(w[m], &len);
             assert_non_null(msg);
-            assert_int_equal(msg[0] >> 4 == 2 ? 2 : 1, m % 2 ? 2 : 1);
+            assert_int_equal(msg[0] & 0x80 ? 3 : msg[0] >> 4 == 2 ? 2 : 1, 1 + m % 3);
             rc = ap__masha_server_add(s, msg, len);
             assert_true(rc >= 0);
         }
         assert_int_equal(rc, 1);
         bool it_done;
         for (int m = 0; m < M; m++) {
-            const uint8_t *rep = ap__masha_server_reply(s, m % 2 ? 2 : 1, &len);
+            const uint8_t *rep = ap__masha_server_reply(s, 1 + m % 3, &len);
             assert_ok(ap__masha_worker_on_reply(w[m], rep, len, &it_done));
-            /* the other version's reply is refused */
-            if (ap__masha_worker_msg(w[m], &len)) {
-                const uint8_t *other = ap__masha_server_reply(s, m % 2 ? 1 : 2, &len);
+            /* the other versions' replies are refused */
+            for (int v = 1; v <= 3 && ap__masha_worker_msg(w[m], &len); v++) {
+                if (v == 1 + m % 3) continue;
+                const uint8_t *other = ap__masha_server_reply(s, v, &len);
                 assert_int_equal(ap__masha_worker_on_reply(w[m], other, len, &it_done), AP_EPROTO);
             }
         }
@@ -359,28 +442,35 @@ static void run_mixed(const ap_masha_opts_t *o)
     ap_masha_result_t ref, r;
     assert_ok(ap_masha_run(p, o, &ref));
     assert_true(ref.converged);
-    ap_masha_opts_t o1 = *o;
+    ap_masha_opts_t o1 = *o, o2 = *o;
     o1.wire = 1;
-    ap_masha_result_t ref1;
+    o2.wire = 2;
+    ap_masha_result_t ref1, ref2;
     assert_ok(ap_masha_run(p, &o1, &ref1));
+    assert_ok(ap_masha_run(p, &o2, &ref2));
     assert_int_equal(ref1.iters, ref.iters);
+    assert_int_equal(ref2.iters, ref.iters);
     assert_true(ref1.rel_dist2 == ref.rel_dist2);
+    assert_true(ref2.rel_dist2 == ref.rel_dist2);
+    const ap_masha_result_t *refs[3] = {&ref1, &ref2, &ref};
+    const ap_masha_opts_t *opts[3] = {&o1, &o2, o};
     for (int m = 0; m < M; m++) {
         ap__masha_worker_counts(w[m], &r);
         assert_int_equal(r.iters, ref.iters);
         assert_int_equal(r.refreshes, ref.refreshes);
         assert_int_equal(r.floats_up, ref.floats_up);
         assert_true(r.rel_dist2 == ref.rel_dist2);
-        const ap_masha_result_t *same = m % 2 ? &ref : &ref1;
+        const ap_masha_result_t *same = refs[m % 3];
         assert_int_equal(r.bytes_up, same->bytes_up);
         assert_int_equal(r.bytes_down, same->bytes_down);
-        assert_int_equal(r.bytes_up,
-                         ap_masha_upload_bytes(p, m % 2 ? o : &o1, r.iters, r.refreshes));
+        assert_int_equal(r.bytes_up, ap_masha_upload_bytes(p, opts[m % 3], r.iters, r.refreshes));
     }
-    print_message("method %d: %llu iterations, bytes up per worker v1 %llu, v2 %llu\n",
+    print_message("method %d: %llu iterations, bytes up per worker v1 %llu, v2 %llu, v3 %llu\n",
                   (int)o->method, (unsigned long long)ref.iters, (unsigned long long)ref1.bytes_up,
-                  (unsigned long long)ref.bytes_up);
-    assert_true(ref.bytes_up < ref1.bytes_up);
+                  (unsigned long long)ref2.bytes_up, (unsigned long long)ref.bytes_up);
+    assert_true(ref.bytes_up < ref2.bytes_up);
+    assert_true(ref2.bytes_up < ref1.bytes_up);
+    assert_true(ref.bytes_down < ref2.bytes_down);
     for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
     ap__masha_server_free(s);
     ap_masha_problem_free(p);
@@ -413,11 +503,12 @@ static void test_mixed_versions(void **state)
     run_mixed(&o);
 }
 
-/* A worker whose server lacks version 2 re-frames its pending request as
- * version 1 (same values) and the run goes on in version 1. */
-static void test_downgrade(void **state)
+/* A worker whose server lacks its version re-frames its pending request
+ * one version down (same values) and the run goes on in that version: a
+ * version 3 worker against a server of version 2 (one step) and of version
+ * 1 (two steps). */
+static void run_downgrade(int server_wire)
 {
-    (void)state;
     enum { M = 10 };
     ap_masha_problem_t *p = make(0.1);
     ap_masha_opts_t o = {.method = AP_MASHA_2,
@@ -428,15 +519,17 @@ static void test_downgrade(void **state)
                          .target = 1e-6,
                          .max_iters = 200000};
     ap_masha_opts_t o1 = o;
-    o1.wire = 1;
+    o1.wire = server_wire;
     ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), M, &o1);
     ap__masha_worker_t *w[M];
     for (int m = 0; m < M; m++) {
         w[m] = ap__masha_worker_new(p, &o, m);
         assert_ok(ap__masha_worker_start(w[m]));
-        assert_int_equal(ap__masha_worker_wire(w[m]), 2);
-        assert_ok(ap__masha_worker_downgrade(w[m]));
-        assert_int_equal(ap__masha_worker_wire(w[m]), 1);
+        for (int v = 3; v > server_wire; v--) {
+            assert_int_equal(ap__masha_worker_wire(w[m]), v);
+            assert_ok(ap__masha_worker_downgrade(w[m]));
+        }
+        assert_int_equal(ap__masha_worker_wire(w[m]), server_wire);
     }
     int phases = 0;
     for (;;) {
@@ -444,13 +537,14 @@ static void test_downgrade(void **state)
         if (!ap__masha_worker_msg(w[0], &len)) break;
         for (int m = 0; m < M; m++) {
             const uint8_t *msg = ap__masha_worker_msg(w[m], &len);
-            assert_int_equal(msg[0], 1);
+            assert_int_equal(server_wire == 1 ? msg[0] : msg[0] >> 4, server_wire);
             assert_true(ap__masha_server_add(s, msg, len) >= 0);
         }
         const uint8_t *rep = ap__masha_server_reply(s, 0, &len);
         bool it_done;
         for (int m = 0; m < M; m++) assert_ok(ap__masha_worker_on_reply(w[m], rep, len, &it_done));
-        if (phases++ == 0) assert_int_equal(ap__masha_worker_downgrade(w[0]), 0); /* no-op */
+        if (phases++ == 0 && server_wire == 1)
+            assert_int_equal(ap__masha_worker_downgrade(w[0]), 0); /* no-op */
     }
     ap_masha_result_t ref, r;
     assert_ok(ap_masha_run(p, &o1, &ref));
@@ -458,34 +552,41 @@ static void test_downgrade(void **state)
     assert_int_equal(r.iters, ref.iters);
     assert_int_equal(r.bytes_up, ref.bytes_up);
     assert_true(r.rel_dist2 == ref.rel_dist2);
-    /* once a version 2 reply was accepted there is no way back */
+    for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
+    ap__masha_server_free(s);
+    ap_masha_problem_free(p);
+}
+
+static void test_downgrade(void **state)
+{
+    (void)state;
+    run_downgrade(2);
+    run_downgrade(1);
+    /* once a reply was accepted there is no way back */
+    ap_masha_problem_t *p = make(0.1);
+    ap_masha_opts_t o = {.method = AP_MASHA_1, .gamma = 0.2, .fraction = 0.1, .seed = 4};
     ap__masha_worker_t *w2 = ap__masha_worker_new(p, &o, 0);
     ap__masha_server_t *s2 = ap__masha_server_new(ap_masha_dim(p), 1, &o);
     assert_ok(ap__masha_worker_start(w2));
     size_t len;
     const uint8_t *msg = ap__masha_worker_msg(w2, &len);
     assert_int_equal(ap__masha_server_add(s2, msg, len), 1);
-    const uint8_t *rep = ap__masha_server_reply(s2, 2, &len);
+    const uint8_t *rep = ap__masha_server_reply(s2, 3, &len);
     bool it_done;
     assert_ok(ap__masha_worker_on_reply(w2, rep, len, &it_done));
     assert_int_equal(ap__masha_worker_downgrade(w2), AP_ESTATE);
     ap__masha_worker_free(w2);
     ap__masha_server_free(s2);
-    for (int m = 0; m < M; m++) ap__masha_worker_free(w[m]);
-    ap__masha_server_free(s);
     ap_masha_problem_free(p);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_solution),
-        cmocka_unit_test(test_convergence_and_target),
-        cmocka_unit_test(test_server_compression),
-        cmocka_unit_test(test_server_rejects),
-        cmocka_unit_test(test_server_order_independent),
-        cmocka_unit_test(test_mixed_versions),
-        cmocka_unit_test(test_downgrade),
+        cmocka_unit_test(test_solution),           cmocka_unit_test(test_convergence_and_target),
+        cmocka_unit_test(test_server_compression), cmocka_unit_test(test_server_rejects),
+        cmocka_unit_test(test_server_rejects_v3),  cmocka_unit_test(test_server_order_independent),
+        cmocka_unit_test(test_mixed_versions),     cmocka_unit_test(test_downgrade),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,8 +82,9 @@ static void usage(FILE *f)
             "  --compress-seed S     compressor seeds and refresh coin (default: --seed)\n"
             "  --target T            stop at |z-z*|^2 <= T |z0-z*|^2 (default 1e-6)\n"
             "  --max-iters N         give up after N iterations (default 100000)\n"
-            "  --wire V              2: /apiary/masha/2 compact headers, falling back to 1 if\n"
-            "                        the server lacks it (default); 1: /apiary/masha/1 only\n"
+            "  --wire V              3: /apiary/masha/3 1-2 byte headers and bare chunks,\n"
+            "                        stepping down to 2 and 1 if the server lacks them\n"
+            "                        (default); 2: at most /apiary/masha/2; 1: only /1\n"
             "common:\n"
             "  --announce MULTIADDR  address to give to peers instead of --listen's, e.g.\n"
             "                        a forwarded port /ip4/A.B.C.D/tcp/PORT (repeatable)\n"
@@ -295,7 +296,7 @@ static int parse_args(int argc, char **argv, masha_args_t *a)
             break;
         case O_WIRE: {
             uint64_t wv;
-            if (!parse_u64("--wire", optarg, 1, 2, &wv)) return EXIT_USAGE;
+            if (!parse_u64("--wire", optarg, 1, 3, &wv)) return EXIT_USAGE;
             a->o.wire = (int)wv;
             break;
         }
