@@ -404,13 +404,25 @@ static void test_bad_request(void **state)
     for (int i = 0; i < nnodes; i++) ap__rt_fini(&nodes[i].rt);
 }
 
+bool ap__p2pb_bulk(const char *proto); /* src/runtime/uv/p2p_bridge.c */
+
+/* Every MASHA wire version is bulk: refused over a relayed connection
+ * unless the node allows bulk there (docs/nat.md). */
+static void test_bulk_over_relays(void **state)
+{
+    (void)state;
+    assert_true(ap__p2pb_bulk(AP_MASHA_PROTO));
+    assert_true(ap__p2pb_bulk(AP_MASHA_PROTO2));
+    assert_true(ap__p2pb_bulk(AP_MASHA_PROTO3));
+    assert_false(ap__p2pb_bulk("/apiary/masha/9"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_distributed_eg),
-        cmocka_unit_test(test_distributed_masha1),
-        cmocka_unit_test(test_distributed_masha2),
-        cmocka_unit_test(test_bad_request),
+        cmocka_unit_test(test_distributed_eg),     cmocka_unit_test(test_distributed_masha1),
+        cmocka_unit_test(test_distributed_masha2), cmocka_unit_test(test_bad_request),
+        cmocka_unit_test(test_bulk_over_relays),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -476,7 +476,8 @@ static bool serves(void *arg, const char *proto)
 
 bool ap__p2pb_bulk(const char *proto)
 {
-    static const char *const bulk[] = {AP_AVG_PROTO, AP_COLLAB_STATE_PROTO, AP_MASHA_PROTO};
+    static const char *const bulk[] = {AP_AVG_PROTO, AP_COLLAB_STATE_PROTO, AP_MASHA_PROTO,
+                                       AP_MASHA_PROTO2, AP_MASHA_PROTO3};
     for (size_t i = 0; i < sizeof bulk / sizeof bulk[0]; i++)
         if (strcmp(proto, bulk[i]) == 0) return true;
     return false;
