@@ -6,7 +6,9 @@
  * versions, both always decoded: version 1 (24 bytes, fixed fields) and the
  * compact version 2 (3..22 bytes: varints, the payload length implied by the
  * codec, the offset and the block size only when not the default, the
- * rand-k seed optional because a receiver can often derive it). The wire
+ * rand-k seed optional because a receiver can often derive it). A protocol
+ * whose receiver knows every header field may send bare chunks (the
+ * payload alone, AP_COMPRESS_BARE, ap_compress_decode_bare). The wire
  * format is specified byte for byte in docs/compression.md.
  *
  * OWNERSHIP. Every function reads the caller's input and writes into the
