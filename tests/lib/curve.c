@@ -29,27 +29,31 @@ int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t
     return 0;
 }
 
-int ap_test_curve_check_late(const double *loss, int n, int from, int window, double tol, char *why,
-                             size_t cap)
-{
-    if (n < from + window + 1) {
-        snprintf(why, cap, "%d epochs, fewer than %d", n, from + window + 1);
-        return -1;
-    }
-    for (int i = from; i + window < n; i++)
-        if (!isfinite(loss[i + window]) || loss[i + window] > loss[i] + tol) {
-            snprintf(why, cap, "epochs %d..%d: loss %.4f -> %.4f, up by more than %.3f", i,
-                     i + window, loss[i], loss[i + window], tol);
-            return -1;
-        }
-    return 0;
-}
-
 static double mean(const double *v, int n)
 {
     double s = 0;
     for (int i = 0; i < n; i++) s += v[i];
     return s / n;
+}
+
+int ap_test_curve_check_late(const double *loss, int n, int from, int window, double tol, char *why,
+                             size_t cap)
+{
+    if (window < 1 || n < from + 2 * window) {
+        snprintf(why, cap, "%d epochs, fewer than %d", n, from + 2 * window);
+        return -1;
+    }
+    for (int i = from; i + 2 * window <= n; i++) {
+        double a = mean(loss + i, window), b = mean(loss + i + window, window);
+        if (!isfinite(b) || b > a + tol) {
+            snprintf(why, cap,
+                     "epochs %d..%d: mean loss %.4f, then %.4f over epochs %d..%d: up by more "
+                     "than %.3f",
+                     i, i + window - 1, a, b, i + window, i + 2 * window - 1, tol);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int ap_test_curve_check_trend(const double *loss, int n, int from, int width, char *why, size_t cap)

@@ -10,10 +10,11 @@
 /* loss[0..n): one value per epoch. Returns 0 if the curve has the shape,
  * else -1 with the first violation described in why (cap bytes). */
 int ap_test_curve_check(const double *loss, int n, int window, char *why, size_t cap);
-/* The late part of a long run: from epoch `from` on, no window of `window`
- * epochs ends more than `tol` above where it began (the noise of a mean over
- * one epoch's batches is allowed, a loss that climbs back is not). Returns 0
- * or -1 with why as above. */
+/* The late part of a long run: from epoch `from` on, the mean of no
+ * `window` epochs is more than `tol` above the mean of the `window` epochs
+ * before them (a loss that climbs back fails; one epoch's mean, which varies
+ * by a few hundredths on a plateau, does not). Returns 0 or -1 with why as
+ * above. */
 int ap_test_curve_check_late(const double *loss, int n, int from, int window, double tol, char *why,
                              size_t cap);
 /* The trend of a long run, robust to one epoch's noise: the mean of the last
