@@ -176,43 +176,62 @@ static void test_server_compression(void **state)
     ap_masha_problem_free(p);
 }
 
-static void test_server_rejects(void **state)
+/* A MASHA1 server for `workers` workers and workers 0 and 1, started, with
+ * their first requests (m0, m1), speaking wire version `wire` (0: the
+ * newest). */
+typedef struct rejects {
+    ap_masha_problem_t *p;
+    ap__masha_server_t *s;
+    ap__masha_worker_t *w0, *w1;
+    const uint8_t *m0, *m1;
+    size_t l0, l1;
+} rejects_t;
+
+static rejects_t rejects_setup(uint32_t workers, uint32_t wire)
 {
-    (void)state;
-    ap_masha_problem_t *p = make(0.1);
+    rejects_t r;
+    r.p = make(0.1);
     ap_masha_opts_t o = {.method = AP_MASHA_1,
                          .gamma = 0.1,
                          .fraction = 0.1,
                          .seed = 3,
                          .target = 1e-6,
                          .max_iters = 10,
-                         .wire = 2};
-    ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), 10, &o);
-    ap__masha_worker_t *w0 = ap__masha_worker_new(p, &o, 0), *w1 = ap__masha_worker_new(p, &o, 1);
-    assert_ok(ap__masha_worker_start(w0));
-    assert_ok(ap__masha_worker_start(w1));
-    size_t l0, l1;
-    const uint8_t *m0 = ap__masha_worker_msg(w0, &l0), *m1 = ap__masha_worker_msg(w1, &l1);
-    assert_int_equal(ap__masha_server_add(s, m0, l0), 0);
-    assert_int_equal(ap__masha_server_add(s, m0, l0), AP_EPROTO); /* duplicate */
+                         .wire = wire};
+    r.s = ap__masha_server_new(ap_masha_dim(r.p), workers, &o);
+    r.w0 = ap__masha_worker_new(r.p, &o, 0);
+    r.w1 = ap__masha_worker_new(r.p, &o, 1);
+    assert_ok(ap__masha_worker_start(r.w0));
+    assert_ok(ap__masha_worker_start(r.w1));
+    r.m0 = ap__masha_worker_msg(r.w0, &r.l0);
+    r.m1 = ap__masha_worker_msg(r.w1, &r.l1);
+    return r;
+}
+
+static void test_server_rejects(void **state)
+{
+    (void)state;
+    rejects_t r = rejects_setup(10, 2);
+    assert_int_equal(ap__masha_server_add(r.s, r.m0, r.l0), 0);
+    assert_int_equal(ap__masha_server_add(r.s, r.m0, r.l0), AP_EPROTO); /* duplicate */
     uint8_t bad[1024];
-    assert_true(l1 <= sizeof bad);
-    memcpy(bad, m1, l1);
+    assert_true(r.l1 <= sizeof bad);
+    memcpy(bad, r.m1, r.l1);
     bad[0] = (uint8_t)((bad[0] & 0xf8) | AP__MP_DIFF); /* other phase */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
-    memcpy(bad, m1, l1);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
+    memcpy(bad, r.m1, r.l1);
     bad[1] = 1; /* other iteration */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
-    memcpy(bad, m1, l1);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
+    memcpy(bad, r.m1, r.l1);
     bad[0] = 0x31; /* unknown version */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EVERSION);
-    memcpy(bad, m1, l1);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EVERSION);
+    memcpy(bad, r.m1, r.l1);
     bad[0] |= 8; /* a request has no refresh bit */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
-    memcpy(bad, m1, l1);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
+    memcpy(bad, r.m1, r.l1);
     bad[2] = 0x81; /* overlong worker varint */
     bad[3] = 0x00;
-    assert_true(ap__masha_server_add(s, bad, l1) < 0);
+    assert_true(ap__masha_server_add(r.s, bad, r.l1) < 0);
     /* a version 2 message must carry a version 2 chunk */
     {
         ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
@@ -220,24 +239,25 @@ static void test_server_rejects(void **state)
         uint8_t v1c[3 + 24 + 400] = {0x21, 0, 1};
         size_t cl;
         assert_ok(ap_compress_encode(&none, zero, 100, 0, v1c + 3, sizeof v1c - 3, &cl));
-        assert_int_equal(ap__masha_server_add(s, v1c, 3 + cl), AP_EPROTO);
+        assert_int_equal(ap__masha_server_add(r.s, v1c, 3 + cl), AP_EPROTO);
     }
-    memcpy(bad, m1, l1);
+    memcpy(bad, r.m1, r.l1);
     bad[2] = 99; /* worker index out of range */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
-    for (size_t cut = 0; cut < l1; cut += 7) assert_true(ap__masha_server_add(s, m1, cut) < 0);
-    assert_int_equal(ap__masha_server_add(s, m1, l1), 0);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
+    for (size_t cut = 0; cut < r.l1; cut += 7)
+        assert_true(ap__masha_server_add(r.s, r.m1, cut) < 0);
+    assert_int_equal(ap__masha_server_add(r.s, r.m1, r.l1), 0);
     /* worker rejects a reply for another phase/iteration */
     bool done;
     uint8_t rep[16] = {1, 9, 0, 0, 0, 0, 0, 0};
-    assert_int_equal(ap__masha_worker_on_reply(w0, rep, sizeof rep, &done), AP_EPROTO);
+    assert_int_equal(ap__masha_worker_on_reply(r.w0, rep, sizeof rep, &done), AP_EPROTO);
     uint8_t rep2[2] = {0x21, 0};
-    assert_true(ap__masha_worker_on_reply(w0, rep2, 1, &done) < 0);           /* truncated */
-    assert_true(ap__masha_worker_on_reply(w0, rep2, sizeof rep2, &done) < 0); /* no chunk */
-    ap__masha_worker_free(w0);
-    ap__masha_worker_free(w1);
-    ap__masha_server_free(s);
-    ap_masha_problem_free(p);
+    assert_true(ap__masha_worker_on_reply(r.w0, rep2, 1, &done) < 0);           /* truncated */
+    assert_true(ap__masha_worker_on_reply(r.w0, rep2, sizeof rep2, &done) < 0); /* no chunk */
+    ap__masha_worker_free(r.w0);
+    ap__masha_worker_free(r.w1);
+    ap__masha_server_free(r.s);
+    ap_masha_problem_free(r.p);
 }
 
 /* Version 3 (one header byte, bare chunks): the header byte's phase and
@@ -246,42 +266,31 @@ static void test_server_rejects(void **state)
 static void test_server_rejects_v3(void **state)
 {
     (void)state;
-    ap_masha_problem_t *p = make(0.1);
-    ap_masha_opts_t o = {.method = AP_MASHA_1,
-                         .gamma = 0.1,
-                         .fraction = 0.1,
-                         .seed = 3,
-                         .target = 1e-6,
-                         .max_iters = 10};
-    ap__masha_server_t *s = ap__masha_server_new(ap_masha_dim(p), 2, &o);
-    ap__masha_worker_t *w0 = ap__masha_worker_new(p, &o, 0), *w1 = ap__masha_worker_new(p, &o, 1);
-    assert_ok(ap__masha_worker_start(w0));
-    assert_ok(ap__masha_worker_start(w1));
-    size_t l0, l1;
-    const uint8_t *m0 = ap__masha_worker_msg(w0, &l0), *m1 = ap__masha_worker_msg(w1, &l1);
-    assert_int_equal(l1, 1 + 1 + 400); /* header byte, worker 1, 100 floats */
-    assert_int_equal(m1[0], 0x80);     /* iteration 0, phase FULL */
-    assert_int_equal(m1[1], 1);
-    assert_int_equal(ap__masha_server_add(s, m0, l0), 0);
+    rejects_t r = rejects_setup(2, 0);
+    assert_int_equal(r.l1, 1 + 1 + 400); /* header byte, worker 1, 100 floats */
+    assert_int_equal(r.m1[0], 0x80);     /* iteration 0, phase FULL */
+    assert_int_equal(r.m1[1], 1);
+    assert_int_equal(ap__masha_server_add(r.s, r.m0, r.l0), 0);
     uint8_t bad[1024];
-    memcpy(bad, m1, l1);
+    memcpy(bad, r.m1, r.l1);
     bad[0] = 0x81; /* other phase */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
     bad[0] = 0x84; /* other iteration */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
     bad[0] = 0x80;
     bad[1] = 2; /* worker index out of range */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
     bad[1] = 0; /* worker 0 again */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
     bad[1] = 0x81; /* overlong varint (1 in two bytes) */
     bad[2] = 0x00;
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
     memset(bad + 1, 0xff, 3); /* varint beyond 3 bytes */
-    assert_int_equal(ap__masha_server_add(s, bad, l1), AP_EPROTO);
-    memcpy(bad, m1, l1); /* one byte more or less than the phase implies */
-    assert_int_equal(ap__masha_server_add(s, bad, l1 + 1), AP_ECORRUPT);
-    for (size_t cut = 0; cut < l1; cut += 13) assert_true(ap__masha_server_add(s, m1, cut) < 0);
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1), AP_EPROTO);
+    memcpy(bad, r.m1, r.l1); /* one byte more or less than the phase implies */
+    assert_int_equal(ap__masha_server_add(r.s, bad, r.l1 + 1), AP_ECORRUPT);
+    for (size_t cut = 0; cut < r.l1; cut += 13)
+        assert_true(ap__masha_server_add(r.s, r.m1, cut) < 0);
     /* a version 3 header in front of a compact chunk is not a bare chunk */
     {
         ap_codec_cfg_t none = {.id = AP_CODEC_NONE};
@@ -290,35 +299,35 @@ static void test_server_rejects_v3(void **state)
         size_t cl;
         assert_ok(
             ap_compress_encode_ex(&none, zero, 100, 0, AP_COMPRESS_COMPACT, v2c + 2, 403, &cl));
-        assert_int_equal(ap__masha_server_add(s, v2c, 2 + cl), AP_ECORRUPT);
+        assert_int_equal(ap__masha_server_add(r.s, v2c, 2 + cl), AP_ECORRUPT);
     }
-    assert_int_equal(ap__masha_server_add(s, m1, l1), 1);
+    assert_int_equal(ap__masha_server_add(r.s, r.m1, r.l1), 1);
     /* replies: one byte, then exactly the dense average */
     size_t rl;
-    const uint8_t *rep = ap__masha_server_reply(s, 3, &rl);
+    const uint8_t *rep = ap__masha_server_reply(r.s, 3, &rl);
     assert_int_equal(rl, 1 + 400);
     assert_int_equal(rep[0], 0x80);
     uint8_t br[512];
     bool done;
     memcpy(br, rep, rl);
     br[0] = 0x88; /* other iteration */
-    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl, &done), AP_EPROTO);
+    assert_int_equal(ap__masha_worker_on_reply(r.w0, br, rl, &done), AP_EPROTO);
     br[0] = 0x84; /* a refresh bit on a FULL reply */
-    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl, &done), AP_EPROTO);
+    assert_int_equal(ap__masha_worker_on_reply(r.w0, br, rl, &done), AP_EPROTO);
     br[0] = 0x80;
-    assert_int_equal(ap__masha_worker_on_reply(w0, br, rl - 1, &done), AP_ECORRUPT);
-    assert_true(ap__masha_worker_on_reply(w0, br, 1, &done) < 0);
-    assert_true(ap__masha_worker_on_reply(w0, br, 0, &done) < 0);
-    assert_ok(ap__masha_worker_on_reply(w0, rep, rl, &done));
+    assert_int_equal(ap__masha_worker_on_reply(r.w0, br, rl - 1, &done), AP_ECORRUPT);
+    assert_true(ap__masha_worker_on_reply(r.w0, br, 1, &done) < 0);
+    assert_true(ap__masha_worker_on_reply(r.w0, br, 0, &done) < 0);
+    assert_ok(ap__masha_worker_on_reply(r.w0, rep, rl, &done));
     /* the next request is a DIFF: 1 + 1 + 4k bytes (k = 10), no chunk header */
-    assert_ok(ap__masha_worker_on_reply(w1, rep, rl, &done));
-    m1 = ap__masha_worker_msg(w1, &l1);
-    assert_int_equal(l1, 1 + 1 + 40);
-    assert_int_equal(m1[0], 0x80 | (AP__MP_DIFF - 1));
-    ap__masha_worker_free(w0);
-    ap__masha_worker_free(w1);
-    ap__masha_server_free(s);
-    ap_masha_problem_free(p);
+    assert_ok(ap__masha_worker_on_reply(r.w1, rep, rl, &done));
+    r.m1 = ap__masha_worker_msg(r.w1, &r.l1);
+    assert_int_equal(r.l1, 1 + 1 + 40);
+    assert_int_equal(r.m1[0], 0x80 | (AP__MP_DIFF - 1));
+    ap__masha_worker_free(r.w0);
+    ap__masha_worker_free(r.w1);
+    ap__masha_server_free(r.s);
+    ap_masha_problem_free(r.p);
 }
 
 /* The protocol server's two-step path (check in any arrival order, then
