@@ -49,3 +49,12 @@ int ap_test_sanitized(void)
     return getenv("APIARY_SANITIZED") != NULL;
 #endif
 }
+
+void ap_test_rpc_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
+{
+    (void)rt;
+    (void)arg;
+    size_t n;
+    const uint8_t *d = ap_rpc_req_data(req, &n);
+    ap_rpc_respond(req, d, n);
+}

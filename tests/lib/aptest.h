@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "apiary/error.h"
+#include "apiary/runtime.h"
 
 /* Asserts an AP_E* result is 0, printing the error name otherwise. */
 #define assert_ok(expr)                                                                            \
@@ -26,5 +27,8 @@ char *ap_test_read_file(const char *path, size_t *len);
 uint64_t ap_test_seed(uint64_t dflt);
 /* True when running under sanitizers (sizes may be scaled down). */
 int ap_test_sanitized(void);
+
+/* An RPC handler that answers every request with its own bytes. */
+void ap_test_rpc_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req);
 
 #endif

@@ -356,15 +356,6 @@ static const ap_p2p_proto_t ping_cli = {AP_PING_PROTO, ping_open, ping_data, NUL
 static const ap_p2p_proto_t rpc_cli = {"/test/echo/1", rpc_open, rpc_data, rpc_fin, rpc_close};
 static const ap_p2p_proto_t nope_cli = {"/test/nope/1", NULL, NULL, NULL, nope_close};
 
-static void echo_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *d = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, d, n);
-}
-
 static bool pred_ready(void *arg)
 {
     (void)arg;
@@ -421,7 +412,7 @@ static void test_foreign_peer(void **state)
     ap_node_opts_t o = {.listen = "/ip4/127.0.0.1/tcp/0"};
     ap_rt_t *rt;
     assert_ok(ap_node_new(h, &o, &rt));
-    assert_ok(ap_rt_rpc_register(rt, "/test/echo/1", 0, echo_handler, NULL));
+    assert_ok(ap_rt_rpc_register(rt, "/test/echo/1", 0, ap_test_rpc_echo, NULL));
     char a[1][AP_RT_ADDR_MAX];
     assert_int_equal(ap_rt_listen_addrs(rt, a, 1, true), 1);
     ap_multiaddr_t ma;

@@ -28,25 +28,11 @@ static void addr_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
     ap_sync_complete(done, n >= 1 ? 0 : AP_EADDR);
 }
 
-static void on_req(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *p = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, p, n);
-}
-
 static void register_fn(ap_rt_t *rt, void *arg, ap_sync_t *done)
 {
     (void)arg;
-    ap_sync_complete(done, ap_rt_rpc_register(rt, CTL_PROTO, 0, on_req, NULL));
+    ap_sync_complete(done, ap_rt_rpc_register(rt, CTL_PROTO, 0, ap_test_rpc_echo, NULL));
 }
-
-typedef struct call {
-    ap_rt_t *to;
-    ap_sync_t *done;
-} call_t;
 
 static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
                     const char *errmsg)

@@ -27,15 +27,6 @@ typedef struct call {
     size_t len;
 } call_t;
 
-static void on_req(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *p = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, p, n);
-}
-
 static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
                     const char *errmsg)
 {
@@ -108,8 +99,8 @@ static void through_relay(bool bulk)
     ap_node_opts_t po = {.listen = "/ip4/127.0.0.1/tcp/0", .relay_bulk = bulk};
     assert_ok(ap_node_new(h, &po, &d));
     assert_ok(ap_node_new(h, &po, &e));
-    assert_ok(ap_rt_rpc_register(n, CTL_PROTO, 0, on_req, NULL));
-    assert_ok(ap_rt_rpc_register(n, AP_AVG_PROTO, 0, on_req, NULL));
+    assert_ok(ap_rt_rpc_register(n, CTL_PROTO, 0, ap_test_rpc_echo, NULL));
+    assert_ok(ap_rt_rpc_register(n, AP_AVG_PROTO, 0, ap_test_rpc_echo, NULL));
     assert_true(ap_host_run_until(h, live_resv, n, 30000000ull));
 
     char circ[AP_RT_ADDR_MAX], direct[AP_RT_ADDR_MAX];

@@ -23,15 +23,6 @@
 
 #define WAIT_US (10u * 1000u * 1000u)
 
-static void echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *d = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, d, n);
-}
-
 typedef struct call {
     bool done;
     int status;
@@ -137,7 +128,7 @@ static void test_call_falls_back_to_older_address(void **state)
     assert_ok(ap_node_new(h, &o, &a));
     assert_ok(ap_node_new(h, &o, &b));
     assert_ok(ap_node_new(h, &o, &c));
-    assert_ok(ap_rt_rpc_register(b, "/t/echo/1", 0, echo, NULL));
+    assert_ok(ap_rt_rpc_register(b, "/t/ap_test_rpc_echo/1", 0, ap_test_rpc_echo, NULL));
     char good[1][AP_RT_ADDR_MAX], wrong[1][AP_RT_ADDR_MAX], dead[AP_RT_ADDR_MAX];
     assert_int_equal(ap_rt_listen_addrs(b, good, 1, false), 1);
     assert_int_equal(ap_rt_listen_addrs(c, wrong, 1, false), 1); /* another node */
@@ -147,20 +138,20 @@ static void test_call_falls_back_to_older_address(void **state)
     assert_ok(ap_rt_add_addr(a, ap_rt_self(b), wrong[0]));
     assert_ok(ap_rt_add_addr(a, ap_rt_self(b), dead));
     call_t r = {0};
-    assert_true(ap_rt_rpc_call(a, ap_rt_self(b), "/t/echo/1", (const uint8_t *)"hi", 2, NULL,
-                               on_done, &r) != 0);
+    assert_true(ap_rt_rpc_call(a, ap_rt_self(b), "/t/ap_test_rpc_echo/1", (const uint8_t *)"hi", 2,
+                               NULL, on_done, &r) != 0);
     assert_true(ap_host_run_until(h, call_done, &r, WAIT_US));
     if (r.status) fail_msg("call: %s", ap_err_name(r.status));
     /* only dead addresses: the call fails, it does not hang */
     ap_rt_t *d;
     assert_ok(ap_node_new(h, &o, &d));
-    assert_ok(ap_rt_rpc_register(d, "/t/echo/1", 0, echo, NULL));
+    assert_ok(ap_rt_rpc_register(d, "/t/ap_test_rpc_echo/1", 0, ap_test_rpc_echo, NULL));
     snprintf(dead, sizeof dead, "/ip4/127.0.0.1/tcp/%d", dead_port());
     assert_ok(ap_rt_add_addr(a, ap_rt_self(d), dead));
     assert_ok(ap_rt_add_addr(a, ap_rt_self(d), wrong[0]));
     call_t r2 = {0};
-    assert_true(ap_rt_rpc_call(a, ap_rt_self(d), "/t/echo/1", (const uint8_t *)"hi", 2, NULL,
-                               on_done, &r2) != 0);
+    assert_true(ap_rt_rpc_call(a, ap_rt_self(d), "/t/ap_test_rpc_echo/1", (const uint8_t *)"hi", 2,
+                               NULL, on_done, &r2) != 0);
     assert_true(ap_host_run_until(h, call_done, &r2, WAIT_US));
     assert_int_not_equal(r2.status, 0);
     ap_node_free(a);

@@ -52,15 +52,6 @@ static bool all_done(void *arg)
     return w->a->done && w->b->done && (!w->calls_left || *w->calls_left == 0);
 }
 
-static void echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *d = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, d, n);
-}
-
 typedef struct call {
     int *left;
     int status;
@@ -87,7 +78,7 @@ static void new_node(ap_host_t *h, ap_rt_t **rt, char *addr_id, char *addr_bare)
     strcpy(addr_id, a[0]);
     assert_int_equal(ap_rt_listen_addrs(*rt, a, 1, false), 1);
     strcpy(addr_bare, a[0]);
-    assert_ok(ap_rt_rpc_register(*rt, "/t/echo/1", 0, echo, NULL));
+    assert_ok(ap_rt_rpc_register(*rt, "/t/ap_test_rpc_echo/1", 0, ap_test_rpc_echo, NULL));
 }
 
 typedef struct two {
@@ -116,15 +107,15 @@ static const ap_peer_id_t *self_id(ap_rt_t *rt)
     return ap_rt_self(rt);
 }
 
-/* An echo call each way over the peers' connection: both succeed. */
+/* An ap_test_rpc_echo call each way over the peers' connection: both succeed. */
 static void echo_both_ways(ap_host_t *h, ap_rt_t *a, ap_rt_t *b)
 {
     int left = 2;
     call_t c1 = {.left = &left}, c2 = {.left = &left};
-    assert_true(ap_rt_rpc_call(a, self_id(b), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                               on_done, &c1) != 0);
-    assert_true(ap_rt_rpc_call(b, self_id(a), "/t/echo/1", (const uint8_t *)"hello", 5, NULL,
-                               on_done, &c2) != 0);
+    assert_true(ap_rt_rpc_call(a, self_id(b), "/t/ap_test_rpc_echo/1", (const uint8_t *)"hello", 5,
+                               NULL, on_done, &c1) != 0);
+    assert_true(ap_rt_rpc_call(b, self_id(a), "/t/ap_test_rpc_echo/1", (const uint8_t *)"hello", 5,
+                               NULL, on_done, &c2) != 0);
     dial_res_t dummy = {.done = true};
     pair_wait_t w = {&dummy, &dummy, &left};
     assert_true(ap_host_run_until(h, all_done, &w, WAIT_US));
@@ -267,7 +258,7 @@ static void slow_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
     assert_true(ap_rt_timer_start(rt, 20000, 0, slow_fire, s) != 0);
 }
 
-/* The stream echo server obeys flow control as a user must: a message its
+/* The stream ap_test_rpc_echo server obeys flow control as a user must: a message its
  * send window cannot take yet is held and the stream paused (so no further
  * on_msg runs) until on_writable; the end is passed on after it. Echoing
  * blindly fails with AP_EAGAIN whenever the client's credit comes back a
@@ -385,9 +376,9 @@ static void flight_node(ap_host_t *h, bool tcp, ap_rt_t **rt, char *addr)
     assert_int_equal(ap_rt_listen_addrs(*rt, a, 1, false), 1);
     strcpy(addr, a[0]);
     assert_ok(ap_rt_rpc_register(*rt, "/t/slow/1", 0, slow_echo, NULL));
-    assert_ok(ap_rt_rpc_register(*rt, "/t/echo/1", 0, echo, NULL));
+    assert_ok(ap_rt_rpc_register(*rt, "/t/ap_test_rpc_echo/1", 0, ap_test_rpc_echo, NULL));
     ap_stream_opts_t so = {.window = 64};
-    assert_ok(ap_rt_stream_listen(*rt, "/t/echo-stream/1", &so, echo_accept, NULL));
+    assert_ok(ap_rt_stream_listen(*rt, "/t/ap_test_rpc_echo-stream/1", &so, echo_accept, NULL));
 }
 
 static bool mux_settled(void *arg)
@@ -428,8 +419,8 @@ static void run_calls_in_flight(bool tcp)
             ap_rt_t *from = sides[k], *to = sides[1 - k];
             f.cl[k].order_ok = true;
             ap_stream_opts_t so = {.window = 64};
-            assert_ok(ap_rt_stream_open(from, self_id(to), "/t/echo-stream/1", NULL, 0, &so,
-                                        &client_cbs, &f.cl[k], &st[k]));
+            assert_ok(ap_rt_stream_open(from, self_id(to), "/t/ap_test_rpc_echo-stream/1", NULL, 0,
+                                        &so, &client_cbs, &f.cl[k], &st[k]));
             for (int i = 0; i < NCALLS; i++) {
                 call_t *c = &calls[k * NCALLS + i];
                 *c = (call_t){.left = &f.left};

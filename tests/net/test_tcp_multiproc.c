@@ -50,15 +50,6 @@ static void child_say(const char *line)
     if (write(STDOUT_FILENO, line, n) != (ssize_t)n) _exit(3);
 }
 
-static void c_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *d = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, d, n);
-}
-
 static void c_hang(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
     (void)rt;
@@ -149,7 +140,7 @@ static int child_main(const char *keyfile, const char *port)
     if (ap_node_new(h, &o, &rt) != 0) return 2;
     ap_identity_wipe(&id);
     ap_stream_opts_t so = {.window = 64 * 1024, .max_msg = 1 << 20};
-    if (ap_rt_rpc_register(rt, "/t/echo/1", 4u << 20, c_echo, NULL) != 0 ||
+    if (ap_rt_rpc_register(rt, "/t/echo/1", 4u << 20, ap_test_rpc_echo, NULL) != 0 ||
         ap_rt_rpc_register(rt, "/t/hang/1", 0, c_hang, NULL) != 0 ||
         ap_rt_stream_listen(rt, "/t/echo-s/1", &so, c_s_accept, NULL) != 0)
         return 2;

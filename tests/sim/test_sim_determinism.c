@@ -181,12 +181,6 @@ static void scale_done(ap_rt_t *rt, void *arg, int st, const uint8_t *r, size_t 
     g_done++;
     if (st == 0 && n == 8) g_ok++;
 }
-static void scale_echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    size_t n;
-    const uint8_t *p = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, p, n);
-}
 static bool all_done(void *arg)
 {
     return g_done == *(int *)arg;
@@ -200,7 +194,7 @@ static void test_ten_thousand_nodes(void **state)
     ap_sim_set_default_link(sim, &l);
     for (int i = 0; i < n; i++) {
         assert_int_equal(ap_sim_add_node(sim, NULL), i);
-        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/echo/1", 0, scale_echo, NULL));
+        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/echo/1", 0, ap_test_rpc_echo, NULL));
     }
     g_done = g_ok = 0;
     int want = 0;

@@ -23,13 +23,6 @@ static void on_done(ap_rt_t *rt, void *arg, int status, const uint8_t *r, size_t
     x->at = ap_rt_now_us(rt);
 }
 
-static void echo(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    size_t n;
-    const uint8_t *p = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, p, n);
-}
-
 static ap_rpc_req_t *g_held;
 static void hold(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
 {
@@ -95,7 +88,8 @@ static void test_partition_and_heal(void **state)
 {
     ap_sim_t *sim = mk(4);
     for (int i = 0; i < 4; i++) {
-        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/echo/1", 0, echo, NULL));
+        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/ap_test_rpc_echo/1", 0,
+                                     ap_test_rpc_echo, NULL));
         assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/hold/1", 0, hold, NULL));
         assert_ok(ap_rt_stream_listen(ap_sim_node(sim, i), "/s/1", NULL, sf_accept, NULL));
     }
@@ -103,7 +97,7 @@ static void test_partition_and_heal(void **state)
     assert_true(ap_rt_peer_watch(ap_sim_node(sim, 0), on_peer, &w0) != 0);
     assert_true(ap_rt_peer_watch(ap_sim_node(sim, 2), on_peer, &w2) != 0);
     rec_t r, pending, same;
-    call(sim, 0, 2, "/echo/1", 0, &r);
+    call(sim, 0, 2, "/ap_test_rpc_echo/1", 0, &r);
     assert_true(ap_sim_run_until(sim, rec_done, &r, 10 * SEC));
     assert_int_equal(r.status, 0);
     assert_int_equal(w0.up, 1);
@@ -135,8 +129,8 @@ static void test_partition_and_heal(void **state)
     g_held = NULL;
 
     /* across the cut: the call times out; within a side: works */
-    call(sim, 0, 3, "/echo/1", 500 * MS, &r);
-    call(sim, 0, 1, "/echo/1", 500 * MS, &same);
+    call(sim, 0, 3, "/ap_test_rpc_echo/1", 500 * MS, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 500 * MS, &same);
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.calls, 1);
     assert_int_equal(r.status, AP_ETIMEDOUT);
@@ -144,14 +138,14 @@ static void test_partition_and_heal(void **state)
     assert_int_equal(same.calls, 1);
     /* with a longer deadline the connect timeout ends it: EUNREACH */
     ap_sim_set_connect_timeout(sim, 2 * SEC);
-    call(sim, 1, 2, "/echo/1", 30 * SEC, &r);
+    call(sim, 1, 2, "/ap_test_rpc_echo/1", 30 * SEC, &r);
     ap_sim_run_for(sim, 5 * SEC);
     assert_int_equal(r.calls, 1);
     assert_int_equal(r.status, AP_EUNREACH);
 
     ap_sim_heal(sim);
-    call(sim, 0, 3, "/echo/1", 0, &r);
-    call(sim, 2, 0, "/echo/1", 0, &same);
+    call(sim, 0, 3, "/ap_test_rpc_echo/1", 0, &r);
+    call(sim, 2, 0, "/ap_test_rpc_echo/1", 0, &same);
     /* 0 -> 3 reuses the attempt begun during the partition: its SYN is
      * retried every second */
     ap_sim_run_for(sim, 1500 * MS);
@@ -179,7 +173,7 @@ static void h_restart(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
 {
     harness_t *h = arg;
     h->restarts++;
-    assert_ok(ap_rt_rpc_register(rt, "/echo/1", 0, echo, NULL));
+    assert_ok(ap_rt_rpc_register(rt, "/ap_test_rpc_echo/1", 0, ap_test_rpc_echo, NULL));
 }
 
 static void h_crash(ap_sim_t *sim, int node, ap_rt_t *rt, void *arg)
@@ -234,7 +228,7 @@ static void test_crash_mid_call_and_restart(void **state)
     assert_int_equal(h.own_call.calls, 1);
 
     /* calling a crashed node: refused after a round trip */
-    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 0, &r);
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.calls, 1);
     assert_int_equal(r.status, AP_EUNREACH);
@@ -246,7 +240,7 @@ static void test_crash_mid_call_and_restart(void **state)
     n1 = ap_sim_node(sim, 1);
     assert_non_null(n1);
     assert_true(ap_peer_id_eq(ap_rt_self(n1), &id1));
-    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 0, &r);
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.status, 0);
     /* the old handler is gone */
@@ -318,7 +312,7 @@ static void test_scheduled_crash_restart(void **state)
     ap_sim_run_for(sim, 5 * SEC);
     assert_true(ap_sim_is_up(sim, 1));
     assert_int_equal(h.restarts, 1);
-    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 0, &r);
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.status, 0);
     assert_true(died < 3 * SEC);
@@ -331,14 +325,15 @@ static void test_idle_connections(void **state)
 {
     ap_sim_t *sim = mk(3);
     for (int i = 0; i < 3; i++) {
-        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/echo/1", 0, echo, NULL));
+        assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/ap_test_rpc_echo/1", 0,
+                                     ap_test_rpc_echo, NULL));
         assert_ok(ap_rt_rpc_register(ap_sim_node(sim, i), "/hold/1", 0, hold, NULL));
     }
     ap_sim_set_idle_timeout(sim, 5 * SEC);
     watch_t w = {0};
     ap_rt_peer_watch(ap_sim_node(sim, 0), on_peer, &w);
     rec_t r, held;
-    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 0, &r);
     call(sim, 0, 2, "/hold/1", 60 * SEC, &held); /* keeps 0<->2 busy */
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.status, 0);
@@ -354,7 +349,7 @@ static void test_idle_connections(void **state)
     g_held = NULL;
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(held.status, 0);
-    call(sim, 0, 1, "/echo/1", 0, &r);
+    call(sim, 0, 1, "/ap_test_rpc_echo/1", 0, &r);
     ap_sim_run_for(sim, 1 * SEC);
     assert_int_equal(r.status, 0);
     assert_int_equal(w.up, 3);

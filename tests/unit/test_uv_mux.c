@@ -526,15 +526,6 @@ typedef struct echo_call {
     size_t len;
 } echo_call_t;
 
-static void echo_handler(ap_rt_t *rt, void *arg, ap_rpc_req_t *req)
-{
-    (void)rt;
-    (void)arg;
-    size_t n;
-    const uint8_t *d = ap_rpc_req_data(req, &n);
-    ap_rpc_respond(req, d, n);
-}
-
 static void echo_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
                       const char *errmsg)
 {
@@ -568,7 +559,7 @@ static void test_two_hosts(void **state)
         ap_peer_id_t peer;
     } xp = {.x = {.total = ap_test_sanitized() ? (2u << 20) : (16u << 20)}, .peer = *ap_rt_self(b)};
     assert_ok(ap_rt_stream_listen(b, "/t/xfer", NULL, x_accept, &xp.x));
-    assert_ok(ap_rt_rpc_register(b, "/t/echo", 0, echo_handler, NULL));
+    assert_ok(ap_rt_rpc_register(b, "/t/echo", 0, ap_test_rpc_echo, NULL));
     assert_ok(ap_host_start(h1));
     assert_ok(ap_host_start(h2));
     echo_call_t e = {.peer = *ap_rt_self(b)};
