@@ -55,6 +55,32 @@ bool ap_proc_grep_file(const char *path, const char *needle, char *out, size_t n
     return last_match(path, needle, false, out, n);
 }
 
+void ap_proc_print_tail(const char *path, const char *needle, int max, const char *tag)
+{
+    FILE *f = fopen(path, "r");
+    if (!f || max <= 0) {
+        if (f) fclose(f);
+        return;
+    }
+    char line[512];
+    long n = 0, skip;
+    while (fgets(line, sizeof line, f))
+        if (!needle || strstr(line, needle)) n++;
+    skip = n > max ? n - max : 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        if (needle && !strstr(line, needle)) continue;
+        if (skip > 0) {
+            skip--;
+            continue;
+        }
+        line[strcspn(line, "\n")] = 0;
+        printf("%s%s\n", tag, line);
+    }
+    fclose(f);
+    fflush(stdout);
+}
+
 void ap_proc_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -18,6 +18,10 @@ bool ap_proc_last_line(const char *path, const char *prefix, char *out, size_t n
 /* Whether a line of the file contains needle; the last such line is copied
  * into out (n bytes, with its newline; out may be NULL). */
 bool ap_proc_grep_file(const char *path, const char *needle, char *out, size_t n);
+/* Prints the file's lines that contain needle (all lines if needle is
+ * NULL), the last max of them, each prefixed with tag, to stdout: a failing
+ * test shows what its processes logged. */
+void ap_proc_print_tail(const char *path, const char *needle, int max, const char *tag);
 void ap_proc_sleep_ms(int ms);
 /* Waits up to seconds for pid to exit: its exit status, 128 if a signal
  * ended it, or -1 after killing it (SIGKILL) at the time limit. */

@@ -356,8 +356,12 @@ static void move_end(srv_t *v, int rc)
     } else {
         ap_collab_stats_t cs = {0};
         if (v->c) ap_collab_get_stats(v->c, &cs);
+        /* no state download (no donor in the view read at the start, or the
+         * download failed): it serves freshly initialised parameters */
         printf("rebalancing: moved from stage %u to stage %u (%s, epoch %llu)\n", v->stage, v->to,
-               v->o->local ? "local SGD" : "its collaboration's state downloaded",
+               v->o->local      ? "local SGD"
+               : cs.state_loads ? "its collaboration's state downloaded"
+                                : "no state downloaded: fresh parameters",
                (unsigned long long)cs.epoch);
         fflush(stdout);
         ap_nn_model_free(v->m);
