@@ -536,6 +536,14 @@ typedef struct ap_btard_verdict {
      * them out of its next groups */
     size_t nexcluded;
     const ap_peer_id_t *excluded;
+    /* With cfg.state: the group's state is the one the most commitments in
+     * hand name (ties: the smallest hash), and in_sync the members that
+     * committed it. out_of_sync: this node's state is not it; the caller
+     * should reload its state from in_sync members (an honest member that
+     * missed a step, or applied one the others dropped, recovers so) */
+    bool out_of_sync;
+    size_t nin_sync;
+    const ap_peer_id_t *in_sync;
 } ap_btard_verdict_t;
 
 typedef void (*ap_btard_step_fn)(void *arg, const ap_btard_verdict_t *v);
@@ -587,6 +595,15 @@ typedef struct ap_btard_step_cfg {
     uint32_t validators;
     ap_btard_grad_fn grad;
     void *grad_arg;
+    /* The public state this node's vector was computed on (its parameters),
+     * AP_BTARD_HASH_LEN bytes (ap_btard_hash_floats), or NULL: not stated;
+     * copied. When stated, it goes into this node's commitment, and a
+     * member that committed another state (or none) is not in sync: its
+     * gradient is not checked (neither accused nor judged against this
+     * node's state, nor are its accusations judged), a part it sent fails
+     * ("another state"), so the step is not applied; verdict.out_of_sync
+     * tells the members whose state is not the group's (see the verdict). */
+    const uint8_t *state;
 } ap_btard_step_cfg_t;
 
 /* Starts the check of one step. sent, result and vclip must stay valid and

@@ -212,7 +212,9 @@ typedef struct ap_collab_config {
      * peer sends in a gradient round is btard_grad's on its own seed (the
      * submitted gradients still count the epoch's samples and loss), so a
      * validator's recomputation has the same bits. Needs btard_grad and is
-     * refused with delayed_updates (AP_EINVAL from ap_collab_new). */
+     * refused with delayed_updates or average_state_every != 0 (AP_EINVAL
+     * from ap_collab_new): state rounds leave the members with different
+     * parameters, so no validator could recompute another's gradient. */
     uint32_t btard_validators;
     ap_collab_grad_fn btard_grad;
     void *btard_grad_arg;

@@ -101,6 +101,51 @@ static bool entry_has(const ap__agg_check_t *k, const uint8_t hash[H], double w)
     return false;
 }
 
+bool ap__btard_same_state(const step_t *s, size_t i)
+{
+    if (!s->has_state || i == s->self) return true;
+    const ap__step_commit_t *c = i < s->n ? s->commit[i] : NULL;
+    return c && c->has_state && !memcmp(c->state, s->state, H);
+}
+
+/* The group's state: the one most commitments in hand name (ties: the
+ * smallest hash); the members that committed it into sync. */
+static void group_state(const step_t *s, ap_btard_verdict_t *v, ap_peer_id_t *sync)
+{
+    const uint8_t *best = NULL;
+    size_t nbest = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const uint8_t *st = i == s->self                              ? s->state
+                            : s->commit[i] && s->commit[i]->has_state ? s->commit[i]->state
+                                                                      : NULL;
+        if (!st) continue;
+        size_t k = 0;
+        for (size_t q = 0; q < s->n; q++) {
+            const uint8_t *o = q == s->self                              ? s->state
+                               : s->commit[q] && s->commit[q]->has_state ? s->commit[q]->state
+                                                                         : NULL;
+            if (o && !memcmp(o, st, H)) k++;
+        }
+        if (k > nbest || (k == nbest && memcmp(st, best, H) < 0)) {
+            best = st;
+            nbest = k;
+        }
+    }
+    for (size_t i = 0; best && i < s->n; i++) {
+        const uint8_t *st = i == s->self                              ? s->state
+                            : s->commit[i] && s->commit[i]->has_state ? s->commit[i]->state
+                                                                      : NULL;
+        if (st && !memcmp(st, best, H)) sync[v->nin_sync++] = s->peers[i];
+    }
+    v->in_sync = sync;
+    v->out_of_sync = best && memcmp(best, s->state, H) != 0;
+    if (v->out_of_sync)
+        ap_log(AP_LOG_WARN, "btard",
+               "step %llu: this node's state is not the group's (%zu of %zu members committed "
+               "another one)",
+               (unsigned long long)s->cfg.step, nbest, s->n);
+}
+
 /* The verdict from the messages in hand; calls done and frees s. */
 static void conclude(step_t *s, int status)
 {
@@ -134,6 +179,8 @@ static void conclude(step_t *s, int status)
             else if (memcmp(ci->part[j], zero_hash, H) != 0 &&
                      !entry_has(k, ci->part[j], ci->weight))
                 why = "a committed input is missing from the check";
+            else if (memcmp(ci->part[j], zero_hash, H) != 0 && !ap__btard_same_state(s, i))
+                why = "an input was computed on another state";
         }
         if (!why && s->disputes[j]) {
             why = "disputed";
@@ -170,7 +217,9 @@ static void conclude(step_t *s, int status)
         ap__btard_grad_judge(s, bans, &v.nconvicted, &v.accusations);
     }
     v.excluded = excl;
-    v.apply = status == 0 && v.parts_failed == 0 && v.nconvicted == 0;
+    ap_peer_id_t *sync = s->has_state ? calloc(s->n, sizeof *sync) : NULL;
+    if (sync) group_state(s, &v, sync);
+    v.apply = status == 0 && v.parts_failed == 0 && v.nconvicted == 0 && !v.out_of_sync;
     v.bans = bans;
     if (!bans) v.nconvicted = 0;
     for (size_t i = 0; i < v.nconvicted; i++)
@@ -180,6 +229,7 @@ static void conclude(step_t *s, int status)
     s->cfg.done(s->cfg.arg, &v);
     free(bans);
     free(excl);
+    free(sync);
     step_free(s);
 }
 
@@ -610,6 +660,9 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
     size_t n = cfg->n;
     s->svc = svc;
     s->cfg = *cfg;
+    s->cfg.state = NULL;
+    s->has_state = cfg->state != NULL;
+    if (cfg->state) memcpy(s->state, cfg->state, H);
     if (!s->cfg.phase_timeout_us) s->cfg.phase_timeout_us = DEFAULT_PHASE_US;
     s->n = n;
     s->self = self;
@@ -703,6 +756,8 @@ int ap_btard_step_start(ap_btard_step_svc_t *svc, const ap_btard_step_cfg_t *cfg
             c->has_agg = true;
             ap_btard_hash_floats(vc->out, vc->d, c->agg);
         }
+        c->has_state = s->has_state;
+        memcpy(c->state, s->state, H);
         if (cfg->attack == AP_BTARD_STEP_EQUIVOCATE && c->has_agg)
             equivocate(s, m, vc);
         else

@@ -55,6 +55,7 @@ static int compare(step_t *s, size_t t, size_t j, const float *g)
     if (!ct || !k || memcmp(k->seed, s->seed, H) != 0 || !memcmp(ct->part[j], zero_hash, H))
         return -1;
     if (s->disputed_by[j] >> t & 1) return -1;
+    if (!ap__btard_same_state(s, t)) return -1; /* its gradient is of another state */
     size_t d = (size_t)s->counts[j];
     const float *v = s->cfg.result + s->off[j];
     uint8_t hv[H];
@@ -121,6 +122,8 @@ void ap__btard_grad_judge(step_t *s, ap_btard_ban_t *bans, size_t *nb, uint32_t 
          * drew its validators from another seed: its accusations are not
          * judged, so a slow honest validator is never a false accuser */
         if (s->mfault[a] != AP_BTARD_FAULT_NONE) continue;
+        /* an accuser on another state recomputed from other parameters */
+        if (!ap__btard_same_state(s, a)) continue;
         const ap__step_report_t *r = s->report[a];
         for (uint32_t q = 0; r && q < r->nacc; q++) {
             size_t t = r->acc_target[q], j = r->acc_part[q];

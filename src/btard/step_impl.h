@@ -24,6 +24,8 @@ typedef struct step {
     size_t n, self;
     uint8_t ctx[H], mprng_ctx[H];
     uint8_t seed[H];
+    bool has_state; /* cfg.state was given: state holds it */
+    uint8_t state[H];
     bool have_seed, sent_check, sent_report, finished, mprng_running;
     int mprng_status;
     ap__step_commit_t **commit;
@@ -61,6 +63,9 @@ struct ap_btard_step_svc {
     size_t npend;
 };
 
+/* Whether member i committed this node's state (always true when this node
+ * stated none). */
+bool ap__btard_same_state(const step_t *s, size_t i);
 /* Adds a conviction of member who (once per member). */
 void ap__btard_convict(step_t *s, ap_btard_ban_t *bans, size_t *nb, size_t who,
                        ap_btard_fault_t fault, uint32_t round, const uint8_t *a, size_t alen,

@@ -40,6 +40,7 @@ static size_t body_encode(const ap__step_msg_t *m, uint8_t *out, size_t cap)
         p.part_hashes = bin(&c->part[0][0], (size_t)c->n * H);
         p.recv_hashes = bin(&c->recv[0][0], (size_t)c->n * H);
         p.agg_hash = bin(c->agg, c->has_agg ? H : 0);
+        p.state_hash = bin(c->state, c->has_state ? H : 0);
         if (apiary__btard__step_commit__get_packed_size(&p) > cap) return 0;
         return apiary__btard__step_commit__pack(&p, out);
     }
@@ -122,7 +123,7 @@ static int decode_commit(const uint8_t *b, size_t len, ap__step_commit_t *c)
     size_t n = p->part_hashes.len / H;
     if (!hash_ok(&p->ctx) || n == 0 || n > AP_BTARD_STEP_MAX_PEERS || p->part_hashes.len % H ||
         p->recv_hashes.len != p->part_hashes.len || (p->agg_hash.len && !hash_ok(&p->agg_hash)) ||
-        !isfinite(p->weight) || p->weight < 0)
+        (p->state_hash.len && !hash_ok(&p->state_hash)) || !isfinite(p->weight) || p->weight < 0)
         goto out;
     memcpy(c->ctx, p->ctx.data, H);
     c->weight = p->weight;
@@ -131,6 +132,8 @@ static int decode_commit(const uint8_t *b, size_t len, ap__step_commit_t *c)
     memcpy(c->recv, p->recv_hashes.data, n * H);
     c->has_agg = p->agg_hash.len == H;
     if (c->has_agg) memcpy(c->agg, p->agg_hash.data, H);
+    c->has_state = p->state_hash.len == H;
+    if (c->has_state) memcpy(c->state, p->state_hash.data, H);
     rc = 0;
 out:
     apiary__btard__step_commit__free_unpacked(p, NULL);

@@ -16,6 +16,8 @@ typedef struct ap__step_commit {
     uint8_t recv[AP_BTARD_STEP_MAX_PEERS][AP_BTARD_HASH_LEN];
     bool has_agg;
     uint8_t agg[AP_BTARD_HASH_LEN];
+    bool has_state;
+    uint8_t state[AP_BTARD_HASH_LEN]; /* the public state it computed on */
 } ap__step_commit_t;
 
 typedef struct ap__agg_check {

@@ -180,6 +180,17 @@ static void verdict(void *arg, const ap_btard_verdict_t *v)
                 "epoch %llu: %s missed a deadline of the round's check: left out, not banned",
                 (unsigned long long)c->epoch, ap_peer_id_short(&v->excluded[i], sh));
     }
+    if (v->out_of_sync) {
+        c->resync = true;
+        c->nresync = 0;
+        for (size_t i = 0; i < v->nin_sync && c->nresync < AP_BTARD_STEP_MAX_PEERS; i++)
+            if (!ap__collab_is_self(c, &v->in_sync[i]))
+                c->resync_from[c->nresync++] = v->in_sync[i];
+        ap_warn(OPT_MOD,
+                "epoch %llu: this peer's parameters are not the group's (%zu of %zu members "
+                "hold another state): reloading them from those members",
+                (unsigned long long)c->epoch, v->nin_sync, c->nmembers);
+    }
     if (!v->apply) {
         c->st.btard_steps_dropped++;
         ap_warn(OPT_MOD,
@@ -216,6 +227,11 @@ bool ap__btard_verify(ap_collab_t *c, const ap_allreduce_result_t *res)
                                  .grad = c->cfg.btard_validators ? member_grad : NULL,
                                  .grad_arg = c};
         memcpy(s.run, c->run_hash, AP_BTARD_HASH_LEN);
+        /* the public state the gradients were computed on: members that
+         * hold other parameters are found out (and reload theirs) */
+        uint8_t state[AP_BTARD_HASH_LEN];
+        ap_btard_hash_floats(c->params, c->n, state);
+        s.state = state;
         c->refs++;
         c->verifying = true;
         rc = ap_btard_step_start(c->bstep, &s);

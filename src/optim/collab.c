@@ -163,10 +163,10 @@ int ap__collab_create(ap_rt_t *rt, ap_dht_t *dht, ap_avg_service_t *svc,
     }
     if (cfg->btard_validators &&
         (!cfg->byzantine_tolerant || !cfg->btard_grad || cfg->delayed_updates ||
-         cfg->btard_validators > AP_BTARD_STEP_MAX_PEERS)) {
+         cfg->average_state_every || cfg->btard_validators > AP_BTARD_STEP_MAX_PEERS)) {
         ap_warn(OPT_MOD,
                 "collab: btard_validators %u needs byzantine_tolerant and btard_grad, at most %d, "
-                "and no delayed_updates",
+                "no delayed_updates and average_state_every 0",
                 cfg->btard_validators, AP_BTARD_STEP_MAX_PEERS);
         return AP_EINVAL;
     }

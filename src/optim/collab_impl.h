@@ -182,6 +182,11 @@ struct ap_collab {
     float *bsent;
     ap_btard_banlist_t *banlist;
     bool verifying, bans_fetching;
+    /* the last check found this peer's parameters not the group's: reload
+     * them from the members that were in sync (resync_from) */
+    bool resync;
+    size_t nresync;
+    ap_peer_id_t resync_from[AP_BTARD_STEP_MAX_PEERS];
 
     /* the run's configuration (progress records, matchmaking key) */
     ap_run_config_t runcfg;

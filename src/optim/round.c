@@ -138,6 +138,16 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
                     res->status ? ap_strerror(res->status) : "parts failed", 100.0 * frac);
         }
         if (ap__btard_verify(c, res)) return; /* byzantine_tolerant: checked first */
+        if (c->cfg.byzantine_tolerant && c->cfg.role != AP_AVG_AUX && c->nmembers > 1) {
+            /* a step that cannot be checked is not taken: stepping on local
+             * gradients would leave this peer's parameters apart from the
+             * others' (and its next gradients uncheckable) */
+            c->st.btard_steps_dropped++;
+            ap_warn(OPT_MOD, "epoch %llu: byzantine-tolerant: an unchecked step is dropped",
+                    (unsigned long long)c->epoch);
+            ap__collab_grad_finish(c, false);
+            return;
+        }
         ap__collab_grad_finish(c, true);
         return;
     }
@@ -460,12 +470,34 @@ uint64_t ap__collab_bg_cap(ap_collab_t *c)
     return cap;
 }
 
+/* An out-of-sync peer's download ended. */
+static void resync_done(ap_collab_t *c, int status, uint64_t epoch, uint64_t optim_step)
+{
+    if (status == 0) {
+        c->resync = false;
+        ap_info(OPT_MOD, "back in sync: the group's parameters of epoch %llu loaded",
+                (unsigned long long)epoch);
+    }
+    ap__collab_load_done(c, status, epoch, optim_step);
+}
+
 /* After a fresh view: behind -> download; due -> average; else go on. */
 void ap__collab_decide(ap_collab_t *c)
 {
     if (c->refused || c->shut_out) {
         ap__collab_finish_user(c, c->refused ? AP_ECONFIG : AP_EPERM);
         return;
+    }
+    /* out of sync (byzantine-tolerant check): the group's parameters from
+     * a member in sync as soon as one's record is at this epoch */
+    if (c->resync && ap__state_donors(c, c->epoch) > 0) {
+        collab_phase_t phase = c->phase;
+        ap__collab_drop_epoch_samples(c, "this peer's parameters were not the group's");
+        c->phase = PH_DOWNLOADING;
+        c->mark_dl_us = ap_rt_now_us(c->rt);
+        if (ap__state_download(c, c->buf, c->epoch, resync_done) == 0) return;
+        c->phase = phase;
+        c->mark_dl_us = 0;
     }
     ap__estimate_t e;
     ap__collab_estimate(c, &e);

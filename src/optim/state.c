@@ -541,8 +541,14 @@ void ap__state_download_abort(ap_collab_t *c, int err)
 static bool usable(ap_collab_t *c, size_t i, int64_t now, uint64_t min_epoch)
 {
     const ap_progress_t *p = &c->view[i];
-    return p->donor && p->epoch >= min_epoch && !ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) &&
-           ap__collab_fresh(c, i, now);
+    if (!p->donor || p->epoch < min_epoch || ap_peer_id_eq(&p->peer, ap_rt_self(c->rt)) ||
+        !ap__collab_fresh(c, i, now))
+        return false;
+    if (!c->resync) return true;
+    /* out of sync (btard_step.c): only the members found in sync */
+    for (size_t k = 0; k < c->nresync; k++)
+        if (ap_peer_id_eq(&p->peer, &c->resync_from[k])) return true;
+    return false;
 }
 
 /* The highest epoch among the usable donors not in back-off; false if none. */

@@ -255,6 +255,10 @@ static void absorb(ap_collab_t *c, const ap_dht_result_t *res)
             continue;
         }
         p.peer = who;
+        /* a banned peer (byzantine-tolerant) is not part of the run: its
+         * epoch, samples and state count for nothing (it trains alone and
+         * races ahead; downloading its state would undo the ban) */
+        if (ap__btard_banned(c, &who)) continue;
         int no = ap__closed_check(c, &who, p.has_token ? &p.token : NULL);
         if (no && !ap__collab_is_self(c, &who)) {
             /* closed run: no valid token, or revoked: not part of this run */

@@ -51,12 +51,14 @@ static int read_losses(const char *log, double *loss, int max)
 
 /* One run: returns how many honest peers reached EPOCHS; first/last: the
  * honest peers' mean loss of epoch 1 and of the last three epochs. */
-static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz, double *first,
-               double *last)
+static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz, int validators,
+               double *first, double *last)
 {
     char logs[NH][300];
     pid_t pids[NH] = {0};
-    const char *run_id = byz ? "btard-byz" : "btard-mean";
+    const char *run_id = !byz ? "btard-mean" : validators ? "btard-check" : "btard-byz";
+    char nval[8];
+    snprintf(nval, sizeof nval, "%d", validators);
     for (int i = 1; i < NH; i++) {
         snprintf(logs[i], sizeof logs[i], "%s/%s-peer%d.log", dir, run_id, i);
         char seed[8], ep[8];
@@ -91,16 +93,32 @@ static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz
             av[k++] = "--byzantine-tolerant";
             av[k++] = "--btard-tau";
             av[k++] = "0.05";
+            if (validators) {
+                av[k++] = "--btard-validators";
+                av[k++] = nval;
+            }
         }
         if (i > NH - 1 - BAD) {
             av[k++] = "--attack";
             av[k++] = byz && i == NH - 1 ? "bad-aggregator" : "sign-flip";
         }
+        /* info: a failure's logs tell each part's and each check's fate */
+        av[k++] = "--log-level";
+        av[k++] = "info";
         av[k] = NULL;
         pids[i] = spawn_in(ns, (size_t)i, av, logs[i]);
     }
     int st[NH] = {0};
     for (int i = 1; i < NH; i++) st[i] = ap_proc_wait_exit(pids[i], 180);
+    /* each peer's short id (the last 8 characters of its PeerID), the form
+     * of the "peer X banned (how)" lines */
+    char ids[NH][16] = {{0}};
+    for (int i = 1; i < NH; i++) {
+        char line[1024], full[128];
+        if (ap_proc_grep_file(logs[i], "peer 12D3Koo", line, sizeof line) &&
+            sscanf(line, "peer %127s (", full) == 1 && strlen(full) > 8)
+            snprintf(ids[i], sizeof ids[i], "%s", full + strlen(full) - 8);
+    }
     int reached = 0;
     double f = 0, l = 0;
     int nf = 0;
@@ -117,13 +135,35 @@ static int run(const ap_netns_t *ns, const char *dir, const char *addr, bool byz
         nf++;
         /* it averaged with the whole group, across the bridge (byz: the
          * group without the banned cheater after its ban) */
-        assert_true(ap_proc_grep_file(logs[i], byz ? "| group 7 |" : "| group 8 |", NULL, 0));
+        assert_true(ap_proc_grep_file(logs[i],
+                                      !byz         ? "| group 8 |"
+                                      : validators ? "| group 6 |"
+                                                   : "| group 7 |",
+                                      NULL, 0));
         if (byz) {
             /* the cheating aggregator is banned, nobody else */
             if (ap_proc_grep_file(logs[i], "byzantine-tolerant:", line, sizeof line))
                 print_message("%s peer%d %s", run_id, i, line);
-            assert_true(
-                ap_proc_grep_file(logs[i], "byzantine-tolerant: peers banned 1 |", NULL, 0));
+            assert_true(ap_proc_grep_file(logs[i],
+                                          validators ? "byzantine-tolerant: peers banned 2 |"
+                                                     : "byzantine-tolerant: peers banned 1 |",
+                                          NULL, 0));
+            for (int j = 1; j < NH; j++) {
+                char want[64];
+                assert_true(ids[j][0]);
+                snprintf(want, sizeof want, "peer %s banned (", ids[j]);
+                bool banned = ap_proc_grep_file(logs[i], want, line, sizeof line);
+                if (j == NH - 1) {
+                    /* the cheating aggregator: the check's sum convicts it */
+                    assert_true(banned);
+                } else if (j == NH - 2 && validators) {
+                    /* the sign-flipper: its validator's recomputation */
+                    assert_true(banned);
+                    assert_non_null(strstr(line, "(bad_gradient)"));
+                } else {
+                    assert_false(banned);
+                }
+            }
         }
     }
     *first = nf ? f / nf : 0;
@@ -163,11 +203,16 @@ static void test_two_attackers_of_eight(void **state)
     snprintf(addr, sizeof addr, "%s", strstr(line, "/ip4/"));
 
     double bf, bl, mf, ml;
-    int byz = run(ns, dir, addr, true, &bf, &bl);
-    int mean = run(ns, dir, addr, false, &mf, &ml);
+    double cf, cl;
+    int check = run(ns, dir, addr, true, 2, &cf, &cl);
+    int byz = run(ns, dir, addr, true, 0, &bf, &bl);
+    int mean = run(ns, dir, addr, false, 0, &mf, &ml);
     kill(boot, SIGTERM);
     ap_proc_wait_exit(boot, 10);
 
+    assert_int_equal(check, NH - 1 - BAD);
+    print_message("with the gradient check: loss %.4f -> %.4f\n", cf, cl);
+    assert_true(cl < 0.5 * cf);
     assert_int_equal(byz, NH - 1 - BAD);
     assert_int_equal(mean, NH - 1 - BAD);
     /* with ButterflyClip: converges (measured 1.31 -> ~0.1 on loopback) */

@@ -35,6 +35,7 @@ static void on_verdict(void *arg, const ap_btard_verdict_t *v)
     p->v = *v;
     p->v.bans = NULL;
     p->v.excluded = NULL;
+    p->v.in_sync = NULL;
     for (size_t i = 0; i < v->nexcluded && i < N; i++) p->excluded[i] = v->excluded[i];
     for (size_t i = 0; i < v->nconvicted && i < N; i++) {
         p->convicted[i] = v->bans[i].peer;
@@ -76,6 +77,11 @@ typedef struct scenario {
      * each half) */
     int equivocator;
     bool equiv_data_only;
+    /* every member states its public state (cfg.state); 1 + a member
+     * whose parameters are another state's (0: none): its vector is the
+     * gradient there, the others' minus 0.3 per element */
+    bool states;
+    int stale;
 } scenario_t;
 
 static const uint8_t RUN[32] = {7, 7, 7};
@@ -112,6 +118,7 @@ static void run(const scenario_t *sc, avg_env_t *e)
         grad_of(NULL, (uint32_t)i, e->nd[i].orig);
         for (uint64_t k = 0; k < ELEMS; k++) {
             if (i == sc->poisoner) e->nd[i].orig[k] += 1000;
+            if (i == sc->stale - 1) e->nd[i].orig[k] -= 0.3f;
             e->nd[i].data[k] = e->nd[i].orig[k];
         }
     }
@@ -164,6 +171,7 @@ static void run(const scenario_t *sc, avg_env_t *e)
             assert_ok(ap_sim_set_link(e->sim, i, sc->slow, &in));
             assert_ok(ap_sim_set_link(e->sim, sc->slow, i, &out));
         }
+    static const uint8_t STATE_A[32] = {1}, STATE_B[32] = {2};
     for (int i = 0; i < N; i++) {
         avg_node_t *d = &e->nd[i];
         assert_int_equal(d->res.status, 0);
@@ -187,7 +195,10 @@ static void run(const scenario_t *sc, avg_env_t *e)
                                  .done = on_verdict,
                                  .arg = &P[i],
                                  .validators = sc->validators,
-                                 .grad = grad_of};
+                                 .grad = grad_of,
+                                 .state = !sc->states          ? NULL
+                                          : i == sc->stale - 1 ? STATE_B
+                                                               : STATE_A};
         memcpy(c.run, RUN, 32);
         assert_ok(ap_btard_step_start(P[i].step, &c));
     }
@@ -215,7 +226,7 @@ static void test_clean_round_applies(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, 0, false};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -235,7 +246,7 @@ static void test_poisoned_sender_no_false_conviction(void **state)
     const double taus[] = {40, 2};
     for (int t = 0; t < 2; t++) {
         avg_env_t e;
-        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1, -1, 0, false};
+        scenario_t sc = {-1, 6, -1, taus[t], 4 + (uint64_t)t, 0, -1, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 0);
@@ -253,7 +264,7 @@ static void test_shifting_aggregator_convicted(void **state)
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
         const int bad = (int)(seed % N);
-        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1, -1, 0, false};
+        scenario_t sc = {bad, -1, -1, 40, seed, 0, -1, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -287,7 +298,7 @@ static void test_false_disputer(void **state)
 {
     (void)state;
     avg_env_t e;
-    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1, -1, 0, false};
+    scenario_t sc = {-1, -1, 2, 40, 9, 0, -1, -1, -1, 0, false, false, 0};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         assert_int_equal(P[i].v.nconvicted, 0);
@@ -320,7 +331,7 @@ static void test_gradient_check_clean(void **state)
     (void)state;
     for (uint64_t seed = 1; seed <= 2; seed++) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1, 0, false};
+        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -344,7 +355,7 @@ static void test_gradient_check_poisoner(void **state)
         avg_env_t e;
         const int bad = (int)(seed % N);
         const uint32_t k = 3;
-        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1, -1, 0, false};
+        scenario_t sc = {-1, bad, -1, 40, seed, k, -1, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         bool hit = targeted(P[0].v.seed, k, bad);
         caught += hit;
@@ -364,6 +375,48 @@ static void test_gradient_check_poisoner(void **state)
     assert_true(caught > 0);
 }
 
+/* Stated states, all equal: the step applies as without them. A member on
+ * other parameters (an honest peer that missed a step): its gradient differs
+ * from what validators recompute, yet nobody is convicted, whoever validates
+ * it; every part it sent fails, so nobody applies the step; it alone learns
+ * it is out of sync, with the other N - 1 as the members to reload from.
+ * Without stated states the same member is convicted of bad_gradient when
+ * targeted. */
+static void test_stale_member_not_convicted(void **state)
+{
+    (void)state;
+    avg_env_t e;
+    scenario_t same = {-1, -1, -1, 40, 1, N, -1, -1, -1, 0, false, true, 0};
+    run(&same, &e);
+    for (int i = 0; i < N; i++) {
+        assert_true(P[i].v.apply);
+        assert_false(P[i].v.out_of_sync);
+        assert_int_equal(P[i].v.nin_sync, N);
+    }
+    finish(&e);
+    int convicted_without = 0;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        const int stale = (int)(seed % N);
+        scenario_t sc = {-1, -1, -1, 40, seed, N, -1, -1, -1, 0, false, true, stale + 1};
+        run(&sc, &e);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(P[i].v.status, 0);
+            assert_int_equal(P[i].v.nconvicted, 0);
+            assert_false(P[i].v.apply);
+            assert_true(P[i].v.parts_failed > 0);
+            assert_int_equal(P[i].v.out_of_sync, i == stale);
+            assert_int_equal(P[i].v.nin_sync, N - 1);
+        }
+        finish(&e);
+        sc.states = false;
+        run(&sc, &e);
+        convicted_without +=
+            convicted_as(&P[(stale + 1) % N], avg_peer_id(&e, stale), AP_BTARD_FAULT_BAD_GRADIENT);
+        finish(&e);
+    }
+    assert_true(convicted_without > 0);
+}
+
 /* A member that accuses an honest peer is convicted of false_accusation by
  * every peer; the accused is not. */
 static void test_false_accuser(void **state)
@@ -371,7 +424,7 @@ static void test_false_accuser(void **state)
     (void)state;
     for (uint32_t k = 0; k <= 2; k += 2) {
         avg_env_t e;
-        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1, -1, 0, false};
+        scenario_t sc = {-1, -1, -1, 40, 11 + k, k, 5, -1, -1, 0, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.nconvicted, 1);
@@ -398,7 +451,7 @@ static void test_withheld_reveal(void **state)
     (void)state;
     avg_env_t e;
     const int bad = 3;
-    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad, -1, 0, false};
+    scenario_t sc = {-1, -1, -1, 40, 21, 2, -1, bad, -1, 0, false, false, 0};
     run(&sc, &e);
     for (int i = 0; i < N; i++) {
         if (i == bad) continue;
@@ -425,7 +478,7 @@ static void test_slow_honest_peer_not_banned(void **state)
         avg_env_t e;
         const int slow = (int)(seed * 3 % N);
         const int bad = seed > 2 ? (slow + 2) % N : -1;
-        scenario_t sc = {-1, bad, -1, 40, 30 + seed, N, -1, -1, slow, 0, false};
+        scenario_t sc = {-1, bad, -1, 40, 30 + seed, N, -1, -1, slow, 0, false, false, 0};
         run(&sc, &e);
         const int ref = slow == 0 ? 1 : 0;
         for (int i = 0; i < N; i++) {
@@ -453,7 +506,7 @@ static void test_equivocating_aggregator_convicted(void **state)
     for (uint64_t seed = 1; seed <= 3; seed++) {
         avg_env_t e;
         const int bad = (int)(seed * 3 % N); /* 3, 6, 1: in either half */
-        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, false};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, false, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -487,7 +540,7 @@ static void test_equivocating_data_only_dropped(void **state)
     for (uint64_t seed = 1; seed <= 2; seed++) {
         avg_env_t e;
         const int bad = (int)(seed * 3 % N);
-        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, true};
+        scenario_t sc = {-1, -1, -1, 40, seed, 0, -1, -1, -1, bad + 1, true, false, 0};
         run(&sc, &e);
         for (int i = 0; i < N; i++) {
             assert_int_equal(P[i].v.status, 0);
@@ -514,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_slow_honest_peer_not_banned),
         cmocka_unit_test(test_equivocating_aggregator_convicted),
         cmocka_unit_test(test_equivocating_data_only_dropped),
+        cmocka_unit_test(test_stale_member_not_convicted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,8 @@ static void usage(void)
         "                            (default: --max-epochs)\n"
         "  --clip X                  clip the averaged gradient's global norm to X (default\n"
         "                            1.0; 0 = off)\n"
-        "  --average-state-every N   epochs between state averaging (default 5)\n"
+        "  --average-state-every N   epochs between state averaging (default 5; 0, off, with\n"
+        "                            --byzantine-tolerant: its rounds are a plain mean)\n"
         "  --max-epochs N            stop at this global epoch (default: never)\n"
         "  --duration S              stop after S seconds (default: never)\n"
         "  --slowdown X              sleep X times the batch's compute time after each batch\n"
@@ -156,6 +157,7 @@ typedef struct topts {
     uint64_t target, max_epochs;
     int batch;
     bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, bad_agg, no_port_map;
+    bool state_every_set; /* --average-state-every given */
     bool relay_service;
     ap_cli_relays_t relays;
     double btard_tau;
@@ -1035,6 +1037,7 @@ static int train_main(int argc, char **argv)
             long long v_;
             if (!ap_cli_int("--average-state-every", optarg, 0, 1000000000, &v_)) return 2;
             o.state_every = (uint32_t)v_;
+            o.state_every_set = true;
         } break;
         case 'E': {
             long long v_;
@@ -1225,6 +1228,17 @@ static int train_main(int argc, char **argv)
     if (o.btard_validators && !o.byz) {
         fprintf(stderr, "apiary train: --btard-validators needs --byzantine-tolerant (the "
                         "validators check the verified step's rounds)\n");
+        return 2;
+    }
+    /* State averaging rounds are a plain mean, which one Byzantine peer can
+     * poison, and they leave every peer with other parameters, so the
+     * gradient check could not recompute anyone's gradient: off by default
+     * in a Byzantine-tolerant run, refused with validators. */
+    if (o.byz && !o.state_every_set) o.state_every = 0;
+    if (o.btard_validators && o.state_every) {
+        fprintf(stderr, "apiary train: --btard-validators needs --average-state-every 0 (state "
+                        "averaging leaves the peers with different parameters; a validator "
+                        "recomputes a gradient on the parameters every member holds)\n");
         return 2;
     }
     if (o.btard_validators && o.delayed) {
