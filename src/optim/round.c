@@ -232,9 +232,13 @@ static void round_with_members(ap_collab_t *c)
     int rc = start_round(c, "grad", data, w);
     if (rc) {
         c->st.epochs_failed++;
-        ap_warn(OPT_MOD, "epoch %llu: averaging could not start (%s): stepping on local gradients",
-                (unsigned long long)c->epoch, ap_strerror(rc));
-        if (c->cfg.role != AP_AVG_AUX) ap__collab_apply_step(c, c->buf);
+        /* byzantine-tolerant: no unchecked step (it would set this peer's
+         * parameters apart from the group's) */
+        bool step = c->cfg.role != AP_AVG_AUX && !c->cfg.byzantine_tolerant;
+        ap_warn(OPT_MOD, "epoch %llu: averaging could not start (%s): %s",
+                (unsigned long long)c->epoch, ap_strerror(rc),
+                step ? "stepping on local gradients" : "the step is dropped");
+        if (step) ap__collab_apply_step(c, c->buf);
         ap__collab_enter_epoch(c, AP__EPOCH_STEPPED, c->epoch + 1, 0);
         ap__collab_after_epoch(c);
     }
