@@ -151,7 +151,9 @@ typedef void (*ap_dht_done_fn)(ap_dht_t *dht, void *arg, int status);
 /* Joins the network through initial peers given as multiaddrs (with or
  * without /p2p/). Dials them, pings each, then looks up the own id to fill the
  * routing table. status 0 if at least one answered, else AP_EUNREACH (a WARN
- * line names every address that failed). addrs are copied. */
+ * line names every address that failed). An initial peer whose node is up
+ * but serves no DHT yet (it has just started) is asked again for about 5 s
+ * before it counts as failed. addrs are copied. */
 AP_EXPORT int ap_dht_bootstrap(ap_dht_t *dht, const char *const *addrs, size_t naddrs,
                                ap_dht_done_fn cb, void *arg);
 /* Adds a known peer (id + its address) to the routing table directly, as if

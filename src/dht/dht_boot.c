@@ -12,6 +12,19 @@
 #define AP__DHT_JOIN_PASSES 1
 #endif
 
+/* An initial peer whose node is up but serves no DHT yet (it answers
+ * AP_ENOPROTO: a process that has just started, or a program whose threads
+ * create their DHTs in any order) is asked again after 100, 200, 400, 800,
+ * 800, ... ms, BOOT_NOPROTO_TRIES times in all (about 5 s). */
+#define BOOT_NOPROTO_TRIES    8
+#define BOOT_NOPROTO_FIRST_US 100000
+#define BOOT_NOPROTO_MAX_US   800000
+
+typedef struct boot_ping {
+    boot_t *b;
+    size_t i;
+} boot_ping_t;
+
 /* ---- bootstrap ------------------------------------------------------------------ */
 
 struct boot {
@@ -25,10 +38,13 @@ struct boot {
     char **addrs;
     uint64_t *ping_ids;
     ap_peer_id_t *peers;
-    bool looking; /* self-lookup / bucket refreshes running */
-    int lookups;  /* of those, still running */
-    int pass;     /* bucket-refresh passes started */
-    int pass_end; /* buckets that existed when the last pass started */
+    uint8_t *tries;           /* per address: pings that found no DHT */
+    uint64_t *retry_timers;   /* per address: a pending retry, or 0 */
+    boot_ping_t **retry_args; /* per address: that retry's argument */
+    bool looking;             /* self-lookup / bucket refreshes running */
+    int lookups;              /* of those, still running */
+    int pass;                 /* bucket-refresh passes started */
+    int pass_end;             /* buckets that existed when the last pass started */
 };
 
 static void boot_free(boot_t *b)
@@ -37,6 +53,9 @@ static void boot_free(boot_t *b)
     free(b->addrs);
     free(b->ping_ids);
     free(b->peers);
+    free(b->tries);
+    free(b->retry_timers);
+    free(b->retry_args);
     free(b);
 }
 
@@ -104,10 +123,16 @@ static void boot_step(boot_t *b)
     }
 }
 
-typedef struct boot_ping {
-    boot_t *b;
-    size_t i;
-} boot_ping_t;
+static void boot_send_ping(boot_ping_t *bp);
+
+static void boot_retry_fire(ap_rt_t *rt, void *arg)
+{
+    (void)rt;
+    boot_ping_t *bp = arg;
+    bp->b->retry_timers[bp->i] = 0;
+    bp->b->retry_args[bp->i] = NULL;
+    boot_send_ping(bp);
+}
 
 static void boot_ping_done(ap_rt_t *rt, void *arg, int status, const uint8_t *resp, size_t len,
                            const char *errmsg)
@@ -115,8 +140,20 @@ static void boot_ping_done(ap_rt_t *rt, void *arg, int status, const uint8_t *re
     boot_ping_t *bp = arg;
     boot_t *b = bp->b;
     size_t i = bp->i;
-    free(bp);
     b->ping_ids[i] = 0;
+    if (b->dht && status == AP_ENOPROTO && b->tries[i] + 1 < BOOT_NOPROTO_TRIES) {
+        uint64_t delay = (uint64_t)BOOT_NOPROTO_FIRST_US << (b->tries[i] < 3 ? b->tries[i] : 3);
+        if (delay > BOOT_NOPROTO_MAX_US) delay = BOOT_NOPROTO_MAX_US;
+        if (b->tries[i]++ == 0)
+            ap_info(MOD, "bootstrap: %s serves no DHT yet; asking again", b->addrs[i]);
+        uint64_t t = ap_rt_timer_start(rt, delay, 0, boot_retry_fire, bp);
+        if (t) {
+            b->retry_timers[i] = t;
+            b->retry_args[i] = bp;
+            return; /* still pending */
+        }
+    }
+    free(bp);
     b->pending--;
     if (b->dht) {
         if (status == 0) {
@@ -144,11 +181,19 @@ static void boot_dialed(ap_rt_t *rt, void *arg, int status, const ap_peer_id_t *
     }
     b->peers[i] = *peer;
     ap_rt_add_addr(rt, peer, b->addrs[i]);
+    boot_send_ping(bp);
+}
+
+static void boot_send_ping(boot_ping_t *bp)
+{
+    boot_t *b = bp->b;
+    size_t i = bp->i;
     Apiary__Dht__Request q = APIARY__DHT__REQUEST__INIT;
     Apiary__Dht__PingRequest p = APIARY__DHT__PING_REQUEST__INIT;
     q.body_case = APIARY__DHT__REQUEST__BODY_PING;
     q.ping = &p;
-    b->ping_ids[i] = ap__dht_send_request(dht, peer, &q, boot_ping_done, bp);
+    b->ping_ids[i] =
+        b->dht ? ap__dht_send_request(b->dht, &b->peers[i], &q, boot_ping_done, bp) : 0;
     if (!b->ping_ids[i]) {
         free(bp);
         b->pending--;
@@ -169,7 +214,10 @@ int ap_dht_bootstrap(ap_dht_t *dht, const char *const *addrs, size_t naddrs, ap_
     b->addrs = calloc(naddrs ? naddrs : 1, sizeof *b->addrs);
     b->ping_ids = calloc(naddrs ? naddrs : 1, sizeof *b->ping_ids);
     b->peers = calloc(naddrs ? naddrs : 1, sizeof *b->peers);
-    if (!b->addrs || !b->ping_ids || !b->peers) {
+    b->tries = calloc(naddrs ? naddrs : 1, sizeof *b->tries);
+    b->retry_timers = calloc(naddrs ? naddrs : 1, sizeof *b->retry_timers);
+    b->retry_args = calloc(naddrs ? naddrs : 1, sizeof *b->retry_args);
+    if (!b->addrs || !b->ping_ids || !b->peers || !b->tries || !b->retry_timers || !b->retry_args) {
         boot_free(b);
         return AP_ENOMEM;
     }
@@ -232,8 +280,15 @@ void ap__dht_boot_cancel_all(ap_dht_t *dht)
             continue;
         }
         b->pending++; /* hold b while the pings are cancelled */
-        for (size_t i = 0; i < b->n; i++)
+        for (size_t i = 0; i < b->n; i++) {
             if (b->ping_ids[i]) ap_rt_rpc_cancel(dht->rt, b->ping_ids[i]);
+            if (b->retry_timers[i] && ap_rt_timer_stop(dht->rt, b->retry_timers[i])) {
+                free(b->retry_args[i]);
+                b->retry_timers[i] = 0;
+                b->retry_args[i] = NULL;
+                b->pending--;
+            }
+        }
         if (--b->pending == 0) boot_free(b); /* else the pending dials free it */
     }
 }

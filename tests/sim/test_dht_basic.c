@@ -1,6 +1,7 @@
 /* DHT on the simulator: bootstrap of a swarm through 1-3 initial peers,
  * stores then gets from random nodes, dictionaries, batches, coalescing,
- * caching, client mode, bootstrap errors. */
+ * caching, client mode, bootstrap errors; bootstrapping through a node whose
+ * DHT starts later. */
 #include "aptest.h"
 
 #include "dht_swarm.h"
@@ -109,10 +110,90 @@ static void test_store_get(void **state)
     sw_free(s);
 }
 
+typedef struct boot_op {
+    bool done;
+    int status;
+    uint64_t at_us;
+    ap_sim_t *sim;
+} boot_op_t;
+
+static void boot_op_done(ap_dht_t *dht, void *arg, int status)
+{
+    (void)dht;
+    boot_op_t *o = arg;
+    o->done = true;
+    o->status = status;
+    o->at_us = ap_sim_now_us(o->sim);
+}
+
+static bool boot_op_finished(void *arg)
+{
+    return ((boot_op_t *)arg)->done;
+}
+
+/* An initial peer whose node is up but whose DHT starts 1.5 s later (it
+ * answers "protocol not served" meanwhile): the bootstrap asks again and
+ * joins once it is there. One that never starts a DHT fails the bootstrap
+ * after the retries (about 5 s), with AP_EUNREACH. Before the retries, the
+ * first case failed at once (examples/collab failed so on a loaded machine:
+ * its second peer's thread asked before the first peer's thread had made its
+ * DHT). */
+static void test_bootstrap_before_dht(void **state)
+{
+    (void)state;
+    swarm_t *s = sw_new_n(4, 1, ap_test_seed(7), 20000, NULL, 0);
+    assert_non_null(s);
+    /* node 2 joins through node 1, whose node is up but has no DHT yet */
+    assert_ok(sw_start_node(s, 2));
+    boot_op_t late = {.sim = s->sim};
+    const char *a1 = "/sim/1";
+    uint64_t t0 = ap_sim_now_us(s->sim);
+    assert_ok(ap_dht_bootstrap(s->dht[2], &a1, 1, boot_op_done, &late));
+    sw_run(s, NULL, NULL, 1500000);
+    assert_false(late.done);
+    assert_ok(sw_start_node(s, 1));
+    const char *a0 = "/sim/0";
+    boot_op_t b1 = {.sim = s->sim};
+    assert_ok(ap_dht_bootstrap(s->dht[1], &a0, 1, boot_op_done, &b1));
+    assert_true(sw_run(s, boot_op_finished, &late, 10000000));
+    assert_ok(late.status);
+    print_message("joined through a DHT that started 1.5 s late, after %.2f s\n",
+                  (double)(late.at_us - t0) / 1e6);
+    assert_true(late.at_us - t0 < 3000000);
+    assert_true(sw_run(s, boot_op_finished, &b1, 10000000));
+    assert_ok(b1.status);
+    /* node 1's DHT is freed (its node stays up): a bootstrap through it
+     * ends with AP_EUNREACH after the retries */
+    assert_ok(sw_start_node(s, 3));
+    ap_dht_free(s->dht[1]);
+    s->dht[1] = NULL;
+    boot_op_t never = {.sim = s->sim};
+    t0 = ap_sim_now_us(s->sim);
+    assert_ok(ap_dht_bootstrap(s->dht[3], &a1, 1, boot_op_done, &never));
+    assert_true(sw_run(s, boot_op_finished, &never, 30000000));
+    assert_int_equal(never.status, AP_EUNREACH);
+    print_message("a node that serves no DHT: the bootstrap failed after %.2f s\n",
+                  (double)(never.at_us - t0) / 1e6);
+    assert_true(never.at_us - t0 >= 4000000 && never.at_us - t0 < 10000000);
+    /* a DHT freed while a retry waits: the retry is dropped, the bootstrap
+     * reports AP_ECANCELED, nothing leaks */
+    boot_op_t freed = {.sim = s->sim};
+    assert_ok(ap_dht_bootstrap(s->dht[3], &a1, 1, boot_op_done, &freed));
+    sw_run(s, NULL, NULL, 500000);
+    assert_false(freed.done);
+    ap_dht_free(s->dht[3]);
+    s->dht[3] = NULL;
+    assert_true(freed.done);
+    assert_int_equal(freed.status, AP_ECANCELED);
+    sw_run(s, NULL, NULL, 5000000);
+    sw_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_get),
+        cmocka_unit_test(test_bootstrap_before_dht),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
