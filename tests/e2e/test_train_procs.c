@@ -209,6 +209,7 @@ static void test_train_processes(void **state)
                   "30",
                   "--checkpoint-dir",
                   badck,
+                  NULL, /* --seed 1 below */
                   NULL,
                   NULL};
     pids[3] = ap_test_spawn_log(mv, logs[3]);
@@ -229,11 +230,21 @@ static void test_train_processes(void **state)
     crypto_generichash(huge + ck_len - 32, 32, huge, ck_len - 32, NULL, 0);
     write_all(badfile, huge, ck_len);
     mv[13] = "1000"; /* --max-epochs: beyond the checkpoint's epoch */
+    /* The data order is fixed: with every weight and bias 1e30 the MLP's
+     * loss on a batch is finite when each sample's inputs sum below -1 (all
+     * hidden units then give 0, so the logits are equal), and with the
+     * order drawn from a fresh PeerID such a first batch once came (a CI
+     * run: the step that followed diverged, "the loss is not finite at
+     * epoch 15"). Seed 1's first batch is not finite. */
+    mv[18] = "--seed";
+    mv[19] = "1";
     pids[3] = ap_test_spawn_log(mv, logs[3]);
-    assert_int_equal(ap_proc_wait_exit(pids[3], 60), 1);
+    int huge_rc = ap_proc_wait_exit(pids[3], 60);
+    bool said = ap_proc_grep_file(logs[3], "non-finite loss on the first batch", line, sizeof line);
+    if (huge_rc != 1 || !said) ap_proc_print_tail(logs[3], NULL, 30, "  huge| ");
+    assert_int_equal(huge_rc, 1);
     assert_true(ap_proc_grep_file(logs[3], "resumed from", NULL, 0));
-    assert_true(
-        ap_proc_grep_file(logs[3], "non-finite loss on the first batch", line, sizeof line));
+    assert_true(said);
     print_message("%s", line);
     assert_non_null(strstr(line, "1e+30"));
     assert_false(ap_proc_grep_file(logs[3], "saved to", NULL, 0));
