@@ -172,6 +172,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (q.epoch != p.epoch || q.samples != p.samples || q.time_ms != p.time_ms ||
                 q.report_ms != p.report_ms)
                 abort();
+            if (p.nleft_out > AP_PROGRESS_LEFT_OUT_MAX || q.nleft_out != p.nleft_out) abort();
+            for (uint32_t i = 0; i < p.nleft_out; i++)
+                if (!ap_peer_id_eq(&q.left_out[i], &p.left_out[i])) abort();
             /* the run configuration: printable bounded model, finite
              * numbers, the digest of the fields, all kept */
             if (q.has_config != p.has_config || q.refused != p.refused) abort();

@@ -101,7 +101,15 @@ typedef struct ap_allreduce_result {
     uint64_t bytes_sent, bytes_received; /* chunk payload bytes of this round */
     uint64_t elapsed_us;
     double predicted_s; /* the LP bound for the group: t·P·4 */
+    /* Per member, in the group's order (n entries, valid during the done
+     * call only; NULL when out of memory): AP_ALLREDUCE_PART_FAILED if its
+     * part stayed local here (wholly or partly), AP_ALLREDUCE_SENDER_DROPPED
+     * if this peer's reducer dropped it as a sender; 0 for this peer. */
+    const uint8_t *member_faults;
 } ap_allreduce_result_t;
+
+#define AP_ALLREDUCE_PART_FAILED    1u
+#define AP_ALLREDUCE_SENDER_DROPPED 2u
 
 typedef struct ap_allreduce ap_allreduce_t;
 

@@ -279,6 +279,10 @@ typedef struct ap_collab_stats {
     /* epochs stepped at once because no other peer of the run had a fresh
      * record (no group to wait for: the matchmaking window was skipped) */
     uint64_t lone_epochs;
+    /* byzantine_tolerant: members this peer named for not delivering in a
+     * gradient round, and members most of a group named, left out of it
+     * (docs/btard.md, "Members that do not deliver") */
+    uint64_t btard_named, btard_left_out;
 } ap_collab_stats_t;
 
 /* Called on the loop thread. status: 0, or an error (see each function). */

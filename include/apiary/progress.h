@@ -16,7 +16,8 @@ extern "C" {
 #endif
 
 /* Cap on the samples/s a progress record may claim. */
-#define AP_PROGRESS_MAX_SPS 1e9
+#define AP_PROGRESS_MAX_SPS      1e9
+#define AP_PROGRESS_LEFT_OUT_MAX 4
 
 typedef struct ap_progress {
     ap_peer_id_t peer;
@@ -48,6 +49,11 @@ typedef struct ap_progress {
      * its form, not its signature (the reader does, against its run) */
     bool has_token;
     ap_run_token_t token;
+    /* byzantine-tolerant runs: members that did not deliver in the peer's
+     * recent gradient rounds (decode refuses more than
+     * AP_PROGRESS_LEFT_OUT_MAX or a malformed PeerID, AP_ECORRUPT) */
+    uint32_t nleft_out;
+    ap_peer_id_t left_out[AP_PROGRESS_LEFT_OUT_MAX];
 } ap_progress_t;
 
 /* Encodes a record (protobuf, proto/optim.proto) into buf (cap bytes); returns
@@ -67,6 +73,8 @@ AP_EXPORT int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t ca
  *                 long or not printable; AP_ERANGE: a non-finite learning
  *                 rate, weight decay or clipping norm.
  *   AP_ECORRUPT   also: a token that is not one (ap_run_token_unpack).
+ *   AP_ECORRUPT   also: more than AP_PROGRESS_LEFT_OUT_MAX left_out entries,
+ *                 or one that is not a PeerID.
  * A record without a configuration decodes with has_config false, one
  * without a token with has_token false.
  * peer is not part of the encoding (it is the owner of the subkey). */

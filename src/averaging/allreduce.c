@@ -373,7 +373,17 @@ static void finish_cb(ap_rt_t *rt, void *arg)
             ar->in[j].next_in == ar->my_chunks)
             ar->res.senders_used++;
     if (ar->in && ar->sends) ar->res.senders_used++; /* itself */
+    uint8_t *faults = ar->n > 0 ? calloc((size_t)ar->n, 1) : NULL;
+    for (int j = 0; faults && j < ar->n; j++) {
+        if (j == ar->self) continue;
+        if (ar->out && ar->cnt[j] && ar->out[j].state == SLOT_DROPPED)
+            faults[j] |= AP_ALLREDUCE_PART_FAILED;
+        if (ar->in && ar->m[j].role != AP_AVG_AUX && ar->in[j].state == SLOT_DROPPED)
+            faults[j] |= AP_ALLREDUCE_SENDER_DROPPED;
+    }
+    ar->res.member_faults = faults;
     ar->done(rt, ar->done_arg, &ar->res);
+    free(faults);
     round_free(ar);
 }
 

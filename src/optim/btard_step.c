@@ -63,10 +63,49 @@ bool ap_collab_banned(const ap_collab_t *c, const ap_peer_id_t *peer)
     return c && peer && ap__btard_banned(c, peer);
 }
 
+/* Epochs a member that did not deliver stays named in this peer's records:
+ * it is left out meanwhile, so no new round can clear it; then it is tried
+ * again. */
+#define NAMED_EPOCHS 4
+
+void ap__btard_name_faults(ap_collab_t *c, const ap_allreduce_result_t *res)
+{
+    if (!res->member_faults || c->cfg.role == AP_AVG_AUX || res->status == AP_ECANCELED) return;
+    for (size_t j = 0; j < c->nmembers; j++) {
+        if (!res->member_faults[j] || ap__collab_is_self(c, &c->members[j].id)) continue;
+        size_t k = 0;
+        while (k < c->nshun && !ap_peer_id_eq(&c->shun[k].peer, &c->members[j].id)) k++;
+        if (k == c->nshun) {
+            if (c->nshun < AP_PROGRESS_LEFT_OUT_MAX)
+                c->nshun++;
+            else /* full: the entry that expires first goes */
+                for (size_t q = k = 0; q < c->nshun; q++)
+                    if (c->shun[q].until < c->shun[k].until) k = q;
+        }
+        c->shun[k].peer = c->members[j].id;
+        c->shun[k].until = c->epoch + 1 + NAMED_EPOCHS;
+        c->st.btard_named++;
+        char sh[AP_PEER_SHORT_LEN];
+        ap_info(OPT_MOD, "epoch %llu: %s did not deliver (%s): named in this peer's records",
+                (unsigned long long)c->epoch, ap_peer_id_short(&c->members[j].id, sh),
+                res->member_faults[j] & AP_ALLREDUCE_PART_FAILED ? "its part failed"
+                                                                 : "dropped as a sender");
+    }
+}
+
+static bool named_here(const ap_collab_t *c, const ap_peer_id_t *peer)
+{
+    for (size_t i = 0; i < c->nshun; i++)
+        if (c->shun[i].until > c->epoch && ap_peer_id_eq(&c->shun[i].peer, peer)) return true;
+    return false;
+}
+
 bool ap__btard_exclude(void *arg, const ap_peer_id_t *peer)
 {
     ap_collab_t *c = arg;
     if (ap__btard_banned(c, peer)) return true;
+    /* the DHT matchmaker's group is the leader's: this peer's own word */
+    if (c->cfg.byzantine_tolerant && named_here(c, peer)) return true;
     return c->closed && ap__closed_exclude(arg, peer);
 }
 

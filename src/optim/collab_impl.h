@@ -14,14 +14,15 @@
 
 #include <sodium.h>
 
-#define OPT_MOD          "optim"
-#define AP__STATE_CHUNK  16384 /* floats per state chunk message (64 KiB) */
-#define AP__MAX_SERVING  8     /* concurrent state uploads per donor */
-#define AP__MAX_RANGES   64    /* download ranges (parts and re-requests) */
-#define AP__PROGRESS_MAX 768   /* bytes of an encoded progress record (run config, token) */
-#define AP__VIEW_MAX     4096  /* progress records kept per fetch */
-#define AP__REFUSED_LOG  64    /* peers of another configuration remembered (logged once) */
-#define AP__REVOKED_MAX  1024  /* revoked peers of a closed run kept */
+#define OPT_MOD         "optim"
+#define AP__STATE_CHUNK 16384 /* floats per state chunk message (64 KiB) */
+#define AP__MAX_SERVING 8     /* concurrent state uploads per donor */
+#define AP__MAX_RANGES  64    /* download ranges (parts and re-requests) */
+#define AP__PROGRESS_MAX                                                                           \
+    1024                     /* bytes of an encoded progress record (run config, token, left_out) */
+#define AP__VIEW_MAX    4096 /* progress records kept per fetch */
+#define AP__REFUSED_LOG 64   /* peers of another configuration remembered (logged once) */
+#define AP__REVOKED_MAX 1024 /* revoked peers of a closed run kept */
 /* Peers that leave: a record that has not changed for AP__REPORT_MISSED of
  * its peer's report intervals plus AP__REPORT_SLACK_MS (store latency, timers
  * late under load), by our own clock between fetches, counts as gone (it is
@@ -187,6 +188,14 @@ struct ap_collab {
     bool resync;
     size_t nresync;
     ap_peer_id_t resync_from[AP_BTARD_STEP_MAX_PEERS];
+    /* members that did not deliver in one of this peer's gradient rounds,
+     * named in its records until epoch `until` (exclusive); a member most
+     * of the group names is left out of the group (round.c) */
+    struct {
+        ap_peer_id_t peer;
+        uint64_t until;
+    } shun[AP_PROGRESS_LEFT_OUT_MAX];
+    size_t nshun;
 
     /* the run's configuration (progress records, matchmaking key) */
     ap_run_config_t runcfg;
@@ -336,6 +345,9 @@ void ap__btard_before_round(struct ap_collab *c, float *data);
 /* After a complete gradient round: starts its check (true; the check ends
  * in ap__collab_grad_finish) or false when it does not apply. */
 bool ap__btard_verify(struct ap_collab *c, const ap_allreduce_result_t *res);
+/* Names the members that did not deliver in this gradient round (res's
+ * member_faults) in this peer's records for the next few epochs. */
+void ap__btard_name_faults(struct ap_collab *c, const ap_allreduce_result_t *res);
 /* round.c: the end of a gradient round: step (if apply) and go on. */
 void ap__collab_grad_finish(struct ap_collab *c, bool apply);
 

@@ -125,6 +125,16 @@ int ap_progress_encode(const ap_progress_t *p, uint8_t *buf, size_t cap)
         ap__run_config_to_pb(&cfg, &rc);
         m.config = &rc;
     }
+    ProtobufCBinaryData left[AP_PROGRESS_LEFT_OUT_MAX];
+    uint8_t left_b[AP_PROGRESS_LEFT_OUT_MAX][AP_PEER_ID_LEN];
+    if (p->nleft_out > AP_PROGRESS_LEFT_OUT_MAX) return AP_EINVAL;
+    for (uint32_t i = 0; i < p->nleft_out; i++) {
+        memcpy(left_b[i], p->left_out[i].b, AP_PEER_ID_LEN);
+        left[i].data = left_b[i];
+        left[i].len = AP_PEER_ID_LEN;
+    }
+    m.n_left_out = p->nleft_out;
+    m.left_out = p->nleft_out ? left : NULL;
     size_t len = apiary__optim__progress__get_packed_size(&m);
     if (len > cap) return AP_EMSGSIZE;
     apiary__optim__progress__pack(&m, buf);
@@ -171,6 +181,11 @@ int ap_progress_decode(const uint8_t *buf, size_t len, int64_t now_ms, int64_t m
         crc = ap_run_token_unpack(m->token.data, m->token.len, &p.token);
         p.has_token = crc == 0;
     }
+    if (!crc && m->n_left_out > AP_PROGRESS_LEFT_OUT_MAX) crc = AP_ECORRUPT;
+    for (size_t i = 0; !crc && i < m->n_left_out; i++)
+        if (ap_peer_id_from_bytes(&p.left_out[i], m->left_out[i].data, m->left_out[i].len) != 0)
+            crc = AP_ECORRUPT;
+    if (!crc) p.nleft_out = (uint32_t)m->n_left_out;
     apiary__optim__progress__free_unpacked(m, NULL);
     if (crc) return crc;
 

@@ -15,6 +15,54 @@ static int cmp_member(const void *a, const void *b)
     return ap_peer_id_cmp(&((const ap_avg_member_t *)a)->id, &((const ap_avg_member_t *)b)->id);
 }
 
+/* The record of member m among the view's, or NULL. */
+static const ap_progress_t *record_of(const ap_collab_t *c, const ap_peer_id_t *m)
+{
+    for (size_t i = 0; i < c->nview; i++)
+        if (ap_peer_id_eq(&c->view[i].peer, m)) return &c->view[i];
+    return NULL;
+}
+
+/* byzantine_tolerant: a member that more than half of the other members'
+ * records name as not delivering (progress.left_out) is left out of the
+ * epoch's group. Every member reads the same records, so every member
+ * leaves out the same peers; one peer's word leaves nobody out. */
+static void leave_out_named(ap_collab_t *c, int64_t now)
+{
+    (void)now;
+    bool out[AP_AVG_MAX_PEERS] = {false};
+    size_t n = c->nmembers, kept = 0;
+    for (size_t x = 0; x < n; x++) {
+        size_t named = 0;
+        for (size_t m = 0; m < n; m++) {
+            const ap_progress_t *r = m == x ? NULL : record_of(c, &c->members[m].id);
+            for (uint32_t q = 0; r && q < r->nleft_out && q < AP_PROGRESS_LEFT_OUT_MAX; q++)
+                if (ap_peer_id_eq(&r->left_out[q], &c->members[x].id)) {
+                    named++;
+                    break;
+                }
+        }
+        out[x] = n > 2 && 2 * named > n - 1;
+    }
+    bool self_out = false;
+    for (size_t x = 0; x < n; x++) {
+        if (!out[x]) {
+            c->members[kept++] = c->members[x];
+            continue;
+        }
+        char sh[AP_PEER_SHORT_LEN];
+        c->st.btard_left_out++;
+        if (ap__collab_is_self(c, &c->members[x].id)) self_out = true;
+        ap_warn(OPT_MOD,
+                "epoch %llu: %s left out of the group: most members named it as not delivering "
+                "in their last rounds",
+                (unsigned long long)c->epoch,
+                ap__collab_is_self(c, &c->members[x].id) ? "this peer"
+                                                         : ap_peer_id_short(&c->members[x].id, sh));
+    }
+    c->nmembers = self_out ? 0 : kept;
+}
+
 /* The group of this epoch: fresh records in this epoch, ordered by PeerID. */
 static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool collect)
 {
@@ -33,6 +81,7 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
         m->down = p->down > 0 ? p->down : 1e6;
         if (p->role != AP_AVG_AUX) samples += (uint64_t)p->samples;
     }
+    if (collect && c->cfg.byzantine_tolerant) leave_out_named(c, now);
     if (collect) {
         qsort(c->members, c->nmembers, sizeof *c->members, cmp_member);
         c->round_samples = samples;
@@ -137,6 +186,7 @@ static void round_done(ap_rt_t *rt, void *arg, const ap_allreduce_result_t *res)
                     (unsigned long long)c->epoch, c->nmembers,
                     res->status ? ap_strerror(res->status) : "parts failed", 100.0 * frac);
         }
+        if (c->cfg.byzantine_tolerant) ap__btard_name_faults(c, res);
         if (ap__btard_verify(c, res)) return; /* byzantine_tolerant: checked first */
         if (c->cfg.byzantine_tolerant && c->cfg.role != AP_AVG_AUX && c->nmembers > 1) {
             /* a step that cannot be checked is not taken: stepping on local

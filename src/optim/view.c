@@ -118,6 +118,8 @@ static void my_record(ap_collab_t *c, ap_progress_t *p)
     p->config = c->runcfg;
     p->has_token = c->has_token;
     if (c->has_token) p->token = c->token;
+    for (size_t i = 0; i < c->nshun; i++)
+        if (c->shun[i].until > c->epoch) p->left_out[p->nleft_out++] = c->shun[i].peer;
     if (p->ready_ms && p->ready_ms < p->epoch_start_ms) p->ready_ms = p->epoch_start_ms;
     if (p->ready_ms > p->time_ms) p->ready_ms = p->time_ms;
     /* Readers refuse more samples than 2·speed·(epoch time + 1 s) + 1

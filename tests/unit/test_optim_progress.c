@@ -8,6 +8,7 @@
 #include "apiary/nn.h"
 #include "apiary/progress.h"
 #include "apiary/run_config.h"
+#include "optim.pb-c.h"
 
 #include <math.h>
 #include <string.h>
@@ -229,6 +230,53 @@ static void test_config_rejected(void **state)
     assert_null(c);
 }
 
+/* byzantine-tolerant runs' left_out list: kept through a round trip (up to
+ * AP_PROGRESS_LEFT_OUT_MAX); more entries, or one that is not a PeerID, and
+ * the record is refused (AP_ECORRUPT); encode refuses more than the cap. */
+static void test_left_out(void **state)
+{
+    (void)state;
+    ap_progress_t p = honest(), q;
+    p.nleft_out = AP_PROGRESS_LEFT_OUT_MAX;
+    for (uint32_t i = 0; i < p.nleft_out; i++) {
+        uint8_t pk[AP_ED25519_PK_LEN];
+        memset(pk, (int)i + 1, sizeof pk);
+        ap_peer_id_from_ed25519(&p.left_out[i], pk);
+    }
+    uint8_t buf[512];
+    int len = ap_progress_encode(&p, buf, sizeof buf);
+    assert_true(len > 0);
+    assert_ok(ap_progress_decode(buf, (size_t)len, NOW, 5000, &q));
+    assert_int_equal(q.nleft_out, AP_PROGRESS_LEFT_OUT_MAX);
+    for (uint32_t i = 0; i < q.nleft_out; i++)
+        assert_true(ap_peer_id_eq(&q.left_out[i], &p.left_out[i]));
+    p.nleft_out = AP_PROGRESS_LEFT_OUT_MAX + 1;
+    assert_int_equal(ap_progress_encode(&p, buf, sizeof buf), AP_EINVAL);
+    /* hand-made records: one entry too many; a malformed PeerID */
+    Apiary__Optim__Progress *m = apiary__optim__progress__unpack(NULL, (size_t)len, buf);
+    assert_non_null(m);
+    ProtobufCBinaryData five[AP_PROGRESS_LEFT_OUT_MAX + 1];
+    for (int i = 0; i <= AP_PROGRESS_LEFT_OUT_MAX; i++) five[i] = m->left_out[0];
+    ProtobufCBinaryData *kept = m->left_out;
+    size_t nkept = m->n_left_out;
+    m->left_out = five;
+    m->n_left_out = AP_PROGRESS_LEFT_OUT_MAX + 1;
+    uint8_t raw[768];
+    size_t rl = apiary__optim__progress__pack(m, raw);
+    assert_int_equal(ap_progress_decode(raw, rl, NOW, 5000, &q), AP_ECORRUPT);
+    uint8_t bad[AP_PEER_ID_LEN] = {0x12, 0x20}; /* a sha2-256 multihash, not Ed25519 */
+    five[0].data = bad;
+    m->n_left_out = 1;
+    rl = apiary__optim__progress__pack(m, raw);
+    assert_int_equal(ap_progress_decode(raw, rl, NOW, 5000, &q), AP_ECORRUPT);
+    five[0].len = 3; /* truncated */
+    rl = apiary__optim__progress__pack(m, raw);
+    assert_int_equal(ap_progress_decode(raw, rl, NOW, 5000, &q), AP_ECORRUPT);
+    m->left_out = kept;
+    m->n_left_out = nkept;
+    apiary__optim__progress__free_unpacked(m, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -237,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_config_rejected),
         cmocka_unit_test(test_run_config_roundtrip),
         cmocka_unit_test(test_run_config_diff_names_field),
+        cmocka_unit_test(test_left_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
