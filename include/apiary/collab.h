@@ -62,6 +62,7 @@
 #define APIARY_COLLAB_H
 
 #include "apiary/avg.h"
+#include "apiary/btard.h"
 #include "apiary/common.h"
 #include "apiary/dht.h"
 #include "apiary/error.h"
@@ -190,6 +191,10 @@ typedef struct ap_collab_config {
      * btard_attack_shift (experiments; 0 = honest): as an aggregator, add
      * this to every element of the part it aggregates. */
     float btard_attack_shift;
+    /* btard_attack_step (experiments; AP_BTARD_STEP_HONEST = 0 = honest):
+     * this peer attacks the check (a false accuser, a withheld reveal, ...;
+     * apiary/btard.h ap_btard_step_attack_t). */
+    ap_btard_step_attack_t btard_attack_step;
     /* Closed runs (apiary/run_token.h; docs/closed_runs.md). run_owner: the
      * owner's PeerID as text; set, the run is CLOSED: this peer takes part
      * only with a valid unexpired token of its own (ap_collab_start fails

@@ -264,7 +264,8 @@ bool ap__btard_verify(ap_collab_t *c, const ap_allreduce_result_t *res)
                                  .arg = c,
                                  .validators = c->cfg.btard_validators,
                                  .grad = c->cfg.btard_validators ? member_grad : NULL,
-                                 .grad_arg = c};
+                                 .grad_arg = c,
+                                 .attack = c->cfg.btard_attack_step};
         memcpy(s.run, c->run_hash, AP_BTARD_HASH_LEN);
         /* the public state the gradients were computed on: members that
          * hold other parameters are found out (and reload theirs) */

@@ -21,6 +21,7 @@ static uint64_t banned[NMAX], dropped[NMAX], left_out[NMAX];
 /* with validators: banned_by[i][j] = peer i banned peer j */
 static bool banned_by[NMAX][NMAX];
 static uint32_t validators;
+static int accuser = -1; /* a false accuser (btard_attack_step), or -1 */
 
 /* The gradient check's gradient (ap_collab_grad_fn) of one peer: the MLP's
  * gradient on B samples of the synthetic stream drawn from the seed, on a
@@ -89,6 +90,7 @@ static double run2(bool byz, int attackers, int cheater, uint64_t seed, double *
             e.cfg.btard_grad = grad_fn;
             e.cfg.btard_grad_arg = &G[i];
         }
+        e.cfg.btard_attack_step = i == accuser ? AP_BTARD_STEP_FALSE_ACCUSE : AP_BTARD_STEP_HONEST;
         oh_peer_up(&e, i, i == 0 ? -1 : 0);
     }
     *init =
@@ -213,6 +215,27 @@ static void test_sixteen_peers_a_member_that_never_connects(void **state)
     assert_true(loss < 0.8 * init);
 }
 
+/* A false accuser (`apiary train --attack false-accuser`): peer 5 accuses
+ * the next member of the group every step; every other peer bans it
+ * (false_accusation) in the first step, nobody else is banned, and the run
+ * converges. */
+static void test_false_accuser_banned(void **state)
+{
+    (void)state;
+    double init;
+    accuser = 5;
+    double loss = run(true, 0, 4, &init);
+    accuser = -1;
+    for (int i = 0; i < N; i++) {
+        if (i == 5) continue;
+        for (int j = 0; j < N; j++)
+            if (banned_by[i][j] != (j == 5))
+                fail_msg("peer %d: ban of peer %d is %d", i, j, banned_by[i][j]);
+        assert_true(dropped[i] <= 2);
+    }
+    assert_true(loss < 0.8 * init);
+}
+
 int main(void)
 {
     ap_log_set_level(AP_LOG_ERROR);
@@ -220,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_sign_flip_two_of_eight),
         cmocka_unit_test(test_cheating_aggregator_banned),
         cmocka_unit_test(test_gradient_check_bans_sign_flippers),
-        cmocka_unit_test(test_sixteen_peers_a_member_that_never_connects)};
+        cmocka_unit_test(test_sixteen_peers_a_member_that_never_connects),
+        cmocka_unit_test(test_false_accuser_banned)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,9 @@ static void test_bad_flags(void **state)
         {"--byzantine-tolerant --btard-validators 65", "--btard-validators"},
         {"--byzantine-tolerant --btard-validators two", "--btard-validators"},
         {"--btard-validators 2", "--btard-validators needs --byzantine-tolerant"},
+        {"--attack alie", "the attacks are sign-flip, random-direction"},
+        {"--attack false-accuser", "--attack false-accuser needs --byzantine-tolerant"},
+        {"--attack bad-aggregator", "--attack bad-aggregator needs --byzantine-tolerant"},
         {"--byzantine-tolerant --btard-validators 2 --delayed-updates",
          "--btard-validators and --delayed-updates exclude each other"},
     };

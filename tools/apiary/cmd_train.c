@@ -126,10 +126,14 @@ static void usage(void)
         "                            (0 = off, the default; at most 64; same on every peer).\n"
         "                            Each peer then sends its gradient on a --batch-size\n"
         "                            minibatch drawn from the step's seed for it\n"
-        "  --attack sign-flip        experiments: submit the gradient times -1000 (with\n"
-        "                            --btard-validators: every gradient it computes)\n"
-        "  --attack bad-aggregator   experiments: add 0.1 to every element of the part\n"
-        "                            this peer aggregates\n"
+        "  --attack NAME             experiments (with --btard-validators every gradient\n"
+        "                            it computes carries a gradient or label attack):\n"
+        "                            sign-flip (the gradient times -1000), random-direction\n"
+        "                            (1000 x its norm along a direction from the epoch),\n"
+        "                            ipm (-0.5 x the gradient), label-flip (labels y ->\n"
+        "                            C-1-y), bad-aggregator (add 0.1 to the part it\n"
+        "                            aggregates), false-accuser (accuse the next member\n"
+        "                            every step), withhold-reveal (withhold its reveal)\n"
         "  --dht-matchmaking        form averaging groups with the DHT matchmaker of the\n"
         "                            averaging module (default: READY window over progress)\n"
         "  --data-shard I/P          MLP: this peer's k-th batch is batch k*P+I of the\n"
@@ -156,8 +160,9 @@ typedef struct topts {
     int npeers;
     uint64_t target, max_epochs;
     int batch;
-    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, sign_flip, bad_agg, no_port_map;
-    bool state_every_set; /* --average-state-every given */
+    bool client, aux, delayed, dhtmm, fresh, seed_set, byz, no_port_map;
+    ap_train_attack_t attack; /* --attack (experiments) */
+    bool state_every_set;     /* --average-state-every given */
     bool relay_service;
     ap_cli_relays_t relays;
     double btard_tau;
@@ -491,11 +496,14 @@ static int run(const topts_t *o)
     cfg.dht_matchmaking = o->dhtmm;
     cfg.byzantine_tolerant = o->byz;
     cfg.btard_tau = o->btard_tau;
-    cfg.btard_attack_shift = o->bad_agg ? 0.1f : 0.0f;
+    cfg.btard_attack_shift = o->attack == AP_TRAIN_BAD_AGGREGATOR ? 0.1f : 0.0f;
+    cfg.btard_attack_step = o->attack == AP_TRAIN_FALSE_ACCUSER     ? AP_BTARD_STEP_FALSE_ACCUSE
+                            : o->attack == AP_TRAIN_WITHHOLD_REVEAL ? AP_BTARD_STEP_WITHHOLD_REVEAL
+                                                                    : AP_BTARD_STEP_HONEST;
     ap_train_grad_t *tgrad = NULL;
     if (o->btard_validators) {
         /* the data seed is the run's (1), so that any peer recomputes it */
-        tgrad = ap_train_grad_new(m, text, 1, o->batch, o->sign_flip ? -1000.0f : 1.0f);
+        tgrad = ap_train_grad_new(m, text, 1, o->batch, o->attack);
         if (!tgrad && !rc) {
             fprintf(stderr, "apiary train: --btard-validators: out of memory\n");
             rc = AP_ENOMEM;
@@ -644,12 +652,14 @@ static int run(const topts_t *o)
             int r;
             if (gpt) {
                 r = ap_nn_text_batch(text, seed, &cursor, o->batch, T, in, tg);
+                ap_train_attack_labels(o->attack, tg, (size_t)o->batch * (size_t)T, 256);
                 if (!r) r = ap_nn_gpt_loss(m, in, tg, o->batch, T, &loss);
                 if (!r) r = ap_nn_gpt_backward(m, NULL, NULL);
             } else {
                 /* batch k of this shard: batch k*P+I of the stream */
                 uint64_t first = (sample * o->nshards + o->shard) * (uint64_t)o->batch;
                 ap_nn_synth_classify(7, seed, first, o->batch, 16, 4, x, tg);
+                ap_train_attack_labels(o->attack, tg, (size_t)o->batch, 4);
                 sample++;
                 r = ap_nn_mlp_forward(m, x, tg, o->batch, &loss);
                 if (!r) r = ap_nn_mlp_backward(m);
@@ -690,8 +700,8 @@ static int run(const topts_t *o)
             }
             compute_s += now_s() - tb;
             ap_train_watch_submit(watch, true);
-            if (o->sign_flip) /* an attacker for experiments */
-                for (size_t k = 0; k < pr->count; k++) pr->grad[k] *= -1000.0f;
+            /* an attacker for experiments */
+            ap_train_attack_grad(o->attack, ap_collab_epoch(c), pr->grad, pr->count);
             r = ap_collab_submit_sync(c, pr->grad, (uint32_t)o->batch, loss);
             ap_train_watch_submit(watch, false);
             if (r == AP_EPERM) { /* the owner revoked this peer */
@@ -1144,17 +1154,12 @@ static int train_main(int argc, char **argv)
             o.btard_validators = (uint32_t)v_;
         } break;
         case O_ATTACK:
-            if (strcmp(optarg, "sign-flip") == 0)
-                o.sign_flip = true;
-            else if (strcmp(optarg, "bad-aggregator") == 0)
-                o.bad_agg = true;
-            else {
-                fprintf(stderr,
-                        "apiary train: --attack %s: the attacks are sign-flip and "
-                        "bad-aggregator\n",
-                        optarg);
+            if (ap_train_attack_parse(optarg) < 0) {
+                fprintf(stderr, "apiary train: --attack %s: the attacks are %s\n", optarg,
+                        ap_train_attack_names());
                 return 2;
             }
+            o.attack = (ap_train_attack_t)ap_train_attack_parse(optarg);
             break;
         case O_OWNER: {
             ap_peer_id_t p_;
@@ -1223,6 +1228,15 @@ static int train_main(int argc, char **argv)
     }
     if (!(o.lr > 0) || !(o.mm_window > 0)) {
         fprintf(stderr, "apiary train: --lr and --matchmaking-window must be > 0\n");
+        return 2;
+    }
+    if (o.attack >= AP_TRAIN_BAD_AGGREGATOR && !o.byz) {
+        fprintf(stderr,
+                "apiary train: --attack %s needs --byzantine-tolerant (it attacks the "
+                "verified step's check)\n",
+                o.attack == AP_TRAIN_BAD_AGGREGATOR  ? "bad-aggregator"
+                : o.attack == AP_TRAIN_FALSE_ACCUSER ? "false-accuser"
+                                                     : "withhold-reveal");
         return 2;
     }
     if (o.btard_validators && !o.byz) {

@@ -8,6 +8,7 @@
 #include "apiary/btard.h"
 #include "apiary/error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +20,7 @@ struct ap_train_grad {
     const ap_nn_text_t *text;
     uint64_t seed;
     int batch, T;
-    float scale;
+    ap_train_attack_t attack;
     uint64_t *idx;
     int32_t *in, *tg;
     float *x;
@@ -37,7 +38,7 @@ void ap_train_grad_free(ap_train_grad_t *g)
 }
 
 ap_train_grad_t *ap_train_grad_new(ap_nn_model_t *m, const ap_nn_text_t *text, uint64_t data_seed,
-                                   int batch, float scale)
+                                   int batch, ap_train_attack_t attack)
 {
     ap_train_grad_t *g = calloc(1, sizeof *g);
     if (!g || batch <= 0) {
@@ -47,7 +48,7 @@ ap_train_grad_t *ap_train_grad_new(ap_nn_model_t *m, const ap_nn_text_t *text, u
     g->text = text;
     g->seed = data_seed;
     g->batch = batch;
-    g->scale = scale;
+    g->attack = attack;
     int rc;
     ap_nn_gpt_config_t gc;
     ap_nn_mlp_config_t mc;
@@ -80,7 +81,6 @@ ap_train_grad_t *ap_train_grad_new(ap_nn_model_t *m, const ap_nn_text_t *text, u
 int ap_train_grad(void *arg, const float *params, size_t n, uint64_t epoch, const uint8_t seed[32],
                   float *out)
 {
-    (void)epoch; /* in the seed */
     ap_train_grad_t *g = arg;
     ap_nn_params_t *pr = ap_nn_model_params(g->m);
     if (n != pr->count) return AP_EINVAL;
@@ -98,6 +98,7 @@ int ap_train_grad(void *arg, const float *params, size_t n, uint64_t epoch, cons
             size_t o = (size_t)b * (size_t)g->T;
             rc = ap_nn_text_batch(g->text, g->seed, &cursor, 1, g->T, g->in + o, g->tg + o);
         }
+        ap_train_attack_labels(g->attack, g->tg, (size_t)g->batch * (size_t)g->T, 256);
         if (!rc) rc = ap_nn_gpt_loss(g->m, g->in, g->tg, g->batch, g->T, &loss);
         if (!rc) rc = ap_nn_gpt_backward(g->m, NULL, NULL);
     } else {
@@ -108,10 +109,57 @@ int ap_train_grad(void *arg, const float *params, size_t n, uint64_t epoch, cons
         for (int b = 0; b < g->batch; b++)
             ap_nn_synth_classify(7, g->seed, g->idx[b], 1, mc.in_dim, mc.n_classes,
                                  g->x + (size_t)b * (size_t)mc.in_dim, g->tg + b);
+        ap_train_attack_labels(g->attack, g->tg, (size_t)g->batch, mc.n_classes);
         rc = ap_nn_mlp_forward(g->m, g->x, g->tg, g->batch, &loss);
         if (!rc) rc = ap_nn_mlp_backward(g->m);
     }
     if (rc) return rc;
-    for (size_t i = 0; i < n; i++) out[i] = pr->grad[i] * g->scale;
+    memcpy(out, pr->grad, n * sizeof(float));
+    ap_train_attack_grad(g->attack, epoch, out, n);
     return 0;
+}
+
+static const char *const attack_names[] = {[AP_TRAIN_SIGN_FLIP] = "sign-flip",
+                                           [AP_TRAIN_RANDOM_DIRECTION] = "random-direction",
+                                           [AP_TRAIN_IPM] = "ipm",
+                                           [AP_TRAIN_LABEL_FLIP] = "label-flip",
+                                           [AP_TRAIN_BAD_AGGREGATOR] = "bad-aggregator",
+                                           [AP_TRAIN_FALSE_ACCUSER] = "false-accuser",
+                                           [AP_TRAIN_WITHHOLD_REVEAL] = "withhold-reveal"};
+
+int ap_train_attack_parse(const char *name)
+{
+    for (int a = AP_TRAIN_SIGN_FLIP; a <= AP_TRAIN_WITHHOLD_REVEAL; a++)
+        if (name && strcmp(name, attack_names[a]) == 0) return a;
+    return -1;
+}
+
+const char *ap_train_attack_names(void)
+{
+    return "sign-flip, random-direction, ipm, label-flip, bad-aggregator, false-accuser, "
+           "withhold-reveal";
+}
+
+void ap_train_attack_grad(ap_train_attack_t a, uint64_t epoch, float *g, size_t n)
+{
+    if (a == AP_TRAIN_SIGN_FLIP) {
+        for (size_t i = 0; i < n; i++) g[i] *= -1000.0f;
+    } else if (a == AP_TRAIN_IPM) {
+        for (size_t i = 0; i < n; i++) g[i] *= -0.5f;
+    } else if (a == AP_TRAIN_RANDOM_DIRECTION) {
+        double norm = 0;
+        for (size_t i = 0; i < n; i++) norm += (double)g[i] * g[i];
+        norm = sqrt(norm);
+        uint8_t seed[AP_BTARD_HASH_LEN] = "apiary attack: random direction";
+        for (int i = 0; i < 8; i++) seed[AP_BTARD_HASH_LEN - 8 + i] = (uint8_t)(epoch >> (8 * i));
+        /* the unit direction in place of g (its signs do not read g) */
+        ap_btard_direction(seed, 0, n, g);
+        for (size_t i = 0; i < n; i++) g[i] = (float)(1000.0 * norm * g[i]);
+    }
+}
+
+void ap_train_attack_labels(ap_train_attack_t a, int32_t *y, size_t n, int classes)
+{
+    if (a != AP_TRAIN_LABEL_FLIP) return;
+    for (size_t i = 0; i < n; i++) y[i] = classes - 1 - y[i];
 }
