@@ -207,6 +207,7 @@ class CollabConfig(ctypes.Structure):
                 ("dht_matchmaking", c_bool), ("model_desc", c_char_p),
                 ("byzantine_tolerant", c_bool), ("btard_tau", c_double),
                 ("btard_max_iter", c_u32), ("btard_attack_shift", c_float),
+                ("btard_attack_step", c_int),
                 ("run_owner", c_char_p), ("token", c_char_p),
                 ("btard_validators", c_u32), ("btard_grad", c_void_p),
                 ("btard_grad_arg", c_void_p)]
@@ -228,7 +229,8 @@ class CollabStats(ctypes.Structure):
                [("refused", c_bool)] + \
                [(n, c_u64) for n in ("unauthorized_records", "unauthorized_requests")] + \
                [("shut_out", c_bool)] + \
-               [(n, c_u64) for n in ("peers_banned", "btard_steps_dropped", "lone_epochs")]
+               [(n, c_u64) for n in ("peers_banned", "btard_steps_dropped", "lone_epochs",
+                                     "btard_named", "btard_left_out")]
 
 
 def collab_protos(L):
