@@ -213,10 +213,17 @@ class Optimizer(torch.optim.Optimizer):
         digest = hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
         self._model_desc = ("torch %d tensors %s" % (len(plist), digest)).encode()
 
-        cfg = C.CollabConfig()
         L = C.lib()
         C.collab_protos(L)
-        L.ap_collab_config_default(ctypes.byref(cfg))
+        # A guard band, as in _stats: a mirror that fell behind ap_collab_config_t fails
+        # here with a clear error instead of handing the library a shifted structure.
+        size = ctypes.sizeof(C.CollabConfig)
+        guard = (ctypes.c_uint8 * (size + 64))(*([0xA5] * (size + 64)))
+        L.ap_collab_config_default(ctypes.cast(guard, ctypes.POINTER(C.CollabConfig)))
+        if bytes(guard[size:]) != b"\xa5" * 64:
+            raise RuntimeError("libapiary's ap_collab_config_t is larger than "
+                               "apiary._lib.CollabConfig: the package and the library do not match")
+        cfg = C.CollabConfig.from_buffer_copy(bytes(guard[:size]))
         self._run_id_b = run_id.encode()
         cfg.run_id = self._run_id_b
         cfg.target_batch_size = target_batch_size

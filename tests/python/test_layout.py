@@ -38,3 +38,5 @@ def test_collab_config_layout():
     assert cfg.delayed_updates is False and cfg.dht_matchmaking is False
     assert cfg.max_local_samples == 0 and cfg.model_desc is None
     assert cfg.run_owner is None and cfg.token is None
+    assert cfg.btard_attack_step == 0 and cfg.btard_validators == 0
+    assert cfg.btard_grad is None and cfg.btard_grad_arg is None
