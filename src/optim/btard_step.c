@@ -72,7 +72,7 @@ void ap__btard_name_faults(ap_collab_t *c, const ap_allreduce_result_t *res)
 {
     if (!res->member_faults || c->cfg.role == AP_AVG_AUX || res->status == AP_ECANCELED) return;
     for (size_t j = 0; j < c->nmembers; j++) {
-        if (!res->member_faults[j] || ap__collab_is_self(c, &c->members[j].id)) continue;
+        if (!res->member_faults[j]) continue; /* 0 for this peer */
         size_t k = 0;
         while (k < c->nshun && !ap_peer_id_eq(&c->shun[k].peer, &c->members[j].id)) k++;
         if (k == c->nshun) {

@@ -14,15 +14,14 @@
 
 #include <sodium.h>
 
-#define OPT_MOD         "optim"
-#define AP__STATE_CHUNK 16384 /* floats per state chunk message (64 KiB) */
-#define AP__MAX_SERVING 8     /* concurrent state uploads per donor */
-#define AP__MAX_RANGES  64    /* download ranges (parts and re-requests) */
-#define AP__PROGRESS_MAX                                                                           \
-    1024                     /* bytes of an encoded progress record (run config, token, left_out) */
-#define AP__VIEW_MAX    4096 /* progress records kept per fetch */
-#define AP__REFUSED_LOG 64   /* peers of another configuration remembered (logged once) */
-#define AP__REVOKED_MAX 1024 /* revoked peers of a closed run kept */
+#define OPT_MOD          "optim"
+#define AP__STATE_CHUNK  16384 /* floats per state chunk message (64 KiB) */
+#define AP__MAX_SERVING  8     /* concurrent state uploads per donor */
+#define AP__MAX_RANGES   64    /* download ranges (parts and re-requests) */
+#define AP__PROGRESS_MAX 1024  /* bytes of an encoded progress record (config, token, left_out) */
+#define AP__VIEW_MAX     4096  /* progress records kept per fetch */
+#define AP__REFUSED_LOG  64    /* peers of another configuration remembered (logged once) */
+#define AP__REVOKED_MAX  1024  /* revoked peers of a closed run kept */
 /* Peers that leave: a record that has not changed for AP__REPORT_MISSED of
  * its peer's report intervals plus AP__REPORT_SLACK_MS (store latency, timers
  * late under load), by our own clock between fetches, counts as gone (it is

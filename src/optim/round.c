@@ -15,27 +15,18 @@ static int cmp_member(const void *a, const void *b)
     return ap_peer_id_cmp(&((const ap_avg_member_t *)a)->id, &((const ap_avg_member_t *)b)->id);
 }
 
-/* The record of member m among the view's, or NULL. */
-static const ap_progress_t *record_of(const ap_collab_t *c, const ap_peer_id_t *m)
-{
-    for (size_t i = 0; i < c->nview; i++)
-        if (ap_peer_id_eq(&c->view[i].peer, m)) return &c->view[i];
-    return NULL;
-}
-
 /* byzantine_tolerant: a member that more than half of the other members'
  * records name as not delivering (progress.left_out) is left out of the
  * epoch's group. Every member reads the same records, so every member
  * leaves out the same peers; one peer's word leaves nobody out. */
-static void leave_out_named(ap_collab_t *c, int64_t now)
+static void leave_out_named(ap_collab_t *c, const ap_progress_t *const *rec)
 {
-    (void)now;
     bool out[AP_AVG_MAX_PEERS] = {false};
     size_t n = c->nmembers, kept = 0;
     for (size_t x = 0; x < n; x++) {
         size_t named = 0;
         for (size_t m = 0; m < n; m++) {
-            const ap_progress_t *r = m == x ? NULL : record_of(c, &c->members[m].id);
+            const ap_progress_t *r = m == x ? NULL : rec[m];
             for (uint32_t q = 0; r && q < r->nleft_out && q < AP_PROGRESS_LEFT_OUT_MAX; q++)
                 if (ap_peer_id_eq(&r->left_out[q], &c->members[x].id)) {
                     named++;
@@ -68,12 +59,14 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
 {
     int64_t now = ap_rt_wall_ms(c->rt);
     uint64_t samples = 0;
+    const ap_progress_t *rec[AP_AVG_MAX_PEERS]; /* each member's record */
     if (collect) c->nmembers = 0;
     for (size_t i = 0; collect && i < c->nview && c->nmembers < AP_AVG_MAX_PEERS; i++) {
         const ap_progress_t *p = &c->view[i];
         if (p->epoch != c->epoch || !ap__collab_fresh(c, i, now)) continue;
         if (p->ready_ms <= 0 || p->ready_ms > c->cutoff_ms) continue; /* not in this round */
         if (ap__btard_banned(c, &p->peer)) continue;
+        rec[c->nmembers] = p;
         ap_avg_member_t *m = &c->members[c->nmembers++];
         m->id = p->peer;
         m->role = p->role;
@@ -81,7 +74,7 @@ static void form_group(ap_collab_t *c, ap_avg_group_t *g, const char *what, bool
         m->down = p->down > 0 ? p->down : 1e6;
         if (p->role != AP_AVG_AUX) samples += (uint64_t)p->samples;
     }
-    if (collect && c->cfg.byzantine_tolerant) leave_out_named(c, now);
+    if (collect && c->cfg.byzantine_tolerant) leave_out_named(c, rec);
     if (collect) {
         qsort(c->members, c->nmembers, sizeof *c->members, cmp_member);
         c->round_samples = samples;

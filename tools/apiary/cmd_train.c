@@ -1153,14 +1153,15 @@ static int train_main(int argc, char **argv)
                 return 2;
             o.btard_validators = (uint32_t)v_;
         } break;
-        case O_ATTACK:
-            if (ap_train_attack_parse(optarg) < 0) {
+        case O_ATTACK: {
+            int a_ = ap_train_attack_parse(optarg);
+            if (a_ < 0) {
                 fprintf(stderr, "apiary train: --attack %s: the attacks are %s\n", optarg,
                         ap_train_attack_names());
                 return 2;
             }
-            o.attack = (ap_train_attack_t)ap_train_attack_parse(optarg);
-            break;
+            o.attack = (ap_train_attack_t)a_;
+        } break;
         case O_OWNER: {
             ap_peer_id_t p_;
             if (ap_peer_id_parse(&p_, optarg) != 0) {
@@ -1234,9 +1235,7 @@ static int train_main(int argc, char **argv)
         fprintf(stderr,
                 "apiary train: --attack %s needs --byzantine-tolerant (it attacks the "
                 "verified step's check)\n",
-                o.attack == AP_TRAIN_BAD_AGGREGATOR  ? "bad-aggregator"
-                : o.attack == AP_TRAIN_FALSE_ACCUSER ? "false-accuser"
-                                                     : "withhold-reveal");
+                ap_train_attack_name(o.attack));
         return 2;
     }
     if (o.btard_validators && !o.byz) {

@@ -9,6 +9,7 @@
 #include "apiary/error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,7 +120,8 @@ int ap_train_grad(void *arg, const float *params, size_t n, uint64_t epoch, cons
     return 0;
 }
 
-static const char *const attack_names[] = {[AP_TRAIN_SIGN_FLIP] = "sign-flip",
+static const char *const attack_names[] = {[AP_TRAIN_HONEST] = "honest",
+                                           [AP_TRAIN_SIGN_FLIP] = "sign-flip",
                                            [AP_TRAIN_RANDOM_DIRECTION] = "random-direction",
                                            [AP_TRAIN_IPM] = "ipm",
                                            [AP_TRAIN_LABEL_FLIP] = "label-flip",
@@ -136,8 +138,17 @@ int ap_train_attack_parse(const char *name)
 
 const char *ap_train_attack_names(void)
 {
-    return "sign-flip, random-direction, ipm, label-flip, bad-aggregator, false-accuser, "
-           "withhold-reveal";
+    static char list[160];
+    if (!list[0])
+        for (int a = AP_TRAIN_SIGN_FLIP; a <= AP_TRAIN_WITHHOLD_REVEAL; a++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                     a > AP_TRAIN_SIGN_FLIP ? ", " : "", attack_names[a]);
+    return list;
+}
+
+const char *ap_train_attack_name(ap_train_attack_t a)
+{
+    return a >= AP_TRAIN_HONEST && a <= AP_TRAIN_WITHHOLD_REVEAL ? attack_names[a] : "?";
 }
 
 void ap_train_attack_grad(ap_train_attack_t a, uint64_t epoch, float *g, size_t n)

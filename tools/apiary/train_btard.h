@@ -26,6 +26,8 @@ typedef enum ap_train_attack {
 int ap_train_attack_parse(const char *name);
 /* The names, comma-separated, for messages. */
 const char *ap_train_attack_names(void);
+/* The name of attack a ("honest" for AP_TRAIN_HONEST). */
+const char *ap_train_attack_name(ap_train_attack_t a);
 /* A gradient attack applied to g (n floats) at epoch; no-op for the others. */
 void ap_train_attack_grad(ap_train_attack_t a, uint64_t epoch, float *g, size_t n);
 /* label-flip on n labels of `classes` classes; no-op for the others. */
